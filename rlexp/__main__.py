@@ -1,0 +1,5 @@
+import sys
+
+from rlexp.cli import main
+
+sys.exit(main())

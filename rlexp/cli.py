@@ -1,0 +1,51 @@
+"""`rlexp <command>`: one entry point dispatching to each command's `main(argv) -> int`."""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+from collections.abc import Iterator
+
+COMMANDS = {
+    "train": ("rlexp.train", "GRPO training through the Monarch actor graph (Hydra; --help lists groups)"),
+    "eval": ("rlexp.evals.cli", "benchmark a model or a finished run: Math-500, GPQA Diamond, MMLU-Pro"),
+    "plan": ("rlexp.models.plan_cli", "per-device memory estimate of a layout; refuses layouts that cannot fit"),
+    "compare": ("rlexp.tracking.compare", "table + plots over run folders, sweeps, MLflow or W&B"),
+    "reproduce": ("rlexp.tracking.reproduce", "re-run a run from its manifest and compare metrics exactly"),
+    "bench": ("rlexp.bench", "generator tokens/s and weight-sync throughput against baselines"),
+}
+
+# Errors that mean "your input is wrong" (not "rlexp is broken"): printed as one clear message, no traceback.
+USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "DatasetError", "DataError",
+               "RewardConfigError")
+
+
+@contextlib.contextmanager
+def friendly_errors() -> Iterator[None]:
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001
+        if type(e).__name__ in USER_ERRORS or any(c.__name__ in USER_ERRORS for c in type(e).__mro__):
+            print(f"rlexp: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+
+
+def usage() -> str:
+    lines = ["usage: rlexp <command> [args]", "", "commands:"]
+    lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"rlexp: unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[cmd][0])
+    with friendly_errors():
+        return int(module.main(rest) or 0)

@@ -1,0 +1,61 @@
+"""Value checks Hydra's types cannot express; each error names the key, the bad value and the fix."""
+from __future__ import annotations
+
+from typing import Any
+
+from rlexp.grpo import LOSS_AGG_MODES
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _one_of(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}={value!r} is not allowed; choose one of {list(allowed)}")
+
+
+def _positive(key: str, value: float, zero_ok: bool = False) -> None:
+    if value < 0 or (value == 0 and not zero_ok):
+        raise ConfigError(f"{key}={value} must be {'>= 0' if zero_ok else '> 0'}")
+
+
+def validate(c: Any) -> None:
+    _one_of("sync.mode", c.sync.mode, ("on_policy", "async"))
+    _one_of("generator.backend", c.generator.backend, ("titan", "vllm"))
+    _one_of("algorithm.loss_agg", c.algorithm.loss_agg, LOSS_AGG_MODES)
+    _one_of("determinism", c.determinism, ("off", "seeded", "full"))
+    _one_of("cluster.device", c.cluster.device, ("cpu", "cuda"))
+    _one_of("model.dtype", c.model.dtype, ("float32", "bfloat16", "float16"))
+    _one_of("trainer.lr_schedule", c.trainer.lr_schedule, ("constant", "linear", "cosine"))
+    for key in ("algorithm.group_size", "algorithm.prompts_per_step", "algorithm.max_tokens", "steps",
+                "generator.replicas", "reward.replicas", "trainer.micro_batch_size"):
+        _positive(key, _get(c, key))
+    for key in ("trainer.lr", "algorithm.temperature"):
+        _positive(key, _get(c, key))
+    _positive("algorithm.kl_coef", c.algorithm.kl_coef, zero_ok=True)
+    if c.algorithm.group_size < 2:
+        raise ConfigError("algorithm.group_size must be >= 2: GRPO's advantage compares responses within a group")
+    if c.sync.mode == "async" and c.sync.max_policy_age < 1:
+        raise ConfigError("sync=async needs sync.max_policy_age >= 1 (0 means on-policy: use sync=on_policy)")
+    if c.cluster.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"cluster={c.cluster.name} asks for CUDA, but this machine has no GPU visible to torch; "
+                              f"use cluster=local (CPU) here, or launch on a GPU node")
+    elif c.model.flavor != "tiny" and c.generator.backend == "vllm":
+        pass  # a real model on CPU is legal (slow); the memory planner is the judge of size
+    if c.model.flavor != "tiny" and c.cluster.device == "cpu" and c.model.arch.dim >= 1024:
+        raise ConfigError(
+            f"model={c.model.name} ({c.model.hf_repo}) is a billion-parameter model and cluster={c.cluster.name} "
+            f"is CPU-only: training it here is not feasible. Run it on GPUs with cluster=gpu_node (or slurm), "
+            f"or try the pipeline here with the default model=tiny")
+    if c.eval.every_n_steps < 0:
+        raise ConfigError("eval.every_n_steps must be >= 0 (0 = only at the start and the end)")
+
+
+def _get(c: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        c = getattr(c, part)
+    return c

@@ -1,0 +1,94 @@
+"""What an environment is: a dataset, prompt formatting, interaction/termination, and a rule check.
+
+A user adds an environment with one module (a subclass registered with `@register_env("name")`) and one
+YAML file in `conf/environment/`. The rule check lives here, not in a reward, so training-time scores and
+evaluation scores come from the same code path.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+from rlexp.envs.config import EnvConfig
+from rlexp.types import Problem, Sample
+
+
+@dataclass(frozen=True)
+class Check:
+    """Outcome of checking one response against the gold answer."""
+
+    correct: bool
+    parseable: bool
+    extracted: str | None = None
+
+
+class Environment:
+    """Base class. Single-turn environments implement `load_samples` and `check` only."""
+
+    name: ClassVar[str] = ""
+    # Tokens after which generation stops (e.g. "\n"); the generator also stops at EOS.
+    stop: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: EnvConfig) -> None:
+        self.cfg = cfg
+        self._train: list[Sample] | None = None
+        self._eval: list[Sample] | None = None
+
+    # --- data -------------------------------------------------------------------------------------
+    def load_samples(self, split: str) -> list[Sample]:
+        raise NotImplementedError
+
+    def train_samples(self) -> list[Sample]:
+        if self._train is None:
+            self._train = self.load_samples(self.cfg.split)
+        return self._train
+
+    def eval_samples(self) -> list[Sample]:
+        if self._eval is None:
+            samples = self.load_samples(self.cfg.eval_split)
+            self._eval = samples[: self.cfg.eval_size] if self.cfg.eval_size else samples
+        return self._eval
+
+    def sample_batch(self, n: int, rng: random.Random) -> list[Sample]:
+        """Draw `n` training problems with the data-order RNG (recorded in the checkpoint)."""
+        pool = self.train_samples()
+        return [pool[rng.randrange(len(pool))] for _ in range(n)]
+
+    # --- scoring ----------------------------------------------------------------------------------
+    def check(self, sample: Sample, response: str) -> Check:
+        raise NotImplementedError
+
+    # --- multi-turn -------------------------------------------------------------------------------
+    def step(self, sample: Sample, transcript: str, response: str) -> str | None:
+        """Return the text to append (e.g. a tool result) and continue, or None when the episode ends."""
+        return None
+
+
+_REGISTRY: dict[str, type[Environment]] = {}
+
+
+def register_env(name: str) -> Callable[[type[Environment]], type[Environment]]:
+    def deco(cls: type[Environment]) -> type[Environment]:
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def env_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def build_env(cfg: EnvConfig) -> Environment:
+    from rlexp.envs import registry  # noqa: F401  (imports every built-in environment module)
+
+    if cfg.name not in _REGISTRY:
+        raise ValueError(f"unknown environment {cfg.name!r}; choose one of {env_names()} "
+                         f"(or add a module that uses @register_env and a YAML file in conf/environment/)")
+    return _REGISTRY[cfg.name](cfg)
+
+
+def problem_of(sample: Sample) -> Problem:
+    return sample.problem

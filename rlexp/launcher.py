@@ -1,0 +1,246 @@
+"""From a composed config to a running actor graph, and back down again whatever happens.
+
+Order matters: everything that can be checked without spawning (config values, memory plan, weight
+transport pairing, model files, datasets, reward construction) is checked first, so a bad input costs
+seconds, not an engine start. Teardown runs in `finally` and on SIGTERM, so no process outlives the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlexp.config.validate import validate
+from rlexp.envs.base import Environment, build_env
+from rlexp.seeding import component_seeds
+
+CHECKPOINTS = "checkpoints"
+
+
+@dataclass
+class Prepared:
+    """What validation produced; nothing here holds a process."""
+
+    cfg: Any  # the typed TrainConfig
+    env: Environment
+    model_dir: str
+    seeds: dict[str, int]
+    extra: dict[str, Any]
+
+
+def prepare(cfg: DictConfig) -> Prepared:
+    """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
+    from rlexp.models.planner import check_plan
+    from rlexp.rewards.registry import build_reward
+    from rlexp.tracking.manifest import fingerprint_examples, hash_files
+    from rlexp.transport import check_transport
+
+    t = OmegaConf.to_object(cfg)
+    validate(t)
+    if t.model.flavor != "tiny":
+        check_plan(cfg)
+    check_transport(t.cluster.transport, hosts=t.cluster.hosts)
+    env = build_env(t.environment)
+    train, held = env.train_samples(), env.eval_samples()
+    build_reward(t.reward, env)  # unknown verifiers, missing RM checkpoints: fail now, not in an actor
+    model_dir = str(resolve_model(t.model))
+    seeds = component_seeds(t.seed, t.generator.replicas)
+    extra = {
+        "determinism": apply_determinism(t.determinism, t.seed),
+        "datasets": {f"{t.environment.name}/train": {"n": len(train), "sha256": fingerprint_examples(
+            [(s.id, s.problem.prompt, s.answer) for s in train])},
+            f"{t.environment.name}/eval": {"n": len(held), "sha256": fingerprint_examples(
+                [(s.id, s.problem.prompt, s.answer) for s in held])}},
+        "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
+                  "path": model_dir, "sha256": hash_files(model_dir)},
+    }
+    return Prepared(t, env, model_dir, seeds, extra)
+
+
+def resolve_model(model_cfg: Any) -> Path:
+    if model_cfg.flavor == "tiny" and not model_cfg.path:
+        from rlexp.models.tiny import ensure_tiny_checkpoint
+
+        return ensure_tiny_checkpoint(model_cfg)
+    from rlexp.models.hf import check_model_files
+
+    return Path(check_model_files(model_cfg).path)
+
+
+def apply_determinism(mode: str, seed: int) -> dict[str, Any]:
+    """Set the switches before any CUDA context or worker exists (`CUBLAS_WORKSPACE_CONFIG` must precede CUDA)."""
+    import torch
+
+    flags: dict[str, Any] = {"mode": mode}
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if mode == "full":
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        torch.use_deterministic_algorithms(True)
+        flags.update(CUBLAS_WORKSPACE_CONFIG=":4096:8", deterministic_algorithms=True)
+    if mode in ("seeded", "full"):
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        flags.update(cudnn_benchmark=False, tf32=False)
+    return flags
+
+
+class Graph:
+    """The spawned actor graph plus everything needed to stop it."""
+
+    def __init__(self) -> None:
+        self.meshes: list[tuple[str, Any]] = []
+        self.placement: list[str] = []
+        self.services: Any = None
+
+    def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, mesh: Any = None) -> Any:
+        from monarch.actor import this_host
+
+        if mesh is None:
+            mesh = this_host().spawn_procs(per_host={"procs": procs})
+            self.meshes.append((name, mesh))
+        return mesh.spawn(name, cls, *args)
+
+    def stop(self) -> None:
+        for name, mesh in reversed(self.meshes):
+            try:
+                mesh.stop().get(timeout=30)
+            except Exception as e:  # noqa: BLE001 - teardown must go on to the next mesh
+                print(f"[rlexp] stopping {name}: {e}", file=sys.stderr)
+        self.meshes.clear()
+
+
+def build_graph(p: Prepared, run_name: str) -> Graph:
+    from rlexp.actors.buffer import ReplayBuffer
+    from rlexp.actors.generator import Generator
+    from rlexp.actors.reward import RewardService
+    from rlexp.actors.trainer import Reference, Trainer
+    from rlexp.loop import Services
+    from rlexp.models.tokenizer import load_tokenizer
+
+    c = p.cfg
+    g = Graph()
+    pad_id = load_tokenizer(p.model_dir).pad_id
+    gen_opts = {} if c.generator.backend == "titan" else {
+        "tp": c.generator.tp, "kv_cache_gb": c.generator.kv_cache_gb,
+        "gpu_memory_utilization": c.generator.gpu_memory_utilization, "enforce_eager": c.generator.enforce_eager,
+        "device": c.cluster.device}
+    gens = [g.spawn(f"generator{i}", Generator, c.model, p.model_dir, c.generator.backend,
+                    p.seeds[f"generator/{i}"], c.cluster.threads_per_proc, gen_opts) for i in range(c.generator.replicas)]
+    trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
+                      pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc)
+    reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc) if c.algorithm.kl_coef > 0 else None)
+    reward = g.spawn("reward", RewardService, c.reward, c.environment, procs=c.reward.replicas)
+    if c.reward.replicas > 1:
+        reward = reward.slice(procs=0)  # TODO(route): round-robin across reward replicas
+    buffer = g.spawn("buffer", ReplayBuffer, p.seeds["buffer"], c.sync.max_policy_age if c.sync.mode == "async" else 0)
+    setup = [m.setup.call_one() for m in gens] + [trainer.setup.call_one()]
+    times = [f.get() for f in setup]
+    n_params = times[-1]
+    g.services = Services(generators=gens, trainer=trainer, reward=reward, buffer=buffer, reference=reference)
+    g.placement = describe_placement(g, c, n_params, times[:-1])
+    return g
+
+
+def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]) -> list[str]:
+    lines = [f"actor graph ({c.cluster.name}, {c.cluster.device}, {c.cluster.hosts} host):"]
+    for name, mesh in g.meshes:
+        role = {"generator": f"{c.generator.backend} backend, engine ready in {{:.1f}}s",
+                "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={c.trainer.lr}",
+                "reference": "frozen initial policy (KL)", "reward": f"reward={c.reward.name}",
+                "buffer": f"replay buffer, max_policy_age={c.sync.max_policy_age if c.sync.mode == 'async' else 0}"}
+        key = next(k for k in role if name.startswith(k))
+        desc = role[key]
+        if key == "generator":
+            desc = desc.format(gen_setup_s[int(name.removeprefix("generator") or 0)])
+        lines.append(f"  {name:<11} proc mesh {dict(mesh.extent)} on this host: {desc}")
+    lines.append("  controller  this process: GRPO loop (rlexp/loop.py), data order, evaluation, checkpoints")
+    return lines
+
+
+def run(cfg: DictConfig) -> dict[str, float]:
+    """`rlexp train` body: validate, spawn, train, evaluate, checkpoint, tear down. Returns final metrics."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlexp.tracking.base import build_trackers, truncate_metrics
+    from rlexp.tracking.manifest import write_start_manifest
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    p = prepare(cfg)
+    resume_from = find_resume(p.cfg, run_dir)
+    if resume_from is not None:
+        check_resume_config(resume_from, cfg)
+        truncate_metrics(run_dir, read_ckpt_step(resume_from))
+    manifest = write_start_manifest(run_dir, cfg, sys.argv, p.seeds, {**p.extra, "resumed_from": str(resume_from) if resume_from else None})
+    run_name = f"{run_dir.name}-{os.getpid()}"
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    graph: Graph | None = None
+    try:
+        with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
+            graph = build_graph(p, run_name)
+            print("\n".join(graph.placement), flush=True)
+            from rlexp.controller import Controller
+
+            ctl = Controller(p, graph.services, run_dir, trackers, resume_hash(cfg))
+            final = ctl.run(resume_from)
+            trackers.final_metrics.update(final)
+            return final
+    finally:
+        if graph is not None:
+            graph.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise SystemExit(143)
+
+
+def find_resume(c: Any, run_dir: Path) -> Path | None:
+    if c.resume == "never":
+        return None
+    root = run_dir if c.resume == "auto" else Path(c.resume)
+    if (root / "controller.pt").exists():
+        return root
+    ckpts = sorted((root / CHECKPOINTS).glob("step_*")) if (root / CHECKPOINTS).exists() else []
+    ckpts = [d for d in ckpts if (d / "COMPLETE").exists()]
+    if ckpts:
+        return ckpts[-1]
+    if c.resume == "auto":
+        return None
+    from rlexp.config.validate import ConfigError
+
+    raise ConfigError(f"resume={c.resume}: no complete checkpoint there (expected {root}/checkpoints/step_*/COMPLETE); "
+                      f"use resume=auto in the run's folder (hydra.run.dir=RUN_DIR) or resume=never")
+
+
+def read_ckpt_step(ckpt: Path) -> int:
+    return int(json.loads((ckpt / "meta.json").read_text())["step"])
+
+
+def check_resume_config(ckpt: Path, cfg: DictConfig) -> None:
+    from rlexp.config.validate import ConfigError
+
+    meta = json.loads((ckpt / "meta.json").read_text())
+    now = resume_hash(cfg)
+    if meta["resume_hash"] != now and not cfg.force_resume:
+        raise ConfigError(f"refusing to resume from {ckpt}: the config differs from the one that wrote it "
+                          f"(hash {meta['resume_hash'][:12]} vs {now[:12]}); rerun with the original overrides, "
+                          f"or add force_resume=true to continue under the new config")
+
+
+def resume_hash(cfg: DictConfig) -> str:
+    """Hash of the config minus keys that may legitimately change across a resume."""
+    from rlexp.tracking.manifest import config_hash
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in ("resume", "force_resume", "steps"):
+        c.pop(k, None)
+    return config_hash(c)

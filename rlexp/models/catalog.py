@@ -1,0 +1,91 @@
+"""The Qwen3 dense family as published, in one table.
+
+Why a table in code as well as the yamls: the yamls are what users edit, the table is what they are
+checked against (tests compare every `conf/model/qwen3_*.yaml` to it), and the planner and parameter
+counts need the numbers without composing Hydra. Numbers come from each model's published
+`config.json` (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+intermediate_size, vocab_size, tie_word_embeddings) and are identical to TorchTitan 0.3.0's
+`qwen3_configs`; `published_params_b` is the "Number of Parameters" line of each model card.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlexp.models.config import ArchConfig
+
+QWEN3_VOCAB = 151936
+QWEN3_MAX_POSITIONS = 40960
+QWEN3_ROPE_THETA = 1_000_000.0
+
+
+@dataclass(frozen=True)
+class Qwen3Size:
+    key: str  # config-name stem, e.g. "8b" -> conf/model/qwen3_8b.yaml
+    flavor: str  # TorchTitan qwen3_configs key
+    base_repo: str
+    instruct_repo: str
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    hidden_dim: int
+    tie_embeddings: bool
+    published_params_b: float  # model card, total incl. embeddings, rounded to 0.1B
+    head_dim: int = 128
+
+    def arch(self) -> ArchConfig:
+        return ArchConfig(
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            hidden_dim=self.hidden_dim,
+            vocab_size=QWEN3_VOCAB,
+            max_seq_len=QWEN3_MAX_POSITIONS,
+            rope_theta=QWEN3_ROPE_THETA,
+            tie_embeddings=self.tie_embeddings,
+        )
+
+
+QWEN3_SIZES: dict[str, Qwen3Size] = {
+    s.key: s
+    for s in (
+        Qwen3Size("0_6b", "0.6B", "Qwen/Qwen3-0.6B-Base", "Qwen/Qwen3-0.6B", 1024, 28, 16, 8, 3072, True, 0.6),
+        Qwen3Size("1_7b", "1.7B", "Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-1.7B", 2048, 28, 16, 8, 6144, True, 1.7),
+        Qwen3Size("4b", "4B", "Qwen/Qwen3-4B-Base", "Qwen/Qwen3-4B", 2560, 36, 32, 8, 9728, True, 4.0),
+        Qwen3Size("8b", "8B", "Qwen/Qwen3-8B-Base", "Qwen/Qwen3-8B", 4096, 36, 32, 8, 12288, False, 8.2),
+        Qwen3Size("14b", "14B", "Qwen/Qwen3-14B-Base", "Qwen/Qwen3-14B", 5120, 40, 40, 8, 17408, False, 14.8),
+        Qwen3Size("32b", "32B", "Qwen/Qwen3-32B", "Qwen/Qwen3-32B", 5120, 64, 64, 8, 25600, False, 32.8),
+    )
+}
+# Qwen did not release a Qwen3-32B-Base; both 32B yamls point at the post-trained Qwen/Qwen3-32B
+# (the base yaml uses it without the chat template).
+
+
+def param_count(arch: ArchConfig) -> int:
+    """Exact parameter count of a dense Qwen3 (tied embeddings counted once).
+
+    Per layer: q/k/v/o projections (no biases), q_norm and k_norm over head_dim, SwiGLU w1/w2/w3,
+    two RMSNorms. Written out so the planner does not need to build a model.
+    """
+    q = arch.n_heads * arch.head_dim
+    kv = arch.n_kv_heads * arch.head_dim
+    attn = arch.dim * q + 2 * arch.dim * kv + q * arch.dim + 2 * arch.head_dim
+    mlp = 3 * arch.dim * arch.hidden_dim
+    layer = attn + mlp + 2 * arch.dim
+    emb = arch.vocab_size * arch.dim
+    return arch.n_layers * layer + emb * (1 if arch.tie_embeddings else 2) + arch.dim
+
+
+def layer_param_count(arch: ArchConfig) -> int:
+    q = arch.n_heads * arch.head_dim
+    kv = arch.n_kv_heads * arch.head_dim
+    return arch.dim * q + 2 * arch.dim * kv + q * arch.dim + 2 * arch.head_dim + 3 * arch.dim * arch.hidden_dim + 2 * arch.dim
+
+
+def size_for_repo(hf_repo: str) -> Qwen3Size | None:
+    for s in QWEN3_SIZES.values():
+        if hf_repo in (s.base_repo, s.instruct_repo):
+            return s
+    return None

@@ -1,0 +1,62 @@
+"""`rlexp plan model=qwen3_8b cluster=...`: print the per-GPU memory plan of a run config and say
+whether it fits, without starting anything. Takes the same overrides as `rlexp train`.
+
+Exit codes: 0 fits, 1 does not fit (the table ends with what to change), 2 config error.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rlexp.models.planner import DEFAULT_HEADROOM, PlanError, plan_memory
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config_name: str = "train") -> Any:
+    """Compose `conf/<config_name>.yaml` with Hydra's compose API (no working-dir change, no logging)."""
+    from hydra import compose, initialize_config_dir
+
+    import importlib
+
+    for mod in ("rlexp.config.schema", "rlexp.config"):  # register the typed schemas (train_schema, ...)
+        try:
+            register = getattr(importlib.import_module(mod), "register_configs", None)
+        except ImportError:
+            continue
+        if callable(register):
+            register()
+            break
+    if not (Path(config_dir) / f"{config_name}.yaml").exists():
+        raise FileNotFoundError(f"{Path(config_dir) / (config_name + '.yaml')} not found")
+    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+        return compose(config_name=config_name, overrides=overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rlexp plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=qwen3_8b cluster=local")
+    p.add_argument("--headroom", type=float, default=DEFAULT_HEADROOM, help="fraction of GPU memory kept free")
+    p.add_argument("--config-dir", type=Path, default=CONF_DIR)
+    p.add_argument("--config-name", default="train")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = compose_run_config(args.overrides, args.config_dir, args.config_name)
+        report = plan_memory(cfg, args.headroom)
+    except PlanError as e:
+        print(f"rlexp plan: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # Hydra composition errors name the bad override themselves
+        print(f"rlexp plan: cannot compose the run config: {e}", file=sys.stderr)
+        return 2
+    print(report.table())
+    if not report.ok:
+        print("\nrefused: the layout does not fit (see 'fix:' lines)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,376 @@
+"""Per-GPU memory plan for a run, checked before anything launches.
+
+Why: an 8B/32B layout that does not fit fails only after minutes of actor start-up and checkpoint
+loading, with an OOM that does not say which knob to turn. The plan is arithmetic on the config
+alone (no model build), so `rlexp train` can refuse in milliseconds and say what to change.
+
+Units: `cluster.gpu_memory_gb` is read as GiB (2**30 bytes); an "80 GB" H100 exposes 79.6 GiB, so
+writing 80 is fine with the default 10% headroom. All estimates are upper-bound style: they count
+what PyTorch/vLLM must hold at the peak, plus a fixed runtime overhead (CUDA context, NCCL buffers,
+allocator fragmentation) that experience puts at 1.5-3 GiB.
+
+Trainer, per GPU, with S = trainer_fsdp * trainer_tp shards (FSDP2 + TP on TorchTitan):
+  mixed precision: parameters bf16 2 B + gradients bf16 2 B + AdamW fp32 master 4 B + two fp32 moments
+    8 B = 16 B per parameter, / S (FSDP2 stores it as fp32 sharded params 4 + fp32 grads 4 + moments 8:
+    the same 16 B); without mixed precision everything is in `model.dtype`: 4 x dtype bytes.
+  FSDP all-gather buffers: two unsharded units (the one computing and the prefetched one), in the
+    compute dtype for params plus fp32 for their gradients, / TP; the largest unit is a block or the
+    (vocab x dim) embedding/head.
+  activations: tokens T = micro_batch_size * (max_prompt_tokens + max_tokens). A Qwen3 block saves,
+    per token, 4*dim (two norm inputs/outputs) + 3*q_dim (q before norm, after RoPE, attention out) +
+    3*kv_dim (k twice, v) + 4*hidden_dim (w1 out, w3 out, silu out, their product) elements in the
+    compute dtype; all blocks without activation checkpointing, only block inputs (dim) plus one
+    block's worth with it. Divided by TP (sequence parallel shards them).
+  logits: T * vocab * 10 B (bf16 logits, fp32 log-softmax for the token logprobs, fp32 gradient) / TP.
+  reference model (algorithm.kl_coef > 0, colocated with the trainer): bf16 weights / S.
+Generator replica, per GPU (vLLM, TP = generator_tp):
+  weights: params * dtype bytes / TP.
+  KV cache for the whole step's batch at full length: sequences per replica
+    = ceil(prompts_per_step * group_size / generator_replicas), each max_prompt_tokens + max_tokens
+    long: 2 (K and V) * n_layers * max(1, n_kv_heads / TP) * head_dim * bytes * tokens.
+  sampler logits: sequences * vocab * 4 B (fp32), plus the runtime overhead (CUDA graphs, activations).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rlexp.models.catalog import layer_param_count, param_count
+from rlexp.models.config import ArchConfig
+
+GiB = 2**30
+DEFAULT_HEADROOM = 0.10
+RUNTIME_OVERHEAD_GIB = 2.0
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class PlanError(RuntimeError):
+    """The layout cannot fit; `.report` holds the numbers, the message says what to change."""
+
+    def __init__(self, message: str, report: "PlanReport") -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass
+class Item:
+    name: str
+    bytes: float
+    how: str  # the arithmetic, printed next to the number
+
+
+@dataclass
+class RolePlan:
+    role: str  # "trainer" | "generator"
+    gpus: int
+    layout: str
+    items: list[Item]
+    capacity_bytes: float | None  # usable bytes per GPU (after headroom); None = no limit known
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity_bytes is None or self.total_bytes <= self.capacity_bytes
+
+    def get(self, name: str) -> float:
+        return next(i.bytes for i in self.items if i.name == name)
+
+
+@dataclass
+class TrainerSetup:
+    fsdp: int
+    tp: int
+    micro_batch_size: int
+    seq_len: int
+    activation_checkpointing: bool
+    mixed_precision: bool
+    dtype: str
+    reference_model: bool = False
+
+
+@dataclass
+class GeneratorSetup:
+    tp: int
+    replicas: int
+    seqs_per_step: int  # prompts_per_step * group_size
+    seq_len: int
+    dtype: str
+
+    @property
+    def seqs_per_replica(self) -> int:
+        return math.ceil(self.seqs_per_step / self.replicas)
+
+
+@dataclass
+class PlanReport:
+    model: str
+    arch: ArchConfig
+    trainer: RolePlan
+    generator: RolePlan
+    gpus_needed: int
+    gpus_available: int | None
+    gpu_memory_gib: float | None
+    headroom: float
+    problems: list[str] = field(default_factory=list)
+    fixes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def table(self) -> str:
+        lines = [f"memory plan for model={self.model} ({param_count(self.arch) / 1e9:.2f}B parameters)"]
+        if self.gpu_memory_gib:
+            lines.append(f"cluster: {self.gpus_available} GPUs x {self.gpu_memory_gib:g} GiB, usable "
+                         f"{self.gpu_memory_gib * (1 - self.headroom):.1f} GiB each after {self.headroom:.0%} headroom; "
+                         f"this layout uses {self.gpus_needed}")
+        else:
+            lines.append("cluster: no GPU memory limit configured (cluster.gpu_memory_gb unset): sizes only")
+        for rp in (self.trainer, self.generator):
+            lines.append("")
+            lines.append(f"{rp.role}: {rp.gpus} GPU(s), {rp.layout}")
+            lines.append(f"  {'component':<28}{'GiB/GPU':>10}  arithmetic")
+            for it in rp.items:
+                lines.append(f"  {it.name:<28}{it.bytes / GiB:>10.2f}  {it.how}")
+            cap = f" of {rp.capacity_bytes / GiB:.1f}" if rp.capacity_bytes else ""
+            verdict = "" if rp.capacity_bytes is None else ("  fits" if rp.fits else "  DOES NOT FIT")
+            lines.append(f"  {'total':<28}{rp.total_bytes / GiB:>10.2f}{cap}{verdict}")
+        if self.problems:
+            lines.append("")
+            lines.extend(f"problem: {p}" for p in self.problems)
+            lines.extend(f"fix: {f}" for f in self.fixes)
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Estimates
+# ----------------------------------------------------------------------------------------------------
+
+
+def activation_elems_per_token_per_layer(arch: ArchConfig) -> int:
+    q, kv = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
+    return 4 * arch.dim + 3 * q + 3 * kv + 4 * arch.hidden_dim
+
+
+def trainer_plan(arch: ArchConfig, s: TrainerSetup, capacity_bytes: float | None = None) -> RolePlan:
+    n = param_count(arch)
+    shards = s.fsdp * s.tp
+    b = _DTYPE_BYTES[s.dtype]
+    act_b = 2 if s.mixed_precision else b
+    items: list[Item] = []
+    if s.mixed_precision:
+        items += [
+            Item("parameters (bf16)", n * 2 / shards, f"{n:,} x 2 B / {shards}"),
+            Item("gradients (bf16)", n * 2 / shards, f"{n:,} x 2 B / {shards}"),
+            Item("AdamW master+m+v (fp32)", n * 12 / shards, f"{n:,} x (4+4+4) B / {shards}"),
+        ]
+    else:
+        items += [
+            Item(f"parameters ({s.dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
+            Item(f"gradients ({s.dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
+            Item(f"AdamW m+v ({s.dtype})", n * 2 * b / shards, f"{n:,} x 2x{b} B / {shards}"),
+        ]
+    unit = max(layer_param_count(arch), arch.vocab_size * arch.dim)
+    grad_b = 4 if s.mixed_precision else b
+    if s.fsdp > 1:
+        items.append(Item("FSDP all-gather buffers", 2 * unit * (act_b + grad_b) / s.tp,
+                          f"2 units x {unit:,} x ({act_b}+{grad_b}) B / tp {s.tp}"))
+    tokens = s.micro_batch_size * s.seq_len
+    e = activation_elems_per_token_per_layer(arch)
+    if s.activation_checkpointing:
+        act = (arch.n_layers * arch.dim + e) * tokens * act_b / s.tp
+        how = f"({arch.n_layers} x {arch.dim} + {e}) x {tokens} tok x {act_b} B / tp {s.tp} (checkpointed)"
+    else:
+        act = arch.n_layers * e * tokens * act_b / s.tp
+        how = f"{arch.n_layers} x {e} x {tokens} tok x {act_b} B / tp {s.tp}"
+    items.append(Item("activations", act, how))
+    items.append(Item("logits + logprob grads", tokens * arch.vocab_size * 10 / s.tp,
+                      f"{tokens} tok x {arch.vocab_size} x 10 B / tp {s.tp}"))
+    if s.reference_model:
+        items.append(Item("reference model (bf16)", n * 2 / shards, f"{n:,} x 2 B / {shards} (kl_coef > 0)"))
+    items.append(Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, NCCL, fragmentation"))
+    layout = (f"FSDP {s.fsdp} x TP {s.tp}, micro-batch {s.micro_batch_size} x {s.seq_len} tokens, "
+              f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}, "
+              f"{'bf16 mixed precision' if s.mixed_precision else s.dtype}")
+    return RolePlan("trainer", shards, layout, items, capacity_bytes)
+
+
+def generator_plan(arch: ArchConfig, g: GeneratorSetup, capacity_bytes: float | None = None) -> RolePlan:
+    n = param_count(arch)
+    b = _DTYPE_BYTES[g.dtype]
+    seqs = g.seqs_per_replica
+    tokens = seqs * g.seq_len
+    kv_heads = max(1, arch.n_kv_heads // g.tp)  # vLLM replicates KV heads when TP > n_kv_heads
+    items = [
+        Item(f"weights ({g.dtype})", n * b / g.tp, f"{n:,} x {b} B / tp {g.tp}"),
+        Item("KV cache", 2 * arch.n_layers * kv_heads * arch.head_dim * b * tokens,
+             f"2 x {arch.n_layers} x {kv_heads} kv heads x {arch.head_dim} x {b} B x {seqs} seqs x {g.seq_len} tok"),
+        Item("sampler logits (fp32)", seqs * arch.vocab_size * 4 / g.tp, f"{seqs} seqs x {arch.vocab_size} x 4 B / tp {g.tp}"),
+        Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, graphs, activations"),
+    ]
+    layout = (f"{g.replicas} replica(s) x TP {g.tp}, {seqs} sequences per replica "
+              f"(of {g.seqs_per_step} per step) x {g.seq_len} tokens, {g.dtype}")
+    return RolePlan("generator", g.tp * g.replicas, layout, items, capacity_bytes)
+
+
+# ----------------------------------------------------------------------------------------------------
+# From the run config
+# ----------------------------------------------------------------------------------------------------
+
+
+def _get(cfg: Any, dotted: str, default: Any = ...) -> Any:
+    cur = cfg
+    for part in dotted.split("."):
+        try:
+            cur = cur[part] if isinstance(cur, dict) else getattr(cur, part)
+        except (AttributeError, KeyError):
+            cur = None
+        if cur is None:
+            if default is ...:
+                raise PlanError(f"config field {dotted!r} is required by the memory planner", None)  # type: ignore[arg-type]
+            return default
+    return cur
+
+
+def setups_from_cfg(cfg: Any) -> tuple[ArchConfig, TrainerSetup, GeneratorSetup]:
+    """Read exactly the fields listed in `PLAN_FIELDS` (the contract with the run config)."""
+    m = _get(cfg, "model")
+    a = _get(m, "arch")
+    arch = a if isinstance(a, ArchConfig) else ArchConfig(**{k: a[k] for k in ArchConfig.__dataclass_fields__ if k in a})
+    seq_len = int(_get(cfg, "algorithm.max_prompt_tokens")) + int(_get(cfg, "algorithm.max_tokens"))
+    dtype = str(_get(m, "dtype", "bfloat16"))
+    t = TrainerSetup(
+        fsdp=int(_get(m, "parallelism.trainer_fsdp", 1)),
+        tp=int(_get(m, "parallelism.trainer_tp", 1)),
+        micro_batch_size=int(_get(cfg, "trainer.micro_batch_size")),
+        seq_len=seq_len,
+        activation_checkpointing=bool(_get(cfg, "trainer.activation_checkpointing", False)),
+        mixed_precision=bool(_get(cfg, "trainer.mixed_precision", True)),
+        dtype=dtype,
+        reference_model=float(_get(cfg, "algorithm.kl_coef", 0.0)) > 0,
+    )
+    g = GeneratorSetup(
+        tp=int(_get(m, "parallelism.generator_tp", 1)),
+        replicas=int(_get(m, "parallelism.generator_replicas", 1)),
+        seqs_per_step=int(_get(cfg, "algorithm.prompts_per_step")) * int(_get(cfg, "algorithm.group_size")),
+        seq_len=seq_len,
+        dtype="bfloat16" if dtype == "float32" and bool(_get(cfg, "trainer.mixed_precision", True)) else dtype,
+    )
+    return arch, t, g
+
+
+PLAN_FIELDS = (
+    "model.name", "model.dtype", "model.arch.*", "model.parallelism.trainer_fsdp", "model.parallelism.trainer_tp",
+    "model.parallelism.generator_tp", "model.parallelism.generator_replicas",
+    "cluster.gpu_memory_gb", "cluster.gpus_per_host", "cluster.hosts",
+    "trainer.micro_batch_size", "trainer.activation_checkpointing", "trainer.mixed_precision",
+    "algorithm.max_prompt_tokens", "algorithm.max_tokens", "algorithm.group_size", "algorithm.prompts_per_step",
+    "algorithm.kl_coef (optional, default 0)",
+)
+
+
+def plan_memory(cfg: Any, headroom: float = DEFAULT_HEADROOM) -> PlanReport:
+    arch, t, g = setups_from_cfg(cfg)
+    gib = _get(cfg, "cluster.gpu_memory_gb", None)
+    gib = float(gib) if gib else None
+    per_host = _get(cfg, "cluster.gpus_per_host", None)
+    hosts = _get(cfg, "cluster.hosts", 1)
+    available = int(per_host) * int(hosts) if per_host else None
+    cap = gib * GiB * (1 - headroom) if gib else None
+    report = PlanReport(
+        model=str(_get(cfg, "model.name", "?")), arch=arch,
+        trainer=trainer_plan(arch, t, cap), generator=generator_plan(arch, g, cap),
+        gpus_needed=t.fsdp * t.tp + g.tp * g.replicas, gpus_available=available,
+        gpu_memory_gib=gib, headroom=headroom,
+    )
+    _diagnose(report, arch, t, g, cap, per_host and int(per_host), available)
+    return report
+
+
+def check_plan(cfg: Any, headroom: float = DEFAULT_HEADROOM) -> PlanReport:
+    """The launcher's gate: returns the report when the layout fits, raises `PlanError` otherwise."""
+    report = plan_memory(cfg, headroom)
+    if not report.ok:
+        raise PlanError("the configured layout does not fit:\n" + report.table(), report)
+    return report
+
+
+def _diagnose(r: PlanReport, arch: ArchConfig, t: TrainerSetup, g: GeneratorSetup, cap: float | None,
+              per_host: int | None, available: int | None) -> None:
+    for role, tp in (("trainer_tp", t.tp), ("generator_tp", g.tp)):
+        if arch.n_heads % tp or (arch.n_kv_heads % tp and tp % arch.n_kv_heads):
+            r.problems.append(f"model.parallelism.{role}={tp} does not divide n_heads={arch.n_heads} / "
+                              f"n_kv_heads={arch.n_kv_heads}")
+        if per_host and tp > per_host:
+            r.problems.append(f"model.parallelism.{role}={tp} spans hosts (cluster.gpus_per_host={per_host}); "
+                              f"tensor parallelism needs NVLink, keep it within one host")
+    if available is not None and r.gpus_needed > available:
+        r.problems.append(f"the layout needs {r.gpus_needed} GPUs (trainer {t.fsdp}x{t.tp} + generators "
+                          f"{g.replicas}x{g.tp}) but the cluster has {available} "
+                          f"(cluster.hosts x cluster.gpus_per_host)")
+        r.fixes.append("raise cluster.hosts, or lower trainer_fsdp / generator_replicas")
+    if cap is None:
+        return
+    max_gpus = available or 1024
+    if not r.trainer.fits:
+        r.problems.append(f"trainer needs {r.trainer.total_bytes / GiB:.1f} GiB per GPU, "
+                          f"{cap / GiB:.1f} GiB usable")
+        r.fixes.extend(_trainer_fixes(arch, t, cap, max_gpus, per_host or 8))
+    if not r.generator.fits:
+        r.problems.append(f"each generator GPU needs {r.generator.total_bytes / GiB:.1f} GiB, "
+                          f"{cap / GiB:.1f} GiB usable")
+        r.fixes.extend(_generator_fixes(arch, g, cap, per_host or 8))
+
+
+def _trainer_fixes(arch: ArchConfig, t: TrainerSetup, cap: float, max_gpus: int, per_host: int) -> list[str]:
+    fits = lambda s: trainer_plan(arch, s, cap).fits  # noqa: E731
+    out = []
+    if not t.activation_checkpointing and fits(replace(t, activation_checkpointing=True)):
+        out.append("enable activation checkpointing: trainer.activation_checkpointing=true")
+    f = t.fsdp * 2
+    while f <= 1024 and not fits(replace(t, fsdp=f)):
+        f *= 2
+    if f <= 1024:
+        beyond = f" (the trainer alone then needs {f * t.tp} GPUs: raise cluster.hosts)" if f * t.tp > max_gpus else ""
+        out.append(f"raise model.parallelism.trainer_fsdp to {f}{beyond}")
+    for tp in (2, 4, 8):
+        if tp > t.tp and tp <= per_host and arch.n_kv_heads % tp == 0 and t.fsdp * tp <= max_gpus \
+                and fits(replace(t, tp=tp)):
+            out.append(f"raise model.parallelism.trainer_tp to {tp}")
+            break
+    mb = t.micro_batch_size // 2
+    while mb >= 1 and not fits(replace(t, micro_batch_size=mb)):
+        mb //= 2
+    if mb >= 1:
+        out.append(f"shrink trainer.micro_batch_size to {mb}")
+    if not out:
+        out.append("no single knob fits: combine a larger trainer_fsdp/trainer_tp with activation checkpointing, "
+                   "or shorten algorithm.max_tokens")
+    return ["(trainer) " + o for o in out]
+
+
+def _generator_fixes(arch: ArchConfig, g: GeneratorSetup, cap: float, per_host: int) -> list[str]:
+    fits = lambda s: generator_plan(arch, s, cap).fits  # noqa: E731
+    out = []
+    for tp in (2, 4, 8):
+        if g.tp < tp <= per_host and arch.n_heads % tp == 0 and fits(replace(g, tp=tp)):
+            out.append(f"raise model.parallelism.generator_tp to {tp}")
+            break
+    for reps in (2 * g.replicas, 4 * g.replicas, 8 * g.replicas):
+        if fits(replace(g, replicas=reps)):
+            out.append(f"raise model.parallelism.generator_replicas to {reps} (fewer sequences per replica)")
+            break
+    if g.seqs_per_step > 1:
+        lo, hi = 1, g.seqs_per_step
+        if fits(replace(g, seqs_per_step=1)):
+            while lo < hi:  # largest batch that fits
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if fits(replace(g, seqs_per_step=mid)) else (lo, mid - 1)
+            out.append(f"shrink the step batch (algorithm.prompts_per_step x group_size) to <= {lo} sequences")
+    if not out:
+        out.append("the weights alone do not fit: raise model.parallelism.generator_tp")
+    return ["(generator) " + o for o in out]

@@ -1,0 +1,105 @@
+"""TorchTitan's Qwen3 as rlexp's trained (and `titan`-backend sampled) model.
+
+The model is built from `ModelConfig.arch` so the tiny default and Qwen3-8B share one code path.
+Attention is TorchTitan's `ScaledDotProductAttention` with a causal mask: flex attention has no CPU
+backward, and rlexp packs one right-padded sequence per row, so no per-document mask is needed.
+Weights cross process boundaries in Hugging Face naming (via TorchTitan's state-dict adapter), which
+is what vLLM loads and what checkpoints on the Hub use.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from rlexp.models.config import ArchConfig, ModelConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"model.dtype={name!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def titan_config(arch: ArchConfig) -> Any:
+    """A TorchTitan `Qwen3Model.Config` with SDPA attention for the given architecture numbers."""
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
+    from torchtitan.models.common.nn_modules import RMSNorm
+    from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
+
+    lin = {"weight": partial(nn.init.normal_, std=0.02), "bias": nn.init.zeros_}
+    norm = lambda d: RMSNorm.Config(normalized_shape=d, eps=1e-6, param_init={"weight": nn.init.ones_})  # noqa: E731
+    rope = CosSinRoPE.Config(dim=arch.head_dim, max_seq_len=arch.max_seq_len, theta=arch.rope_theta)
+    layers = [
+        Qwen3TransformerBlock.Config(
+            attention_norm=norm(arch.dim),
+            ffn_norm=norm(arch.dim),
+            attention=make_gqa_config(
+                dim=arch.dim, n_heads=arch.n_heads, n_kv_heads=arch.n_kv_heads, head_dim=arch.head_dim,
+                wqkv_param_init=lin, wo_param_init=lin, inner_attention=ScaledDotProductAttention.Config(),
+                fuse_qkv=True, rope=rope, qk_norm=norm(arch.head_dim),
+            ),
+            feed_forward=make_ffn_config(dim=arch.dim, hidden_dim=arch.hidden_dim, w1_param_init=lin,
+                                         w2w3_param_init=lin),
+        )
+        for _ in range(arch.n_layers)
+    ]
+    return Qwen3Model.Config(
+        vocab_size=arch.vocab_size,
+        dim=arch.dim,
+        norm=norm(arch.dim),
+        enable_weight_tying=arch.tie_embeddings,
+        tok_embeddings=Embedding.Config(num_embeddings=arch.vocab_size, embedding_dim=arch.dim,
+                                        param_init={"weight": partial(nn.init.normal_, std=0.02)}),
+        lm_head=Linear.Config(in_features=arch.dim, out_features=arch.vocab_size, param_init=lin),
+        layers=layers,
+    )
+
+
+def build_model(cfg: ModelConfig, device: str | torch.device = "cpu") -> nn.Module:
+    """An uninitialised TorchTitan Qwen3 (load weights with `load_hf_state_dict`)."""
+    with torch.device(device):
+        model = titan_config(cfg.arch).build()
+    return model.to(dtype=torch_dtype(cfg.dtype)) if str(device) != "meta" else model
+
+
+def _adapter(arch: ArchConfig) -> Any:
+    from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+
+    return Qwen3StateDictAdapter(titan_config(arch), None)
+
+
+def hf_to_titan(hf_sd: dict[str, torch.Tensor], arch: ArchConfig) -> dict[str, torch.Tensor]:
+    sd = dict(_adapter(arch).from_hf(dict(hf_sd)))  # the adapter may reuse its input dict
+    if arch.tie_embeddings:
+        sd["lm_head.weight"] = sd["tok_embeddings.weight"]
+    return sd
+
+
+def titan_to_hf(titan_sd: dict[str, torch.Tensor], arch: ArchConfig) -> dict[str, torch.Tensor]:
+    sd = dict(_adapter(arch).to_hf(dict(titan_sd)))
+    if arch.tie_embeddings:
+        sd.pop("lm_head.weight", None)
+    return sd
+
+
+def load_hf_state_dict(model: nn.Module, hf_sd: dict[str, torch.Tensor], arch: ArchConfig) -> None:
+    sd = hf_to_titan(hf_sd, arch)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not k.endswith(("rope.cache", "freqs_cis"))]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if arch.tie_embeddings:
+        model.lm_head.weight = model.tok_embeddings.weight
+
+
+def hf_state_dict(model: nn.Module, arch: ArchConfig) -> dict[str, torch.Tensor]:
+    """The model's weights in HF naming, detached and contiguous (ready for safetensors)."""
+    sd = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith(("rope.cache", "freqs_cis"))}
+    return {k: v.contiguous() for k, v in titan_to_hf(sd, arch).items()}

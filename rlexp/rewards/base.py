@@ -1,0 +1,121 @@
+"""What a reward is, and the one place where gold labels are kept away from label-free rewards.
+
+`Reward.score` is the only public entry point. A subclass declares `needs_gold`; when it is False the base
+class hands `_score` the `Problem`s only (the type has no answer field), so a label-free reward such as
+Weaver cannot read a gold label even by mistake: the isolation is structural, not a convention.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Sequence
+
+from rlexp.rewards.config import RewardConfig
+from rlexp.types import Problem, RewardOutput, Sample
+
+# Meta keys that would smuggle a gold label past the Problem/Sample split. Environments must not put the
+# answer into `Problem.meta`; if one does, label-free rewards refuse to run rather than silently cheat.
+_GOLD_LIKE_META_KEYS = frozenset({"answer", "gold", "gold_answer", "label", "solution", "target"})
+
+
+class Reward:
+    """Base class: validate the batch, strip gold when the reward is label-free, then call `_score`.
+
+    Subclasses implement `_score(items, texts, group_size)` where `items` are `Sample`s when
+    `needs_gold` is True and `Problem`s otherwise. Responses arrive grouped: `texts[g*group_size:(g+1)*group_size]`
+    all answer the same problem, which group-level rewards (Weaver's window, selection) rely on.
+    """
+
+    name: ClassVar[str] = ""
+    # True only for rewards that read gold labels (rule checks, the annotated oracle).
+    needs_gold: ClassVar[bool] = True
+
+    def __init__(self, cfg: RewardConfig, env: Any) -> None:
+        self.cfg = cfg
+        self.env = env
+
+    # --- public API -------------------------------------------------------------------------------
+    def score(self, samples: Sequence[Sample], texts: Sequence[str], group_size: int) -> RewardOutput:
+        samples, texts = list(samples), list(texts)
+        if len(samples) != len(texts):
+            raise ValueError(f"reward {self.name!r}: got {len(samples)} samples but {len(texts)} responses")
+        if group_size < 1 or len(texts) % group_size:
+            raise ValueError(f"reward {self.name!r}: batch of {len(texts)} responses is not a whole number of "
+                             f"groups of size {group_size}")
+        if self.needs_gold:
+            out = self._score(samples, texts, group_size)
+        else:
+            out = self._score(strip_gold(samples), texts, group_size)
+        if len(out.rewards) != len(texts):
+            raise RuntimeError(f"reward {self.name!r} returned {len(out.rewards)} rewards for {len(texts)} responses")
+        return out
+
+    def _score(self, items: list[Any], texts: list[str], group_size: int) -> RewardOutput:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain, JSON-serialisable state saved with the run checkpoint (stateless rewards return {})."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ValueError(f"reward {self.name!r} is stateless but the checkpoint holds reward state "
+                             f"{sorted(state)}; was the run saved with a different reward?")
+
+    def attach_judge(self, verifier_name: str, handle: Callable[[list[str]], list[float]]) -> None:
+        """Give an `lm_judge` verifier its model handle (injected by the reward service after spawn)."""
+        raise ValueError(f"reward {self.name!r} has no lm_judge verifier named {verifier_name!r}")
+
+
+def strip_gold(samples: Sequence[Sample | Problem]) -> list[Problem]:
+    """Return only what a policy may see. Rejects meta that looks like it carries the answer."""
+    problems = []
+    for s in samples:
+        p = s.problem if isinstance(s, Sample) else s
+        if not isinstance(p, Problem):
+            raise TypeError(f"expected Sample or Problem, got {type(s).__name__}")
+        leaked = _GOLD_LIKE_META_KEYS.intersection(p.meta)
+        if leaked:
+            raise ValueError(f"problem {p.id!r} has gold-like meta keys {sorted(leaked)}; label-free rewards "
+                             f"must not see the answer (fix the environment's Problem.meta)")
+        problems.append(p)
+    return problems
+
+
+def group_slices(n: int, group_size: int) -> list[slice]:
+    return [slice(g, g + group_size) for g in range(0, n, group_size)]
+
+
+# --- registry ---------------------------------------------------------------------------------------
+_REGISTRY: dict[str, type[Reward]] = {}
+
+
+def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
+    def deco(cls: type[Reward]) -> type[Reward]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"reward name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def reward_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def reward_class(name: str) -> type[Reward]:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown reward {name!r}; choose one of {reward_names()} (or add a module that uses "
+                         f"@register_reward and a YAML file in conf/reward/)")
+    return _REGISTRY[name]
+
+
+def plain(value: Any) -> Any:
+    """OmegaConf containers (what Hydra hands over) -> plain dicts/lists, so options behave like dicts."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a hard dependency of rlexp
+        return value
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value

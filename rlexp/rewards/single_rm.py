@@ -1,0 +1,81 @@
+"""`reward=single_rm`: one label-free verifier's score is the reward.
+
+Usually a reward model (a Hugging Face sequence classifier), but any verifier kind is allowed, because the
+CPU-scale replication of "single RM vs Weaver" uses one weak rule verifier as the single reward model.
+Select it with `options.kind` plus that kind's options, e.g. `{kind: rule, rule: arithmetic_mod5}` or
+`{kind: reward_model, path: /models/rm}`; or give exactly one entry in `verifiers`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from rlexp.rewards.base import Reward, plain, register_reward
+from rlexp.rewards.config import RewardConfig, VerifierConfig
+from rlexp.rewards.verifiers import Verifier, build_verifier
+from rlexp.types import Problem, RewardOutput
+
+# Reward-level options; everything else in `options` belongs to the verifier.
+_OWN_OPTIONS = {"kind", "name", "transform"}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.abs(x))), np.exp(-np.abs(x)) / (1.0 + np.exp(-np.abs(x))))
+
+
+@register_reward("single_rm")
+class SingleRMReward(Reward):
+    needs_gold = False
+
+    def __init__(self, cfg: RewardConfig, env: Any) -> None:
+        super().__init__(cfg, env)
+        options = dict(plain(cfg.options) or {})
+        verifiers = list(plain(cfg.verifiers) or [])
+        if verifiers and "kind" in options:
+            raise ValueError("reward=single_rm: give the verifier either in `verifiers` (one entry) or via "
+                             "`options.kind`, not both")
+        if verifiers:
+            if len(verifiers) != 1:
+                raise ValueError(f"reward=single_rm scores with exactly one verifier, got {len(verifiers)}; "
+                                 f"use reward=weaver to combine several")
+            vcfg = verifiers[0]
+        else:
+            if "kind" not in options:
+                raise ValueError("reward=single_rm needs options.kind (reward_model | rule | lm_judge) and its "
+                                 "options, e.g. {kind: rule, rule: arithmetic_mod5} or "
+                                 "{kind: reward_model, path: /path/to/rm}")
+            vcfg = VerifierConfig(name=str(options.get("name", "")), kind=str(options["kind"]),
+                                  options={k: v for k, v in options.items() if k not in _OWN_OPTIONS})
+        self.verifier: Verifier = build_verifier(vcfg)
+        # A reward model's logit is unbounded; squash it so reward/mean reads as a probability-like number.
+        # Rule checks already give 0/1. (GRPO normalises advantages within a group, so neither changes ranks.)
+        default = "sigmoid" if self.verifier.kind == "reward_model" else "raw"
+        self.transform = str(options.get("transform", default))
+        if self.transform not in {"sigmoid", "raw"}:
+            raise ValueError(f"reward=single_rm: transform must be sigmoid|raw, got {self.transform!r}")
+
+    def attach_judge(self, verifier_name: str, handle: Callable[[list[str]], list[float]]) -> None:
+        if self.verifier.kind != "lm_judge" or self.verifier.name != verifier_name:
+            super().attach_judge(verifier_name, handle)
+        self.verifier.attach(handle)  # type: ignore[attr-defined]
+
+    def _score(self, problems: list[Problem], texts: list[str], group_size: int) -> RewardOutput:
+        raw = self.verifier.score(problems, texts)
+        rewards = _sigmoid(raw) if self.transform == "sigmoid" else raw
+        n = max(len(texts), 1)
+        metrics = {
+            "reward/mean": float(rewards.mean()) if len(texts) else 0.0,
+            "reward/std": float(rewards.std()) if len(texts) else 0.0,
+            "single_rm/raw_mean": float(raw.mean()) if len(texts) else 0.0,
+            # Share of groups whose rewards are all equal: those give GRPO zero advantage.
+            "single_rm/flat_group_frac": float(np.mean([np.ptp(rewards[g:g + group_size]) == 0
+                                                        for g in range(0, len(texts), group_size)]))
+            if len(texts) else 0.0,
+        }
+        if self.verifier.kind == "rule":
+            metrics["single_rm/positive_frac"] = float((raw > 0.5).sum() / n)
+        details = [{"score": float(r), "raw": float(s) if math.isfinite(s) else None}
+                   for r, s in zip(rewards, raw)]
+        return RewardOutput(rewards=[float(r) for r in rewards], metrics=metrics, details=details)

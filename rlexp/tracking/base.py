@@ -1,0 +1,322 @@
+"""Tracker interface, the always-on JSONL tracker, and the `Trackers` composite the launcher uses.
+
+Launcher usage (the whole API):
+
+    manifest = write_start_manifest(run_dir, cfg, sys.argv, seeds, extra)
+    with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:   # starts every tracker
+        trackers.log({"reward/mean": 0.3, "loss": 1.2}, step)             # -> metrics.jsonl (+ W&B/MLflow)
+        trackers.log_table("rollouts", rows)                              # rows: list[dict]
+        trackers.log_artifact(eval_results_path)                          # hashed into the manifest too
+        trackers.final_metrics["eval/accuracy"] = acc                     # optional; default = last values
+    # on exit: status from the exception (none -> completed, KeyboardInterrupt/SIGTERM exit -> interrupted,
+    # anything else -> failed), finish_manifest(...), manifest + git.diff uploaded, every tracker finished.
+
+Resume (lead-owned) helper: `truncate_metrics(run_dir, last_step)` before re-entering the loop, so the
+appended metrics.jsonl has each step once.
+
+Why a composite: the failure mode users hit is tracker runs left "running" or merged across multirun jobs.
+One object that owns start/finish ordering (and always finishes in `__exit__`, even when one tracker's finish
+raises) fixes that in one place instead of in every launcher.
+
+`metrics.jsonl` is the source of truth for compare/reproduce: one JSON object per line,
+`{"step": int, "<metric>": float, ..., "time/unix_s": float}`, flushed per line so a killed run keeps its
+history. Keys under `time/` are timing and are ignored by `compare_metrics`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from .manifest import GIT_DIFF_NAME, MANIFEST_NAME, finish_manifest
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+TABLES_DIR = "tables"
+INTERRUPT_EXIT_CODES = frozenset({130, 143, -2, -15})
+
+
+def to_float(v: Any) -> float | None:
+    """Accept python/numpy/torch scalars; None for anything that is not a number."""
+    if isinstance(v, bool):
+        return float(v)
+    try:
+        return float(v.item() if hasattr(v, "item") else v)
+    except (TypeError, ValueError):
+        return None
+
+
+class Tracker(ABC):
+    """One experiment-tracking backend. Implementations must tolerate `finish` being called after a failed
+    `start` (the composite finishes everything it tried to start)."""
+
+    name: str = "tracker"
+
+    @abstractmethod
+    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_artifact(self, path: str | os.PathLike[str]) -> None:  # noqa: B027 - optional for backends
+        pass
+
+    def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:  # noqa: B027
+        pass
+
+    @abstractmethod
+    def finish(self, status: str) -> None: ...
+
+
+class JsonlTracker(Tracker):
+    """Always on: the run folder alone must be enough to compare and reproduce runs."""
+
+    name = "jsonl"
+
+    def __init__(self) -> None:
+        self._f: Any = None
+        self.run_dir: Path | None = None
+
+    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Append: a resumed run continues the same history file.
+        self._f = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self._f is None:
+            raise RuntimeError("JsonlTracker.log before start")
+        row: dict[str, Any] = {"step": int(step)}
+        for k, v in metrics.items():
+            f = to_float(v)
+            if f is not None:
+                row[str(k)] = f
+        row.setdefault("time/unix_s", time.time())
+        self._f.write(json.dumps(row, allow_nan=True) + "\n")
+        self._f.flush()
+
+    def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        if self.run_dir is None:
+            return
+        path = self.run_dir / TABLES_DIR / f"{safe_name(name)}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(r, default=str) + "\n")
+
+    def finish(self, status: str) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def truncate_metrics(run_dir: str | os.PathLike[str], last_step: int) -> int:
+    """Drop rows with step > last_step (atomically) and return how many were dropped. For resume: steps logged
+    after the checkpoint being resumed from will be logged again, and duplicates would break compare_metrics."""
+    from .manifest import atomic_write_text
+
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by the crash
+            dropped += 1
+            continue
+        if int(row.get("step", 0)) > last_step:
+            dropped += 1
+        else:
+            keep.append(line)
+    atomic_write_text(path, "".join(f"{x}\n" for x in keep))
+    return dropped
+
+
+def safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "table"
+
+
+def status_from_exception(exc: BaseException | None) -> str:
+    if exc is None:
+        return "completed"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code in (None, 0):
+            return "completed"
+        return "interrupted" if code in INTERRUPT_EXIT_CODES else "failed"
+    return "failed"
+
+
+class Trackers:
+    """Composite over the configured trackers; a context manager that always finishes them.
+
+    `log_every_n_steps` throttles the remote trackers only (JSONL gets every step; any step carrying `eval/`
+    metrics is forwarded too, evaluations are rare and matter most). `rollout_samples` caps table rows.
+    """
+
+    def __init__(
+        self,
+        trackers: list[Tracker],
+        cfg: DictConfig | Mapping[str, Any] | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        manifest: dict[str, Any] | None = None,
+        *,
+        log_every_n_steps: int = 1,
+        rollout_samples: int | None = None,
+        manage_manifest: bool = True,
+    ) -> None:
+        self.trackers = trackers
+        self.cfg = cfg if cfg is not None else {}
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.manifest = manifest or {}
+        self.log_every_n_steps = max(1, int(log_every_n_steps))
+        self.rollout_samples = rollout_samples
+        self.manage_manifest = manage_manifest
+        self.final_metrics: dict[str, float] = {}
+        self.artifacts: list[Path] = []
+        self.status: str | None = None  # set explicitly to override the exception-derived status
+        self._started: list[Tracker] = []
+        self._warned: set[str] = set()
+        self._finished = False
+
+    def __iter__(self) -> Iterator[Tracker]:
+        return iter(self.trackers)
+
+    def __len__(self) -> int:
+        return len(self.trackers)
+
+    def get(self, name: str) -> Tracker | None:
+        return next((t for t in self.trackers if t.name == name), None)
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+    def start(self) -> Trackers:
+        if self.run_dir is None:
+            raise ValueError("Trackers.start needs run_dir")
+        try:
+            for t in self.trackers:
+                self._started.append(t)
+                t.start(self.cfg, self.run_dir, self.manifest)
+        except BaseException as e:
+            self.finish(status_from_exception(e))
+            raise
+        return self
+
+    def __enter__(self) -> Trackers:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        try:
+            self.finish(self.status or status_from_exception(exc))
+        except Exception:
+            if exc is None:
+                raise
+            # never mask the run's own error with a tracker's
+            log.exception("tracker finish failed while the run was failing")
+
+    def _call(self, t: Tracker, method: str, *args: Any) -> None:
+        """JSONL errors propagate (it is the record); a remote tracker's error is logged and the run goes on,
+        because losing hours of training to a tracking-server hiccup is worse than a gap in a dashboard."""
+        if isinstance(t, JsonlTracker):
+            getattr(t, method)(*args)
+            return
+        try:
+            getattr(t, method)(*args)
+        except Exception:
+            if t.name not in self._warned or method == "finish":
+                log.exception("%s.%s failed; continuing (metrics.jsonl is still complete)", t.name, method)
+                self._warned.add(t.name)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        clean = {str(k): f for k, v in metrics.items() if (f := to_float(v)) is not None}
+        for k, v in clean.items():
+            if not k.startswith("time/") and not math.isnan(v):
+                self.final_metrics[k] = v
+        forward = step % self.log_every_n_steps == 0 or any(k.startswith("eval/") for k in clean)
+        for t in self._started:
+            if isinstance(t, JsonlTracker) or forward:
+                self._call(t, "log", clean, step)
+
+    def log_artifact(self, path: str | os.PathLike[str]) -> None:
+        self.artifacts.append(Path(path))
+        for t in self._started:
+            self._call(t, "log_artifact", path)
+
+    def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+        rows = list(rows)[: self.rollout_samples] if self.rollout_samples is not None else list(rows)
+        for t in self._started:
+            self._call(t, "log_table", name, rows)
+
+    def finish(self, status: str = "completed") -> None:
+        """Idempotent. Order: manifest final state -> upload manifest/diff -> finish each tracker. Every tracker is
+        finished even if another fails; remote-tracker errors are logged, manifest/JSONL errors re-raised."""
+        if self._finished:
+            return
+        self._finished = True
+        errors: list[BaseException] = []
+        if self.manage_manifest and self.run_dir is not None:
+            try:
+                self.manifest.update(finish_manifest(self.run_dir, status, self.final_metrics, self.artifacts))
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+            for p in (self.run_dir / MANIFEST_NAME, self.run_dir / GIT_DIFF_NAME):
+                if p.exists():
+                    for t in self._started:
+                        self._call(t, "log_artifact", p)
+        for t in reversed(self._started):
+            try:
+                self._call(t, "finish", status)
+            except Exception as e:  # noqa: BLE001 - JSONL: keep finishing the others first
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+def _section(logger_cfg: Any, key: str) -> Any:
+    if logger_cfg is None:
+        return None
+    if isinstance(logger_cfg, DictConfig):
+        return OmegaConf.select(logger_cfg, key)
+    if isinstance(logger_cfg, Mapping):
+        return logger_cfg.get(key)
+    return getattr(logger_cfg, key, None)
+
+
+def build_trackers(
+    logger_cfg: Any,
+    cfg: DictConfig | Mapping[str, Any],
+    run_dir: str | os.PathLike[str],
+    manifest: dict[str, Any],
+) -> Trackers:
+    """Trackers for the `logger` config group (JSONL always first). Nothing is started until `with`/`start()`,
+    so building is cheap and config errors surface before any run is created remotely."""
+    trackers: list[Tracker] = [JsonlTracker()]
+    wb = _section(logger_cfg, "wandb")
+    if wb is not None and _section(wb, "enabled"):
+        from .wandb_tracker import WandbTracker
+
+        trackers.append(WandbTracker.from_config(wb))
+    ml = _section(logger_cfg, "mlflow")
+    if ml is not None and _section(ml, "enabled"):
+        from .mlflow_tracker import MlflowTracker
+
+        trackers.append(MlflowTracker.from_config(ml, runs_root=_section(logger_cfg, "runs_root")))
+    every = _section(logger_cfg, "log_every_n_steps")
+    samples = _section(logger_cfg, "rollout_samples")
+    return Trackers(
+        trackers, cfg, run_dir, manifest,
+        log_every_n_steps=int(every) if every is not None else 1,
+        rollout_samples=int(samples) if samples is not None else None,
+    )

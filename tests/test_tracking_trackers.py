@@ -1,0 +1,222 @@
+"""Trackers against the real backends: JSONL file, MLflow (local SQLite store, read back with MlflowClient),
+W&B offline (run folder + transaction log read back). No network: W&B is offline, MLflow is a local file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlexp.tracking.base import JsonlTracker, Tracker, Trackers, build_trackers
+from rlexp.tracking.manifest import write_start_manifest
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))
+
+
+def _cfg(wandb: bool = False, mlflow: bool = False):
+    return OmegaConf.create({
+        "seed": 3,
+        "model": {"name": "tiny"},
+        "reward": {"name": "weaver", "api_key": "sk-should-not-leak"},
+        "logger": {"wandb": {"enabled": wandb, "mode": "auto", "project": "rlexp-test", "entity": None},
+                   "mlflow": {"enabled": mlflow, "tracking_uri": None, "experiment": "rlexp-test"},
+                   "log_every_n_steps": 1, "rollout_samples": 2, "runs_root": None},
+    })
+
+
+def _manifest(run_dir: Path, cfg, choices=None) -> dict:
+    m = write_start_manifest(run_dir, cfg, ["rlexp", "train"], {"global": 3}, {})
+    m["choices"] = choices or {"model": "tiny", "reward": "weaver", "hydra/launcher": "basic"}
+    return m
+
+
+def test_jsonl_format_and_composite_finish(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    cfg = _cfg()
+    with build_trackers(cfg.logger, cfg, run, _manifest(run, cfg)) as tr:
+        assert [t.name for t in tr] == ["jsonl"]
+        tr.log({"reward/mean": 0.25, "loss": 1, "flag": True, "text": "x"}, 0)
+        # flushed per line: readable while the run is still going
+        assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["reward/mean"] == 0.25
+        tr.log({"eval/accuracy": 0.5}, 1)
+        tr.log_table("rollouts", [{"prompt": "1+1", "text": "2"}] * 5)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["step"] == 0 and rows[0]["reward/mean"] == 0.25 and rows[0]["loss"] == 1.0
+    assert "text" not in rows[0] and rows[0]["flag"] == 1.0 and "time/unix_s" in rows[0]
+    assert rows[1] == {"step": 1, "eval/accuracy": 0.5, "time/unix_s": rows[1]["time/unix_s"]}
+    assert len((run / "tables" / "rollouts.jsonl").read_text().splitlines()) == 2  # rollout_samples cap
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["status"] == "completed" and m["final_metrics"] == {"reward/mean": 0.25, "loss": 1.0, "flag": 1.0,
+                                                                 "eval/accuracy": 0.5}
+
+
+def test_composite_status_on_errors(tmp_path: Path) -> None:
+    for exc, status in ((RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted"),
+                        (SystemExit(143), "interrupted")):
+        run = tmp_path / status
+        with pytest.raises(type(exc)):
+            with Trackers([JsonlTracker()], {}, run, {}) as tr:
+                tr.log({"loss": 1.0}, 0)
+                raise exc
+        assert json.loads((run / "manifest.json").read_text())["status"] == status
+
+
+@pytest.fixture(scope="module")
+def mlflow_root(tmp_path_factory) -> Path:
+    """One local store for the MLflow tests: creating the SQLite schema costs seconds."""
+    return tmp_path_factory.mktemp("mlflow")
+
+
+def test_mlflow_run_queried_back(tmp_path: Path, mlflow_root: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    run = mlflow_root / "runs" / "single"
+    cfg = _cfg(mlflow=True)
+    manifest = _manifest(run, cfg)
+    art = run / "eval_results.json"
+    with build_trackers(cfg.logger, cfg, run, manifest) as tr:
+        ml = tr.get("mlflow")
+        for s in range(3):
+            tr.log({"reward/mean": 0.1 * s, "loss": 1.0 - 0.1 * s}, s)
+        art.write_text('{"accuracy": 0.5}')
+        tr.log_artifact(art)
+        tr.log_table("rollouts", [{"prompt": "p", "text": "t", "reward": 1.0}])
+    uri = f"sqlite:///{(mlflow_root / 'runs' / 'mlruns' / 'mlflow.db').as_posix()}"
+    assert ml.uri == uri
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("rlexp-test")
+    (r,) = client.search_runs([exp.experiment_id], filter_string="tags.`rlexp.status` = 'completed'")
+    assert r.info.status == "FINISHED"
+    assert r.data.params["seed"] == "3" and r.data.params["model.name"] == "tiny"
+    assert r.data.params["reward.api_key"] == "***REDACTED***"
+    assert [m.value for m in client.get_metric_history(r.info.run_id, "reward/mean")] == pytest.approx([0, .1, .2])
+    assert [m.step for m in client.get_metric_history(r.info.run_id, "loss")] == [0, 1, 2]
+    tags = r.data.tags
+    assert "mlflow.source.git.commit" in tags and tags["choice.reward"] == "weaver" and tags["choice.model"] == "tiny"
+    assert "choice.hydra/launcher" not in tags and tags["rlexp.status"] == "completed"
+    assert "mlflow.parentRunId" not in tags
+    arts = {a.path for a in client.list_artifacts(r.info.run_id)}
+    assert {"eval_results.json", "manifest.json", "git.diff", "tables"} <= arts
+    local = Path(client.download_artifacts(r.info.run_id, "manifest.json", str(tmp_path / "dl")))
+    assert json.loads(local.read_text())["status"] == "completed"  # the final manifest was uploaded
+    assert "sk-should-not-leak" not in (mlflow_root / "runs" / "mlruns" / "mlflow.db").read_bytes().decode("latin-1")
+
+
+def test_mlflow_failed_run_status(mlflow_root: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    run = mlflow_root / "runs" / "bad"
+    cfg = _cfg(mlflow=True)
+    with pytest.raises(RuntimeError):
+        with build_trackers(cfg.logger, cfg, run, _manifest(run, cfg)) as tr:
+            tr.log({"loss": 1.0}, 0)
+            raise RuntimeError("diverged")
+    client = MlflowClient(tracking_uri=tr.get("mlflow").uri)
+    (r,) = client.search_runs([client.get_experiment_by_name("rlexp-test").experiment_id],
+                              filter_string="attributes.run_name = 'run-runs_bad'")
+    assert r.info.status == "FAILED" and r.data.tags["rlexp.status"] == "failed"
+
+
+def test_wandb_offline_run_folder(tmp_path: Path) -> None:
+    from rlexp.tracking.runs import load_wandb_dir
+
+    run = tmp_path / "runs" / "wb"
+    cfg = _cfg(wandb=True)
+    manifest = _manifest(run, cfg)
+    with build_trackers(cfg.logger, cfg, run, manifest) as tr:
+        for s in range(3):
+            tr.log({"reward/mean": 0.5 + s, "eval/accuracy": 0.1 * s}, s)
+        tr.log_table("rollouts", [{"prompt": "1+1", "text": "2", "reward": 1.0}])
+    (offline,) = list((run / "wandb").glob("offline-run-*"))
+    files = {p.name for p in offline.rglob("*") if p.is_file()}
+    assert any(f.endswith(".wandb") for f in files) and "debug.log" in files
+    assert any(f.startswith("rollouts") and f.endswith(".table.json") for f in files)
+    (rec,) = load_wandb_dir(run / "wandb")
+    assert rec.name == manifest["identity"]["run_name"] and rec.status == "completed"
+    assert rec.series("reward/mean") == ([0.0, 1.0, 2.0], [0.5, 1.5, 2.5])
+    assert rec.config["model.name"] == "tiny" and rec.config["reward.api_key"] == "***REDACTED***"
+    meta = rec.manifest["wandb"]
+    assert meta["group"] == manifest["identity"]["group"] and meta["project"] == "rlexp-test"
+    assert sorted(meta["tags"]) == ["model=tiny", "reward=weaver"]  # Hydra's own groups are not tags
+
+
+def test_wandb_multirun_jobs_are_separate_runs_in_one_process(tmp_path: Path) -> None:
+    """Hydra's basic launcher runs jobs in one process: each job must get its own, finished W&B run."""
+    from rlexp.tracking.compare import main as compare_main
+
+    sweep = tmp_path / "multirun"
+    cfg = _cfg(wandb=True)
+    names = []
+    for job, reward in enumerate(("rule", "weaver")):
+        run = sweep / str(job)
+        m = _manifest(run, cfg, {"reward": reward})
+        m["identity"] = {"run_name": f"train-sw-{job}", "group": "sw", "sweep_id": "sw",
+                         "sweep_dir": str(sweep), "job_num": job}
+        names.append(m["identity"]["run_name"])
+        with build_trackers(cfg.logger, cfg, run, m) as tr:
+            tr.log({"reward/mean": float(job), "eval/accuracy": 0.5 + job / 10}, 0)
+            tr.log({"reward/mean": float(job) + 1, "eval/accuracy": 0.6 + job / 10}, 1)
+    offline = sorted(sweep.glob("*/wandb/offline-run-*"))
+    assert len(offline) == 2 and offline[0].name.split("-")[-1] != offline[1].name.split("-")[-1]
+    out = tmp_path / "cmp"
+    assert compare_main([f"wandb:{sweep}", "--out", str(out)]) == 0
+    text = (out / "compare.csv").read_text()
+    assert all(n in text for n in names) and "completed" in text
+    from rlexp.tracking.runs import load_wandb_dir
+
+    recs = load_wandb_dir(sweep)
+    assert [r.manifest["wandb"]["group"] for r in recs] == ["sw", "sw"]
+    assert [r.manifest["wandb"]["tags"] for r in recs] == [["reward=rule"], ["reward=weaver"]]
+    assert (out / "eval_accuracy_vs_step.png").exists()
+
+
+def test_truncate_metrics_for_resume(tmp_path: Path) -> None:
+    from rlexp.tracking.base import truncate_metrics
+
+    run = tmp_path / "r"
+    with Trackers([JsonlTracker()], {}, run, {}, manage_manifest=False) as tr:
+        for s in range(5):
+            tr.log({"loss": float(s)}, s)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 5, "loss"')  # cut by a crash
+    assert truncate_metrics(run, 2) == 3
+    with Trackers([JsonlTracker()], {}, run, {}, manage_manifest=False) as tr:
+        tr.log({"loss": 3.0}, 3)
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3]
+
+
+class _FlakyRemoteTracker(Tracker):  # a Tracker whose backend is down (fake: no server here)
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.finished_with: str | None = None
+
+    def start(self, cfg, run_dir, manifest) -> None:
+        pass
+
+    def log(self, metrics, step) -> None:
+        raise ConnectionError("tracking server unreachable")
+
+    def finish(self, status: str) -> None:
+        self.finished_with = status
+
+
+def test_remote_tracker_errors_do_not_kill_the_run_fake_backend(tmp_path: Path) -> None:
+    flaky = _FlakyRemoteTracker()
+    run = tmp_path / "r"
+    with Trackers([JsonlTracker(), flaky], {}, run, {}) as tr:
+        tr.log({"loss": 1.0}, 0)
+        tr.log({"loss": 0.5}, 1)
+    assert flaky.finished_with == "completed"
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert json.loads((run / "manifest.json").read_text())["final_metrics"] == {"loss": 0.5}
