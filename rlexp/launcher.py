@@ -136,7 +136,7 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
     gens = [g.spawn(f"generator{i}", Generator, c.model, p.model_dir, c.generator.backend,
                     p.seeds[f"generator/{i}"], c.cluster.threads_per_proc, gen_opts) for i in range(c.generator.replicas)]
     trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
-                      pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc)
+                      pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir)
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc) if c.algorithm.kl_coef > 0 else None)
     reward = g.spawn("reward", RewardService, c.reward, c.environment, procs=c.reward.replicas)
     if c.reward.replicas > 1:

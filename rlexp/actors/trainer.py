@@ -49,7 +49,9 @@ def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
 
 class Trainer(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, trainer_cfg: Any, algo_cfg: Any, total_steps: int,
-                 seed: int, pad_id: int, transport: str, run_name: str, threads: int = 0) -> None:
+                 seed: int, pad_id: int, transport: str, run_name: str, threads: int = 0,
+                 shm_dir: str | None = None) -> None:
+        self.shm_dir = shm_dir
         self.model_cfg, self.model_dir = model_cfg, model_dir
         self.tcfg, self.acfg = trainer_cfg, algo_cfg
         self.total_steps, self.seed, self.pad_id = total_steps, seed, pad_id
@@ -68,7 +70,7 @@ class Trainer(Actor):
                                        weight_decay=t.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lr_lambda(t.lr_schedule, t.warmup_steps, self.total_steps, t.min_lr_ratio))
-        self.transport = build_transport(self.transport_name, self.run_name, keep=4)
+        self.transport = build_transport(self.transport_name, self.run_name, keep=4, root=self.shm_dir)
         self.version = 0
         return sum(p.numel() for p in self.model.parameters())
 

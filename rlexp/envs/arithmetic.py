@@ -1,42 +1,67 @@
-"""The embedded default task: the last digit of a two-number sum, answered with one token.
+"""The embedded default task: add nine 0/1 terms ("1+0+1+1+0+0+1+0+1=" -> "5"), one-token answers.
 
-Chosen so that RL from *random* weights learns in minutes on two CPU cores: the answer is a single
-digit, so a random policy already succeeds about once in ten tries and almost every group of 16
-has both a right and a wrong response (non-zero GRPO advantage). Held-out problems are operand pairs
-never drawn for training, so rising held-out accuracy means the policy learned the rule, not the table.
+Chosen so that RL from *random* weights learns in minutes on two CPU cores, measured: the answer is a
+single digit (a random policy is right about one time in ten, so most GRPO groups contain both right
+and wrong responses), and the sum depends on how many terms are 1, not on where they stand, so what
+is learned on training problems carries over to held-out ones. A harder variant (two-digit operands,
+last digit of the sum) did not move from chance within 400 steps; see README "The embedded default".
+
+Held-out problems are term sequences never drawn for training: a fixed quarter of the sequences of
+each sum value. Training draws the sum uniformly first, so every answer is equally common and the
+best constant answer scores 0.1.
 """
 from __future__ import annotations
 
+import itertools
 import random
 
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.types import Problem, Sample
 
+_SPLIT_SEED = 20261129  # the split is a fixed function of the task, not of the run seed
+
 
 @register_env("arithmetic")
 class Arithmetic(Environment):
-    stop = ()
+    def _terms(self) -> tuple[int, int]:
+        n = int(self.cfg.options.get("n_terms", 9))
+        hi = int(self.cfg.options.get("max_term", 1))
+        if n < 2 or hi < 1 or n * hi > 9:
+            raise ValueError(f"environment.options n_terms={n}, max_term={hi}: need n_terms >= 2, max_term >= 1 and "
+                             f"n_terms * max_term <= 9 so that every answer is one digit")
+        return n, hi
 
-    def _pairs(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-        hi = int(self.cfg.options.get("max_operand", 99))
-        n_eval = int(self.cfg.eval_size)
-        pairs = [(a, b) for a in range(hi + 1) for b in range(hi + 1)]
-        if n_eval >= len(pairs):
-            raise ValueError(f"environment.eval_size={n_eval} leaves no training problems for max_operand={hi}; "
-                             f"lower eval_size or raise environment.options.max_operand")
-        # The held-out split is a fixed function of the task, not of the run seed: every run is scored on
-        # the same problems, so runs with different seeds stay comparable.
-        random.Random(20261129).shuffle(pairs)
-        return pairs[n_eval:], pairs[:n_eval]
+    def _split(self) -> tuple[dict[int, list[tuple[int, ...]]], list[tuple[int, ...]]]:
+        n, hi = self._terms()
+        by_sum: dict[int, list[tuple[int, ...]]] = {}
+        for t in itertools.product(range(hi + 1), repeat=n):
+            by_sum.setdefault(sum(t), []).append(t)
+        rng = random.Random(_SPLIT_SEED)
+        train, held = {}, []
+        for s in sorted(by_sum):
+            seqs = by_sum[s]
+            rng.shuffle(seqs)
+            k = len(seqs) // 4  # sums with fewer than 4 sequences (0 and 9) are only trained on
+            held += seqs[:k]
+            train[s] = seqs[k:]
+        return train, held
+
+    @staticmethod
+    def _sample(t: tuple[int, ...]) -> Sample:
+        text = "+".join(map(str, t))
+        return Sample(Problem(id=text, prompt=f"{text}="), answer=str(sum(t)))
 
     def load_samples(self, split: str) -> list[Sample]:
-        train, held = self._pairs()
-        pairs = held if split == self.cfg.eval_split else train
-        width = len(str(int(self.cfg.options.get("max_operand", 99))))
-        return [
-            Sample(Problem(id=f"{a}+{b}", prompt=f"{a:0{width}d}+{b:0{width}d}="), answer=str((a + b) % 10))
-            for a, b in pairs
-        ]
+        train, held = self._split()
+        seqs = held if split == self.cfg.eval_split else [t for s in sorted(train) for t in train[s]]
+        return [self._sample(t) for t in seqs]
+
+    def sample_batch(self, n: int, rng: random.Random) -> list[Sample]:
+        """Uniform over sums, then uniform over the training sequences with that sum."""
+        if not hasattr(self, "_by_sum"):
+            train, _ = self._split()
+            self._by_sum = [[self._sample(t) for t in train[s]] for s in sorted(train)]
+        return [rng.choice(self._by_sum[rng.randrange(len(self._by_sum))]) for _ in range(n)]
 
     def check(self, sample: Sample, response: str) -> Check:
         text = response.strip()
