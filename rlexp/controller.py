@@ -78,15 +78,15 @@ class Controller:
         def generate_fn(prompt_ids, n, max_tokens, temperature, seed, stop=None):  # noqa: ANN001
             return gen.generate.call_one(prompt_ids, n, max_tokens, temperature, seed, stop).get()
 
-        ecfg = EvalConfig(**{**vars(c.eval), "max_tokens": min(c.eval.max_tokens, c.algorithm.max_tokens)}) \
-            if c.environment.name == "arithmetic" else c.eval
+        # The training environment is scored with the training budget, so eval and reward agree.
+        ecfg = EvalConfig(**{**vars(c.eval), "max_tokens": c.algorithm.max_tokens})
         t = time.perf_counter()
         metrics = evaluate(self.p.env, generate_fn, self.tok, ecfg, self.state.step,
                            samples_dir=self.run_dir / "eval_samples")
-        for name in c.eval.benchmarks:
-            from rlexp.evals.cli import benchmark_env  # built lazily: datasets may be large
-
-            metrics.update(evaluate(benchmark_env(name), generate_fn, self.tok, c.eval, self.state.step, benchmark=name))
+        for name, (env, max_tokens) in self.p.benchmarks.items():
+            bench_cfg = EvalConfig(**{**vars(c.eval), "max_tokens": min(c.eval.max_tokens, max_tokens)})
+            metrics.update(evaluate(env, generate_fn, self.tok, bench_cfg, self.state.step, benchmark=name,
+                                    samples_dir=self.run_dir / "eval_samples"))
         metrics["time/eval_s"] = time.perf_counter() - t
         acc = metrics.get("eval/accuracy", float("nan"))
         if self.first_eval is None:
@@ -122,7 +122,7 @@ class Controller:
             "loop": {"step": self.state.step, "version": self.state.version,
                      "data_rng": self.state.data_rng.getstate(), "samples_seen": self.state.samples_seen},
             "buffer": self.svc.buffer.state_dict.call_one().get(),
-            "reward": self.svc.reward.state_dict.call_one().get(),
+            "reward": [r.state_dict.call_one().get() for r in self.svc.rewards],
             "controller": {"first_eval": self.first_eval, "best_eval": self.best_eval},
         }, tmp / "controller.pt")
         (tmp / "meta.json").write_text(json.dumps({"step": step, "version": self.state.version,
@@ -143,7 +143,8 @@ class Controller:
         self.state.step, self.state.version, self.state.samples_seen = lp["step"], lp["version"], lp["samples_seen"]
         self.state.data_rng.setstate(lp["data_rng"])
         self.svc.buffer.load_state_dict.call_one(state["buffer"]).get()
-        self.svc.reward.load_state_dict.call_one(state["reward"]).get()
+        for r, st in zip(self.svc.rewards, state["reward"]):
+            r.load_state_dict.call_one(st).get()
         self.first_eval = state["controller"]["first_eval"]
         self.best_eval = state["controller"]["best_eval"]
         self.svc.trainer.load.call_one(str(ckpt / "trainer.pt")).get()

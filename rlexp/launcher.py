@@ -34,6 +34,7 @@ class Prepared:
     model_dir: str
     seeds: dict[str, int]
     extra: dict[str, Any]
+    benchmarks: dict[str, tuple[Environment, int]]  # eval.benchmarks: name -> (environment, max_tokens)
 
 
 def prepare(cfg: DictConfig) -> Prepared:
@@ -50,6 +51,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     check_transport(t.cluster.transport, hosts=t.cluster.hosts)
     env = build_env(t.environment)
     train, held = env.train_samples(), env.eval_samples()
+    benchmarks = load_benchmarks(list(t.eval.benchmarks))
     build_reward(t.reward, env)  # unknown verifiers, missing RM checkpoints: fail now, not in an actor
     model_dir = str(resolve_model(t.model))
     seeds = component_seeds(t.seed, t.generator.replicas)
@@ -62,7 +64,19 @@ def prepare(cfg: DictConfig) -> Prepared:
         "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
                   "path": model_dir, "sha256": hash_files(model_dir)},
     }
-    return Prepared(t, env, model_dir, seeds, extra)
+    return Prepared(t, env, model_dir, seeds, extra, benchmarks)
+
+
+def load_benchmarks(names: list[str]) -> dict[str, tuple[Environment, int]]:
+    """Benchmarks evaluated during training, with their data loaded now: missing data fails before spawning."""
+    from rlexp.evals.cli import benchmark_envs, compose
+
+    out: dict[str, tuple[Environment, int]] = {}
+    for name in names:
+        out.update(benchmark_envs(compose([f"benchmark={name}", "~model"])))
+    for env, _ in out.values():
+        env.eval_samples()
+    return out
 
 
 def resolve_model(model_cfg: Any) -> Path:
@@ -132,6 +146,7 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
     gen_opts = {} if c.generator.backend == "titan" else {
         "tp": c.generator.tp, "kv_cache_gb": c.generator.kv_cache_gb,
         "gpu_memory_utilization": c.generator.gpu_memory_utilization, "enforce_eager": c.generator.enforce_eager,
+        "max_num_seqs": c.generator.max_num_seqs, "max_num_batched_tokens": c.generator.max_num_batched_tokens,
         "device": c.cluster.device}
     gens = [g.spawn(f"generator{i}", Generator, c.model, p.model_dir, c.generator.backend,
                     p.seeds[f"generator/{i}"], c.cluster.threads_per_proc, gen_opts) for i in range(c.generator.replicas)]
@@ -139,13 +154,14 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
                       pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir)
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc) if c.algorithm.kl_coef > 0 else None)
     reward = g.spawn("reward", RewardService, c.reward, c.environment, procs=c.reward.replicas)
-    if c.reward.replicas > 1:
-        reward = reward.slice(procs=0)  # TODO(route): round-robin across reward replicas
-    buffer = g.spawn("buffer", ReplayBuffer, p.seeds["buffer"], c.sync.max_policy_age if c.sync.mode == "async" else 0)
+    # The buffer is light: it shares the first reward process instead of paying for a process of its own.
+    buffer = g.spawn("buffer", ReplayBuffer, p.seeds["buffer"], c.sync.max_policy_age if c.sync.mode == "async" else 0,
+                     mesh=g.meshes[-1][1].slice(procs=0))
     setup = [m.setup.call_one() for m in gens] + [trainer.setup.call_one()]
     times = [f.get() for f in setup]
     n_params = times[-1]
-    g.services = Services(generators=gens, trainer=trainer, reward=reward, buffer=buffer, reference=reference)
+    rewards = [reward.slice(procs=i) for i in range(c.reward.replicas)]
+    g.services = Services(generators=gens, trainer=trainer, rewards=rewards, buffer=buffer, reference=reference)
     g.placement = describe_placement(g, c, n_params, times[:-1])
     return g
 
@@ -155,8 +171,9 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
     for name, mesh in g.meshes:
         role = {"generator": f"{c.generator.backend} backend, engine ready in {{:.1f}}s",
                 "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={c.trainer.lr}",
-                "reference": "frozen initial policy (KL)", "reward": f"reward={c.reward.name}",
-                "buffer": f"replay buffer, max_policy_age={c.sync.max_policy_age if c.sync.mode == 'async' else 0}"}
+                "reference": "frozen initial policy (KL)", "reward": f"reward={c.reward.name} verifiers; replay buffer (max_policy_age="
+                          f"{c.sync.max_policy_age if c.sync.mode == 'async' else 0}) on its first proc",
+                }
         key = next(k for k in role if name.startswith(k))
         desc = role[key]
         if key == "generator":

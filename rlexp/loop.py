@@ -3,7 +3,7 @@
     for each step:
         samples      = environment.sample_batch(prompts_per_step)          # controller, seeded data order
         completions  = generators.generate(prompts, n=group_size)          # vLLM or TorchTitan replicas
-        rewards      = reward.score(samples, completions)                  # verifiers (rule, RM, Weaver...)
+        rewards      = reward.score(samples, completions)                  # verifier replicas (rule, RM, Weaver)
         advantages   = group_normalise(rewards)                            # GRPO
         buffer.add(groups)                                                  # replay buffer actor
         batch        = buffer.sample(current_version)                      # drops samples that are too stale
@@ -29,7 +29,7 @@ from rlexp.actors.trainer import TrainBatch
 from rlexp.envs.base import Environment
 from rlexp.grpo import group_advantages
 from rlexp.seeding import request_seed
-from rlexp.types import Completion, Sample
+from rlexp.types import Completion, RewardOutput, Sample
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Services:
 
     generators: list[Any]
     trainer: Any
-    reward: Any
+    rewards: list[Any]  # one handle per reward replica
     buffer: Any
     reference: Any | None = None
 
@@ -80,7 +80,7 @@ def score_and_group(svc: Services, samples: list[Sample], groups: list[list[Comp
     k = cfg.algorithm.group_size
     flat_samples = [s for s in samples for _ in range(k)]
     flat = [c for g in groups for c in g]
-    scored = svc.reward.score.call_one(flat_samples, [c.text for c in flat], k).get()
+    scored = score(svc, flat_samples, [c.text for c in flat], k)
     rewards = torch.tensor(scored.rewards, dtype=torch.float32)
     adv = group_advantages(rewards, k, cfg.algorithm.norm_adv_by_std)
     ref = None
@@ -97,6 +97,21 @@ def score_and_group(svc: Services, samples: list[Sample], groups: list[list[Comp
                "response/len_mean": sum(len(c.token_ids) for c in flat) / len(flat)}
     metrics.update(scored.metrics)
     return grouped, metrics
+
+
+def score(svc: Services, samples: list[Sample], texts: list[str], k: int) -> RewardOutput:
+    """Whole groups are spread over the reward replicas (Weaver's label model needs complete groups)."""
+    n_rep = len(svc.rewards)
+    n_groups = len(samples) // k
+    bounds = [(n_groups * r // n_rep) * k for r in range(n_rep + 1)]
+    futures = [svc.rewards[r].score.call_one(samples[a:b], texts[a:b], k)
+               for r, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a]
+    parts = [f.get() for f in futures]
+    out = RewardOutput(rewards=[x for p in parts for x in p.rewards],
+                       details=[d for p in parts for d in p.details])
+    for key in parts[0].metrics:  # replica metrics averaged, weighted by their share of the batch
+        out.metrics[key] = sum(p.metrics.get(key, 0.0) * len(p.rewards) for p in parts) / len(out.rewards)
+    return out
 
 
 def to_batch(episodes: list[Episode]) -> TrainBatch:

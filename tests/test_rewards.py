@@ -2,6 +2,7 @@
 conf/reward YAMLs."""
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -16,7 +17,7 @@ from rlexp.rewards.base import Reward, register_reward, strip_gold
 from rlexp.rewards.config import RewardConfig
 from rlexp.rewards.registry import build_reward, reward_names
 from rlexp.rewards.verifiers import build_verifier, rule_names
-from rlexp.rewards.verifiers.arithmetic import operands
+from rlexp.rewards.verifiers.arithmetic import terms
 from rlexp.types import Problem, RewardOutput, Sample
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "reward"
@@ -27,8 +28,10 @@ def env():
     return build_env(EnvConfig(name="arithmetic", eval_size=16))
 
 
-def arithmetic_sample(a: int, b: int) -> Sample:
-    return Sample(Problem(id=f"{a}+{b}", prompt=f"{a:02d}+{b:02d}="), answer=str((a + b) % 10))
+def arithmetic_sample(*ts: int) -> Sample:
+    """A problem of the embedded task, e.g. arithmetic_sample(1, 0, 1) -> "1+0+1=" with answer "2"."""
+    text = "+".join(map(str, ts))
+    return Sample(Problem(id=text, prompt=f"{text}="), answer=str(sum(ts)))
 
 
 # --- registry -----------------------------------------------------------------------------------------
@@ -47,7 +50,7 @@ def test_register_a_new_reward_in_one_class(env):
             return RewardOutput(rewards=[0.25] * len(texts))
 
     r = build_reward(RewardConfig(name="test_constant"), env)
-    assert r.score([arithmetic_sample(1, 2)] * 2, ["3", "4"], group_size=2).rewards == [0.25, 0.25]
+    assert r.score([arithmetic_sample(1, 0, 1)] * 2, ["3", "4"], group_size=2).rewards == [0.25, 0.25]
 
 
 # --- gold isolation -----------------------------------------------------------------------------------
@@ -64,13 +67,13 @@ def test_label_free_reward_cannot_read_gold(env):
 
     r = build_reward(RewardConfig(name="test_cheater"), env)
     with pytest.raises(AttributeError, match="answer"):
-        r.score([arithmetic_sample(1, 2)], ["3"], group_size=1)
+        r.score([arithmetic_sample(1, 0, 1)], ["3"], group_size=1)
     assert received and all(type(p) is Problem and not hasattr(p, "answer") for p in received)
 
 
 def test_gold_reward_does_receive_samples(env):
     r = build_reward(RewardConfig(name="rule"), env)
-    assert r.needs_gold and r.score([arithmetic_sample(1, 2)], ["3"], 1).rewards == [1.0]
+    assert r.needs_gold and r.score([arithmetic_sample(1, 0, 1)], ["2"], 1).rewards == [1.0]
 
 
 def test_gold_smuggled_in_meta_is_refused():
@@ -83,16 +86,16 @@ def test_gold_smuggled_in_meta_is_refused():
 def test_batch_shape_is_validated(env):
     r = build_reward(RewardConfig(name="rule"), env)
     with pytest.raises(ValueError, match="2 samples but 1 responses"):
-        r.score([arithmetic_sample(1, 2)] * 2, ["3"], 1)
+        r.score([arithmetic_sample(1, 0, 1)] * 2, ["3"], 1)
     with pytest.raises(ValueError, match="whole number of groups"):
-        r.score([arithmetic_sample(1, 2)] * 3, ["3"] * 3, 2)
+        r.score([arithmetic_sample(1, 0, 1)] * 3, ["3"] * 3, 2)
 
 
 # --- rule / annotated ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["rule", "annotated"])
 def test_rule_and_annotated_count_unparseable_apart_from_wrong(env, name):
     r = build_reward(RewardConfig(name=name), env)
-    s = arithmetic_sample(7, 45)  # answer 2
+    s = arithmetic_sample(1, 0, 0, 1, 0, 0, 0, 0, 0)  # answer 2
     texts = ["2", " 2\n", "3", "12", "", "two", "9", "2"]
     out = r.score([s] * len(texts), texts, group_size=4)
     assert out.rewards == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
@@ -110,70 +113,112 @@ def test_rule_and_annotated_count_unparseable_apart_from_wrong(env, name):
 
 
 # --- arithmetic weak verifiers ------------------------------------------------------------------------
-# Documented (TPR, FPR) under uniform operands 0..99 and a uniformly random wrong digit.
+# Documented (TPR, FPR) under the training distribution of the default task (sum uniform over 0..9, then a
+# sequence of nine 0/1 terms uniform among those with that sum) and a uniformly random wrong digit.
 DOCUMENTED = {
     ("arithmetic_parity", ()): (1.0, 4 / 9),
     ("arithmetic_mod5", ()): (1.0, 1 / 9),
-    ("arithmetic_tens_confusion", ()): (0.55, 0.05),
-    ("arithmetic_window", (("k", 1),)): (1.0, 2 / 9),
-    ("arithmetic_window", (("k", 3),)): (1.0, 6 / 9),
-    ("arithmetic_digit_swap", ()): (0.1, 0.1),
+    ("arithmetic_mod", (("k", 3),)): (1.0, 4 / 15),
+    ("arithmetic_mod", (("k", 4),)): (1.0, 8 / 45),
+    ("arithmetic_window", (("k", 1),)): (1.0, 0.2),
+    ("arithmetic_window", (("k", 2),)): (1.0, 17 / 45),
     ("arithmetic_format", ()): (1.0, 1.0),
-    ("arithmetic_misread", (("operand", "b"), ("pairs", ("69",)))): (0.8, 0.2 / 9),
-    ("arithmetic_misread", (("operand", "a"), ("pairs", ("17", "38")))): (0.6, 0.4 / 9),
-    ("arithmetic_misread", (("operand", "b"), ("pairs", ("25", "04", "13")))): (0.4, 0.6 / 9),
+    ("arithmetic_misread", (("positions", (9,)),)): (1 / 2, 1 / 18),
+    ("arithmetic_misread", (("positions", (1,)), ("read_as", 1))): (1 / 2, 1 / 18),
+    ("arithmetic_misread", (("positions", (4, 5)),)): (1 / 3, 2 / 27),
+    ("arithmetic_misread", (("positions", (2, 5, 7)), ("read_as", 1))): (1 / 4, 3 / 36),
+    ("arithmetic_copy", (("position", 2), ("source", 1))): (2 / 3, 1 / 27),
+    ("arithmetic_copy", (("position", 9), ("source", 8))): (2 / 3, 1 / 27),
 }
+
+
+def training_distribution():
+    """Every 9-term 0/1 sequence with its probability under `Arithmetic.sample_batch` (uniform sum first)."""
+    by_sum: dict[int, list[tuple[int, ...]]] = {}
+    for t in itertools.product((0, 1), repeat=9):
+        by_sum.setdefault(sum(t), []).append(t)
+    return [(t, 1 / (10 * len(seqs))) for seqs in by_sum.values() for t in seqs]
 
 
 @pytest.mark.parametrize("rule,params", list(DOCUMENTED), ids=[f"{r}{dict(p)}" for r, p in DOCUMENTED])
 def test_arithmetic_verifier_rates_match_docstrings_exactly(rule, params):
-    """Exhaustive over every operand pair and every response digit: the docstrings' TPR/FPR are exact."""
+    """Exhaustive over every term sequence (weighted as in training) and every response digit."""
     v = build_verifier({"name": rule, "kind": "rule", "options": {"rule": rule, **dict(params)}})
-    problems, texts, correct = [], [], []
-    for a in range(100):
-        for b in range(100):
-            p = Problem(id=f"{a}+{b}", prompt=f"{a:02d}+{b:02d}=")
-            for r in range(10):
-                problems.append(p)
-                texts.append(str(r))
-                correct.append(r == (a + b) % 10)
-    scores, correct = v.score(problems, texts), np.array(correct)
+    problems, texts, correct, weight = [], [], [], []
+    for t, w in training_distribution():
+        p = arithmetic_sample(*t).problem
+        for r in range(10):
+            problems.append(p)
+            texts.append(str(r))
+            correct.append(r == sum(t))
+            weight.append(w if r == sum(t) else w / 9)  # a wrong response is a uniformly random wrong digit
+    scores, correct, weight = v.score(problems, texts), np.array(correct), np.array(weight)
     tpr, fpr = DOCUMENTED[(rule, params)]
-    assert scores[correct].mean() == pytest.approx(tpr)
-    assert scores[~correct].mean() == pytest.approx(fpr)
+    assert np.average(scores[correct], weights=weight[correct]) == pytest.approx(tpr)
+    assert np.average(scores[~correct], weights=weight[~correct]) == pytest.approx(fpr)
 
 
-def test_arithmetic_verifiers_reject_unparseable_and_read_only_the_prompt():
-    p = Problem(id="7+45", prompt="07+45=")
-    assert operands(p) == (7, 45)
-    assert operands(Problem(id="x", prompt="Compute: 3 + 4 =")) == (3, 4)
-    for rule in ["arithmetic_parity", "arithmetic_mod5", "arithmetic_tens_confusion", "arithmetic_digit_swap"]:
+def test_arithmetic_verifiers_parse_every_term_and_reject_unparseable():
+    p = arithmetic_sample(1, 0, 1, 1, 0, 0, 1, 0, 1).problem  # sum 5
+    assert terms(p) == [1, 0, 1, 1, 0, 0, 1, 0, 1]  # all nine terms, not just the last "a+b="
+    assert terms(Problem(id="x", prompt="Compute: 3 + 4 + 2 =")) == [3, 4, 2]
+    mod5 = build_verifier({"kind": "rule", "options": {"rule": "arithmetic_mod5"}})
+    assert mod5.score([p] * 4, ["5", "0", "1", "6"]).tolist() == [1.0, 1.0, 0.0, 0.0]
+    ignore9 = build_verifier({"kind": "rule", "options": {"rule": "arithmetic_misread", "positions": [9]}})
+    assert ignore9.score([p] * 2, ["5", "4"]).tolist() == [0.0, 1.0]  # the last term is a 1: it computes 4
+    copy21 = build_verifier({"kind": "rule", "options": {"rule": "arithmetic_copy", "position": 2, "source": 1}})
+    assert copy21.score([p] * 2, ["5", "6"]).tolist() == [0.0, 1.0]  # reads term 2 (a 0) as term 1 (a 1)
+    for rule in ["arithmetic_parity", "arithmetic_mod5", "arithmetic_misread", "arithmetic_copy",
+                 "arithmetic_window"]:
         v = build_verifier({"kind": "rule", "options": {"rule": rule}})
         assert v.score([p] * 3, ["", "12", "x"]).tolist() == [0.0, 0.0, 0.0]
-    with pytest.raises(ValueError, match="cannot find 'a\\+b='"):
-        build_verifier({"kind": "rule", "options": {"rule": "arithmetic_mod5"}}).score(
-            [Problem(id="q", prompt="What is the capital of France?")], ["P"])
+    with pytest.raises(ValueError, match="cannot find 't1\\+t2\\+...\\+tn='"):
+        mod5.score([Problem(id="q", prompt="What is the capital of France?")], ["P"])
+    with pytest.raises(ValueError, match="only 3 terms"):
+        ignore9.score([arithmetic_sample(1, 0, 1).problem], ["2"])
+
+
+def test_arithmetic_verifiers_read_only_the_prompt():
+    """Same prompt, different (even wrong) gold: identical scores -- the verifiers never consult the answer."""
+    s = arithmetic_sample(1, 1, 0, 0, 1, 0, 0, 0, 0)
+    lying = Sample(s.problem, answer="9")
+    texts = [str(d) for d in range(10)]
+    for r in ["weaver", "single_rm"]:
+        reward = build_reward(OmegaConf.merge(OmegaConf.structured(RewardConfig), OmegaConf.load(CONF / f"{r}.yaml")),
+                              None)
+        a = reward.score([s] * 10, texts, 10)
+        b = build_reward(OmegaConf.merge(OmegaConf.structured(RewardConfig), OmegaConf.load(CONF / f"{r}.yaml")),
+                         None).score([lying] * 10, texts, 10)
+        assert a.rewards == b.rewards
 
 
 def test_verifier_config_errors():
+    with pytest.raises(ValueError, match="k >= 10 is the exact"):
+        build_verifier({"kind": "rule", "options": {"rule": "arithmetic_mod", "k": 10}})
     with pytest.raises(ValueError, match="k=0 is the exact oracle"):
         build_verifier({"kind": "rule", "options": {"rule": "arithmetic_window", "k": 0}})
     with pytest.raises(ValueError, match="unknown rule 'nope'; choose one of .*arithmetic_mod5"):
         build_verifier({"kind": "rule", "options": {"rule": "nope"}})
-    with pytest.raises(ValueError, match="pairs must be disjoint"):
-        build_verifier({"kind": "rule", "options": {"rule": "arithmetic_misread", "pairs": ["69", "96"]}})
+    with pytest.raises(ValueError, match="positions must be distinct"):
+        build_verifier({"kind": "rule", "options": {"rule": "arithmetic_misread", "positions": [3, 3]}})
+    with pytest.raises(ValueError, match="positions must be distinct"):
+        build_verifier({"kind": "rule", "options": {"rule": "arithmetic_misread", "positions": [0]}})
+    with pytest.raises(ValueError, match="distinct 1-based"):
+        build_verifier({"kind": "rule", "options": {"rule": "arithmetic_copy", "position": 2, "source": 2}})
+    with pytest.raises(ValueError, match="bad options"):  # the old two-operand misread options are gone
+        build_verifier({"kind": "rule", "options": {"rule": "arithmetic_misread", "operand": "b", "pairs": ["69"]}})
     with pytest.raises(ValueError, match="bad options"):
         build_verifier({"kind": "rule", "options": {"rule": "arithmetic_mod5", "k": 2}})
     with pytest.raises(ValueError, match="unknown kind 'oracle'"):
         build_verifier({"kind": "oracle"})
-    assert "arithmetic_tens_confusion" in rule_names()
+    assert {"arithmetic_copy", "arithmetic_misread", "arithmetic_mod"} <= set(rule_names())
 
 
 # --- single_rm with a rule verifier -------------------------------------------------------------------
 def test_single_rm_with_one_weak_rule_verifier(env):
     r = build_reward(RewardConfig(name="single_rm", options={"kind": "rule", "rule": "arithmetic_mod5"}), env)
     assert not r.needs_gold
-    s = arithmetic_sample(7, 45)  # answer 2; mod5 also accepts 7
+    s = arithmetic_sample(0, 1, 0, 0, 0, 1, 0, 0, 0)  # answer 2; mod5 also accepts 7
     out = r.score([s] * 4, ["2", "7", "3", "oops"], group_size=4)
     assert out.rewards == [1.0, 1.0, 0.0, 0.0]
     assert out.metrics["reward/mean"] == 0.5 and out.metrics["single_rm/positive_frac"] == 0.5
@@ -223,3 +268,25 @@ def test_default_weaver_yaml_selects_better_than_single_rm_default(env):
                 picks[name].append(correct[np.arange(len(r)), pick].mean())
     acc = {k: float(np.mean(v)) for k, v in picks.items()}
     assert acc["weaver"] > acc["single_rm"] + 0.1, acc
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.6, 0.9])
+def test_default_weaver_estimates_track_truth_on_arithmetic(env, p):
+    """The default verifiers are close enough to conditionally independent that the label-free fit tracks
+    each one's true accuracy (and the class prior) over a policy's whole course, from 10% to 90% right."""
+    reward = build_reward(OmegaConf.merge(OmegaConf.structured(RewardConfig), OmegaConf.load(CONF / "weaver.yaml")),
+                          env)
+    rng = random.Random(2)
+    for _ in range(3):  # 3 steps x 64 groups x 16: the window (128 groups) holds the last two
+        samples = [s for s in env.sample_batch(64, rng) for _ in range(16)]
+        texts = [s.answer if rng.random() < p else str(rng.choice([d for d in range(10) if str(d) != s.answer]))
+                 for s in samples]
+        out = reward.score(samples, texts, group_size=16)
+    y = np.array([t == s.answer for s, t in zip(samples, texts)])
+    m = out.metrics
+    assert abs(m["weaver/prior"] - y.mean()) < 0.06, (m["weaver/prior"], y.mean())
+    for name in reward.active:
+        votes = np.array([d["votes"][name] for d in out.details])
+        assert abs(m[f"weaver/{name}/acc"] - (votes == y).mean()) < 0.1, (name, m[f"weaver/{name}/acc"])
+    rewards = np.array(out.rewards)
+    assert rewards[y].mean() > rewards[~y].mean() + 0.5

@@ -42,7 +42,7 @@ def rm_path(tmp_path_factory):
 
 
 def batch():
-    samples = [Sample(Problem(id="7+45", prompt="07+45="), answer="2")] * 4 + \
+    samples = [Sample(Problem(id="1+0+1", prompt="1+0+1="), answer="2")] * 4 + \
               [Sample(Problem(id="1+1", prompt="1+1="), answer="2")] * 4
     texts = ["2", "3", "a much longer response", "", "2", "22", "x", "two"]
     return samples, texts
@@ -97,8 +97,9 @@ def test_weaver_combines_a_reward_model_with_rule_verifiers(rm_path):
     verifiers = [VerifierConfig(name="rm", kind="reward_model", options={"path": rm_path, "threshold": 0.5})] + [
         VerifierConfig(name=r, kind="rule", options={"rule": f"arithmetic_{r}"}) for r in ["parity", "mod5"]]
     reward = build_reward(RewardConfig(name="weaver", verifiers=verifiers, options={"min_active": 2}), env=None)
-    samples = [Sample(Problem(id=f"{a}+{b}", prompt=f"{a:02d}+{b:02d}="), answer=str((a + b) % 10))
-               for a, b in [(7, 45), (12, 30), (99, 1), (5, 5)] for _ in range(4)]
+    samples = [Sample(Problem(id=t, prompt=f"{t}="), answer=str(sum(map(int, t.split("+")))))
+               for t in ["1+0+1+1+0+0+1+0+1", "0+0+0+0+0+0+0+0+1", "1+1+1+1+1+1+1+1+0", "0+1+0+1+0+1+0+1+0"]
+               for _ in range(4)]
     texts = [str(d) for d in range(10)] + ["0", "3", "5", "7", "9", "1"]
     out = reward.score(samples, texts, group_size=4)
     scores = np.array([d["scores"]["rm"] for d in out.details])

@@ -108,7 +108,7 @@ class TitanBackend:
 class VLLMBackend:
     def __init__(self, model_cfg: ModelConfig, model_dir: str, tokenizer: Tokenizer, *, seed: int, tp: int = 1,
                  kv_cache_gb: float = 0.25, gpu_memory_utilization: float = 0.85, enforce_eager: bool = True,
-                 device: str = "cpu") -> None:
+                 max_num_seqs: int = 1024, max_num_batched_tokens: int = 65536, device: str = "cpu") -> None:
         from vllm import LLM
 
         self.tok = tokenizer
@@ -117,6 +117,7 @@ class VLLMBackend:
             model=model_dir, skip_tokenizer_init=True, dtype=model_cfg.dtype, seed=seed,
             max_model_len=model_cfg.arch.max_seq_len, tensor_parallel_size=tp, enforce_eager=enforce_eager,
             logprobs_mode="processed_logprobs",  # logprobs of the temperature-scaled distribution we sample
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         )
         if device == "cpu":
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
@@ -148,6 +149,8 @@ class VLLMBackend:
 
     def update_weights(self, version: int, location: str) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": location})
+        # Cached prompt KV was computed by the old weights: reusing it would mix two policies.
+        self.llm.reset_prefix_cache()
         self.policy_version = version
 
     def close(self) -> None:

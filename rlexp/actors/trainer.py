@@ -160,7 +160,7 @@ class Reference(Actor):
         self.pad_id = pad_id
 
     @endpoint
-    @torch.no_grad()
     async def logprobs(self, prompts: list[list[int]], responses: list[list[int]], temperature: float) -> list[list[float]]:
-        logp, mask = sequence_logprobs(self.model, prompts, responses, temperature, self.pad_id)
+        with torch.no_grad():
+            logp, mask = sequence_logprobs(self.model, prompts, responses, temperature, self.pad_id)
         return [row[: int(m.sum())].tolist() for row, m in zip(logp, mask)]

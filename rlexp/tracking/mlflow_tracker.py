@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from .base import Tracker, safe_name
 from .manifest import group_tags
+from .runs import flatten
 
 STATUS_MAP = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 _SEVERITY = {"FINISHED": 0, "KILLED": 1, "FAILED": 2}
@@ -51,21 +52,6 @@ def default_runs_root(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
 
 def local_store_uri(runs_root: str | os.PathLike[str]) -> str:
     return f"sqlite:///{(Path(runs_root).resolve() / 'mlruns' / 'mlflow.db').as_posix()}"
-
-
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested config -> {"a.b.c": value}; lists stay JSON strings (MLflow params are flat strings)."""
-    out: dict[str, Any] = {}
-    if isinstance(d, Mapping):
-        for k, v in d.items():
-            key = f"{prefix}.{k}" if prefix else str(k)
-            if isinstance(v, Mapping) and v:
-                out.update(flatten(v, key))
-            else:
-                out[key] = v
-    else:
-        out[prefix or "value"] = d
-    return out
 
 
 def _param_str(v: Any) -> str:

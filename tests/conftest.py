@@ -1,0 +1,78 @@
+"""Shared helpers for tests that run `rlexp` as a user would: a subprocess per command."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tagged_env(tag: str) -> dict[str, str]:
+    """Environment carrying a unique tag: every process the run spawns inherits it, so leftovers are findable."""
+    env = dict(os.environ)
+    env["RLEXP_TEST_TAG"] = tag
+    env.setdefault("WANDB_MODE", "offline")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def tagged_pids(tag: str) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            if f"RLEXP_TEST_TAG={tag}".encode() in (p / "environ").read_bytes().split(b"\0"):
+                stat = (p / "stat").read_text()
+                if stat.split(") ")[-1].split()[0] != "Z":  # zombies are already dead
+                    pids.append(int(p.name))
+        except OSError:
+            continue
+    return pids
+
+
+def wait_no_orphans(tag: str, timeout: float = 20.0) -> list[int]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = tagged_pids(tag)
+        if not left:
+            return []
+        time.sleep(0.5)
+    return tagged_pids(tag)
+
+
+def kill_tagged(tag: str) -> None:
+    for pid in tagged_pids(tag):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
+def rlexp(*args: str, tag: str | None = None, timeout: float = 600, check: bool = True,
+          cwd: Path | None = None) -> subprocess.CompletedProcess:
+    tag = tag or uuid.uuid4().hex
+    proc = subprocess.run([sys.executable, "-m", "rlexp", *args], cwd=cwd or REPO, env=tagged_env(tag),
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"rlexp {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+                             f"\n--- stderr\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def tag() -> str:
+    t = uuid.uuid4().hex
+    yield t
+    kill_tagged(t)
