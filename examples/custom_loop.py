@@ -27,7 +27,7 @@ if __name__ == "__main__":
         for step in range(c.steps):
             samples = env.sample_batch(c.algorithm.prompts_per_step, data_rng)
             groups = loop.generate_groups(svc, samples, tok.encode, c, [p.seeds["generator/0"]], step)()
-            scored, metrics = loop.score_and_group(svc, samples, groups, c)
+            scored, metrics, _ = loop.score_and_group(svc, samples, groups, c)
             informative = [g for g in scored if len({e.reward for e in g}) > 1]  # the custom part
             if informative:
                 episodes = [e for g in informative for e in g]

@@ -47,21 +47,22 @@ class Controller:
         if c.checkpoint.save_final:
             out = self.run_dir / CHECKPOINTS / "final"
             shutil.rmtree(out, ignore_errors=True)
-            self.svc.trainer.export_hf.call_one(str(out)).get()
+            loop.on_trainer(self.svc.trainer.export_hf, str(out))
             self.trackers.log_artifact(out)
         first = self.first_eval if self.first_eval is not None else float("nan")
         final.update({"eval/accuracy_start": first, "eval/accuracy_best": self.best_eval,
                       "time/total_s": time.perf_counter() - self.t0})
         print(f"[rlexp] done: {self.state.step} steps in {final['time/total_s']:.1f}s; held-out accuracy "
               f"{first:.3f} -> {final.get('eval/accuracy', float('nan')):.3f} ({self.c.environment.name}, "
-              f"{len(self.p.env.eval_samples())} problems)", flush=True)
+              f"{min(len(self.p.env.eval_samples()), self.c.eval.max_samples or 10**9)} problems)", flush=True)
         return final
 
-    def on_step(self, step: int, metrics: dict[str, float]) -> None:
+    def on_step(self, step: int, metrics: dict[str, float], rollouts: list[dict[str, Any]]) -> None:
         c = self.c
         every = c.eval.every_n_steps
         if every and step % every == 0:
             metrics.update(self.evaluate())
+            self.trackers.log_table("rollouts", [{"step": step, **r} for r in rollouts])
         metrics["time/wall_s"] = time.perf_counter() - self.t0
         self.trackers.log(metrics, step)
         self.last.update(metrics)
@@ -117,7 +118,7 @@ class Controller:
         out, tmp = root / f"step_{step:06d}", root / f".tmp_step_{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.svc.trainer.save.call_one(str(tmp / "trainer.pt")).get()
+        loop.on_trainer(self.svc.trainer.save, str(tmp / "trainer.pt"))
         torch.save({
             "loop": {"step": self.state.step, "version": self.state.version,
                      "data_rng": self.state.data_rng.getstate(), "samples_seen": self.state.samples_seen},
@@ -147,5 +148,5 @@ class Controller:
             r.load_state_dict.call_one(st).get()
         self.first_eval = state["controller"]["first_eval"]
         self.best_eval = state["controller"]["best_eval"]
-        self.svc.trainer.load.call_one(str(ckpt / "trainer.pt")).get()
+        loop.on_trainer(self.svc.trainer.load, str(ckpt / "trainer.pt"))
         push_weights(self.svc, self.state.version)

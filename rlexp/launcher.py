@@ -69,11 +69,20 @@ def prepare(cfg: DictConfig) -> Prepared:
 
 def load_benchmarks(names: list[str]) -> dict[str, tuple[Environment, int]]:
     """Benchmarks evaluated during training, with their data loaded now: missing data fails before spawning."""
-    from rlexp.evals.cli import benchmark_envs, compose
+    from rlexp.evals.cli import benchmark_envs
+    from rlexp.train import CONF_DIR
 
     out: dict[str, tuple[Environment, int]] = {}
-    for name in names:
-        out.update(benchmark_envs(compose([f"benchmark={name}", "~model"])))
+    for name in names:  # read directly: Hydra's compose API cannot run inside the running train app
+        path = Path(CONF_DIR) / "benchmark" / f"{name}.yaml"
+        if not path.exists():
+            from rlexp.config.validate import ConfigError
+
+            choices = sorted(p.stem for p in path.parent.glob("*.yaml"))
+            raise ConfigError(f"eval.benchmarks: unknown benchmark {name!r}; choose from {choices}")
+        parts = [n for n in OmegaConf.load(path).get("defaults", []) if n != "_self_"] or [name]  # e.g. all.yaml
+        bench = OmegaConf.merge(*[OmegaConf.load(path.parent / f"{n}.yaml") for n in parts])
+        out.update(benchmark_envs(OmegaConf.create({"benchmark": bench, "max_tokens": None})))
     for env, _ in out.values():
         env.eval_samples()
     return out
@@ -90,21 +99,15 @@ def resolve_model(model_cfg: Any) -> Path:
 
 
 def apply_determinism(mode: str, seed: int) -> dict[str, Any]:
-    """Set the switches before any CUDA context or worker exists (`CUBLAS_WORKSPACE_CONFIG` must precede CUDA)."""
-    import torch
+    """Set the switches in this process and, through the environment, in every actor process spawned later
+    (`CUBLAS_WORKSPACE_CONFIG` must precede CUDA initialisation, so it cannot wait for the actor)."""
+    from rlexp.seeding import DETERMINISM_ENV, apply_process_determinism
 
-    flags: dict[str, Any] = {"mode": mode}
     random.seed(seed)
-    torch.manual_seed(seed)
+    os.environ[DETERMINISM_ENV] = mode
     if mode == "full":
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-        torch.use_deterministic_algorithms(True)
-        flags.update(CUBLAS_WORKSPACE_CONFIG=":4096:8", deterministic_algorithms=True)
-    if mode in ("seeded", "full"):
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cuda.matmul.allow_tf32 = False
-        flags.update(cudnn_benchmark=False, tf32=False)
-    return flags
+    return apply_process_determinism()
 
 
 class Graph:
@@ -115,11 +118,12 @@ class Graph:
         self.placement: list[str] = []
         self.services: Any = None
 
-    def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, mesh: Any = None) -> Any:
+    def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, mesh: Any = None,
+              per_host: dict[str, int] | None = None) -> Any:
         from monarch.actor import this_host
 
         if mesh is None:
-            mesh = this_host().spawn_procs(per_host={"procs": procs})
+            mesh = this_host().spawn_procs(per_host=per_host or {"procs": procs})
             self.meshes.append((name, mesh))
         return mesh.spawn(name, cls, *args)
 
@@ -137,7 +141,7 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
     from rlexp.actors.generator import Generator
     from rlexp.actors.reward import RewardService
     from rlexp.actors.trainer import Reference, Trainer
-    from rlexp.loop import Services
+    from rlexp.loop import Services, rank0
     from rlexp.models.tokenizer import load_tokenizer
 
     c = p.cfg
@@ -150,27 +154,47 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
         "device": c.cluster.device}
     gens = [g.spawn(f"generator{i}", Generator, c.model, p.model_dir, c.generator.backend,
                     p.seeds[f"generator/{i}"], c.cluster.threads_per_proc, gen_opts) for i in range(c.generator.replicas)]
+    # The trainer is one proc, or one proc per FSDP rank (one GPU each on CUDA); see rlexp/actors/trainer.py.
+    world = trainer_world_size(c)
     trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
-                      pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir)
+                      pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir,
+                      world, free_port() if world > 1 else 0, c.cluster.device,
+                      per_host={"gpus" if c.cluster.device == "cuda" and world > 1 else "procs": world})
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc) if c.algorithm.kl_coef > 0 else None)
     reward = g.spawn("reward", RewardService, c.reward, c.environment, procs=c.reward.replicas)
     # The buffer is light: it shares the first reward process instead of paying for a process of its own.
     buffer = g.spawn("buffer", ReplayBuffer, p.seeds["buffer"], c.sync.max_policy_age if c.sync.mode == "async" else 0,
                      mesh=g.meshes[-1][1].slice(procs=0))
-    setup = [m.setup.call_one() for m in gens] + [trainer.setup.call_one()]
+    setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
     times = [f.get() for f in setup]
-    n_params = times[-1]
+    n_params = rank0(times[-1])
     rewards = [reward.slice(procs=i) for i in range(c.reward.replicas)]
     g.services = Services(generators=gens, trainer=trainer, rewards=rewards, buffer=buffer, reference=reference)
     g.placement = describe_placement(g, c, n_params, times[:-1])
     return g
 
 
+def trainer_world_size(c: Any) -> int:
+    return c.model.parallelism.trainer_fsdp * c.model.parallelism.trainer_tp
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the trainer's process group rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]) -> list[str]:
     lines = [f"actor graph ({c.cluster.name}, {c.cluster.device}, {c.cluster.hosts} host):"]
     for name, mesh in g.meshes:
         role = {"generator": f"{c.generator.backend} backend, engine ready in {{:.1f}}s",
-                "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={c.trainer.lr}",
+                "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={c.trainer.lr}"
+                           + (f", FSDP2 over {trainer_world_size(c)} ranks" if trainer_world_size(c) > 1 else "")
+                           + (", activation checkpointing" if c.trainer.activation_checkpointing else "")
+                           + (", bf16 mixed precision" if c.trainer.mixed_precision else ""),
                 "reference": "frozen initial policy (KL)", "reward": f"reward={c.reward.name} verifiers; replay buffer (max_policy_age="
                           f"{c.sync.max_policy_age if c.sync.mode == 'async' else 0}) on its first proc",
                 }

@@ -37,7 +37,7 @@ class Services:
     """Handles to the actor graph (each an actor mesh; `generators` has one mesh per replica)."""
 
     generators: list[Any]
-    trainer: Any
+    trainer: Any  # one actor per trainer rank; call its endpoints with `on_trainer` (they are collective)
     rewards: list[Any]  # one handle per reward replica
     buffer: Any
     reference: Any | None = None
@@ -76,7 +76,9 @@ def generate_groups(svc: Services, samples: list[Sample], encode: Callable[[str]
 
 
 def score_and_group(svc: Services, samples: list[Sample], groups: list[list[Completion]], cfg: Any
-                    ) -> tuple[list[list[Episode]], dict[str, float]]:
+                    ) -> tuple[list[list[Episode]], dict[str, float], list[dict[str, Any]]]:
+    """Rewards, advantages and (optional) reference logprobs for every response, as episodes per group.
+    Also returns a few scored rollouts, for the trackers' rollout tables."""
     k = cfg.algorithm.group_size
     flat_samples = [s for s in samples for _ in range(k)]
     flat = [c for g in groups for c in g]
@@ -96,7 +98,11 @@ def score_and_group(svc: Services, samples: list[Sample], groups: list[list[Comp
                "reward/zero_adv_groups": float(sum(all(e.advantage == 0.0 for e in g) for g in grouped)) / len(grouped),
                "response/len_mean": sum(len(c.token_ids) for c in flat) / len(flat)}
     metrics.update(scored.metrics)
-    return grouped, metrics
+    shown = min(len(flat), cfg.logger.rollout_samples)
+    rollouts = [{"prompt": flat_samples[i].problem.prompt, "response": flat[i].text, "reward": float(rewards[i]),
+                 "advantage": float(adv[i]), "policy_version": flat[i].policy_version,
+                 **(scored.details[i] if i < len(scored.details) else {})} for i in range(shown)]
+    return grouped, metrics, rollouts
 
 
 def score(svc: Services, samples: list[Sample], texts: list[str], k: int) -> RewardOutput:
@@ -121,16 +127,27 @@ def to_batch(episodes: list[Episode]) -> TrainBatch:
                       [e.ref_logprobs for e in episodes] if has_ref else None)  # type: ignore[misc]
 
 
+def rank0(values: Any) -> Any:
+    """Rank 0's entry of a ValueMesh (what `endpoint.call(...).get()` returns)."""
+    return next(iter(values.values()))
+
+
+def on_trainer(endpoint: Any, *args: Any) -> Any:
+    """Call a trainer endpoint on every rank (FSDP-sharded endpoints are collectives) and return rank 0's
+    answer; with one rank this is `endpoint.call_one(*args).get()`."""
+    return rank0(endpoint.call(*args).get())
+
+
 def push_weights(svc: Services, version: int) -> float:
     t = time.perf_counter()
-    location = svc.trainer.push_weights.call_one(version).get()
-    for g in svc.generators:
-        g.update_weights.call_one(version, location).get()
+    location = on_trainer(svc.trainer.push_weights, version)
+    for reloaded in [g.update_weights.call_one(version, location) for g in svc.generators]:  # all replicas at once
+        reloaded.get()
     return time.perf_counter() - t
 
 
 def train(cfg: Any, svc: Services, env: Environment, encode: Callable[[str], list[int]], state: LoopState,
-          replica_seeds: list[int], on_step: Callable[[int, dict[str, float]], None]) -> None:
+          replica_seeds: list[int], on_step: Callable[[int, dict[str, float], list[dict[str, Any]]], None]) -> None:
     """Run steps `state.step .. cfg.steps-1`; `on_step` logs, evaluates and checkpoints."""
     depth = cfg.sync.max_policy_age if cfg.sync.mode == "async" else 0
     in_flight: deque[tuple[int, list[Sample], Any, float]] = deque()
@@ -147,7 +164,7 @@ def train(cfg: Any, svc: Services, env: Environment, encode: Callable[[str], lis
         _, samples, collect, t_gen = in_flight.popleft()
         groups = collect()
         t_generated = time.perf_counter()
-        grouped, metrics = score_and_group(svc, samples, groups, cfg)
+        grouped, metrics, rollouts = score_and_group(svc, samples, groups, cfg)
         svc.buffer.add.call_one(grouped).get()
         t_scored = time.perf_counter()
 
@@ -157,7 +174,7 @@ def train(cfg: Any, svc: Services, env: Environment, encode: Callable[[str], lis
         else:
             episodes, buffer_metrics = sampled
             metrics.update(buffer_metrics)
-            metrics.update(svc.trainer.train_step.call_one(to_batch(episodes)).get())
+            metrics.update(on_trainer(svc.trainer.train_step, to_batch(episodes)))
             state.version += 1
             metrics["time/weight_sync_s"] = push_weights(svc, state.version)
         state.samples_seen += len(samples)
@@ -166,4 +183,4 @@ def train(cfg: Any, svc: Services, env: Environment, encode: Callable[[str], lis
             "time/step_s": time.perf_counter() - t_step, "policy/version": float(state.version),
         })
         state.step += 1
-        on_step(state.step, metrics)
+        on_step(state.step, metrics, rollouts)

@@ -45,9 +45,12 @@ def test_train_titan_end_to_end_leaves_a_complete_run(tmp_path: Path, tag: str) 
     assert wait_no_orphans(tag) == []
 
 
-def test_async_mode_with_kl_reference_logs_staleness(tmp_path: Path, tag: str) -> None:
+def test_async_mode_with_kl_reference_and_benchmark_eval(tmp_path: Path, tag: str) -> None:
     run = tmp_path / "run"
-    rlexp("train", *SHORT, "sync=async", "sync.max_policy_age=1", "algorithm=grpo_kl", f"hydra.run.dir={run}", tag=tag)
+    rlexp("train", *SHORT, "sync=async", "sync.max_policy_age=1", "algorithm=grpo_kl", "eval.benchmarks=[gsm8k]",
+          "eval.max_samples=4", "eval.max_tokens=4", f"hydra.run.dir={run}", tag=tag)
+    assert all("eval/gsm8k/accuracy" in metrics(run)[i] for i in (0, 3, 6))  # periodic benchmark evaluation
+    assert (run / "tables" / "rollouts.jsonl").exists()
     rows = metrics(run)[1:]
     assert [r["policy_age/mean"] for r in rows][1:] == [1.0] * (len(rows) - 1)  # overlapped: one version behind
     assert rows[0]["policy_age/mean"] == 0.0

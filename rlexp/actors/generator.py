@@ -198,6 +198,9 @@ class Generator(Actor):
 
     def __init__(self, model_cfg: ModelConfig, model_dir: str, backend: str, seed: int, threads: int = 0,
                  options: dict[str, Any] | None = None) -> None:
+        from rlexp.seeding import apply_process_determinism
+
+        apply_process_determinism()
         self.args = (model_cfg, model_dir, backend, seed, options or {})
         if threads:
             torch.set_num_threads(threads)

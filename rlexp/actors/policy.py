@@ -41,21 +41,28 @@ def forward_unique(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_logprobs(
-    model: nn.Module, prompts: list[list[int]], responses: list[list[int]], temperature: float, pad_id: int
+    model: nn.Module, prompts: list[list[int]], responses: list[list[int]], temperature: float, pad_id: int,
+    device: torch.device | str = "cpu", autocast: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs of each response token at the sampling temperature: ([B, T] logprobs, [B, T] mask).
+    """Logprobs of each response token at the sampling temperature: ([B, T] logprobs, [B, T] mask) on `device`.
 
     Sequences are right-padded, so causal attention never lets a real token see padding. The forward
     runs on `tokens[:, :-1]`, the same shape the sampler's last decoding step sees, which is what lets
-    the `titan` backend match the trainer bit for bit.
+    the `titan` backend match the trainer bit for bit. `autocast` (e.g. bf16) applies to the model's
+    forward only: the log-softmax and everything the loss sees stay fp32.
     """
     seqs = [p + r for p, r in zip(prompts, responses)]
-    tokens = pad_sequences(seqs, pad_id)
-    logits = forward_unique(model, tokens[:, :-1]).float() / temperature
+    tokens = pad_sequences(seqs, pad_id).to(device)
+    if autocast is None:
+        logits = forward_unique(model, tokens[:, :-1])
+    else:
+        with torch.autocast(tokens.device.type, dtype=autocast):
+            logits = forward_unique(model, tokens[:, :-1])
+    logits = logits.float() / temperature
     logp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:].unsqueeze(-1)).squeeze(-1)
     t_max = max(len(r) for r in responses)
-    starts = torch.tensor([len(p) - 1 for p in prompts]).unsqueeze(1)
-    idx = (starts + torch.arange(t_max).unsqueeze(0)).clamp(max=logp.shape[1] - 1)
-    lens = torch.tensor([len(r) for r in responses]).unsqueeze(1)
-    mask = (torch.arange(t_max).unsqueeze(0) < lens).to(logp.dtype)
+    starts = torch.tensor([len(p) - 1 for p in prompts], device=logp.device).unsqueeze(1)
+    idx = (starts + torch.arange(t_max, device=logp.device).unsqueeze(0)).clamp(max=logp.shape[1] - 1)
+    lens = torch.tensor([len(r) for r in responses], device=logp.device).unsqueeze(1)
+    mask = (torch.arange(t_max, device=logp.device).unsqueeze(0) < lens).to(logp.dtype)
     return logp.gather(1, idx) * mask, mask

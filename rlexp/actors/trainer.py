@@ -1,14 +1,26 @@
-"""The trainer actor: TorchTitan Qwen3, AdamW, LR schedule, the GRPO loss, checkpoints, weight pushes."""
+"""The trainer actor: TorchTitan Qwen3, AdamW, LR schedule, the GRPO loss, checkpoints, weight pushes.
+
+One rank (the default) is a plain module in one process, no process group. With
+`model.parallelism.trainer_fsdp > 1` the launcher spawns one Trainer per rank on a proc mesh; every
+endpoint is then collective (the controller calls it on the whole mesh and keeps rank 0's answer):
+each rank builds the model on the meta device, shards it with FSDP2 (each transformer block, then the
+root), loads its shard of the HF checkpoint, and trains on its contiguous slice of every batch. Losses
+are weighted by each micro-batch's share of the *global* batch and FSDP's gradient division is off,
+so the reduce-scattered gradient is the single-rank gradient (up to summation order).
+Checkpoints are gathered to rank 0 in the single-rank file format, so either layout resumes the other.
+"""
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from monarch.actor import Actor, endpoint
+import torch.nn as nn
+from monarch.actor import Actor, current_rank, endpoint
 
 from rlexp.actors.policy import load_policy, sequence_logprobs
 from rlexp.grpo import grpo_loss
@@ -47,113 +59,285 @@ def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each transformer block in backward (non-reentrant), as TorchTitan's full AC does.
+    State-dict keys are unchanged (the wrapper strips its prefix); the forward has no randomness."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    for name, block in list(model.layers.named_children()):
+        model.layers.register_module(name, checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                                              preserve_rng_state=False))
+
+
+def build_sharded_policy(cfg: ModelConfig, model_dir: str, mesh: Any, device: torch.device, *,
+                         activation_checkpointing: bool = False, mixed_precision: bool = False) -> nn.Module:
+    """TorchTitan Qwen3 built on meta, FSDP2-sharded over `mesh` (blocks, then root), HF weights loaded.
+
+    A small version of TorchTitan's `parallelize_qwen3`/`apply_fsdp_to_decoder` (dense, FSDP only):
+    AC is applied before sharding; mixed precision is FSDP2's `MixedPrecisionPolicy(bf16 params,
+    fp32 reduce)` with fp32 sharded master weights. Collective: every rank of `mesh` calls it.
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    from rlexp.models.hf import load_hf_into_sharded_titan
+    from rlexp.models.titan import build_model, torch_dtype
+
+    model = build_model(cfg, device="meta").to(dtype=torch_dtype(cfg.dtype))
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
+        else MixedPrecisionPolicy()
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_states(buffer_device=device)  # RoPE cache; the parameters are overwritten just below
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            # Plain SUM of the ranks' gradients: each loss already carries its share of the global batch.
+            # (Forcing SUM also avoids PREMUL_SUM, which gloo lacks.)
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    load_hf_into_sharded_titan(model, model_dir, cfg)
+    return model
+
+
+def _full(v: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return v.full_tensor().cpu() if isinstance(v, DTensor) else v
+
+
 class Trainer(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, trainer_cfg: Any, algo_cfg: Any, total_steps: int,
                  seed: int, pad_id: int, transport: str, run_name: str, threads: int = 0,
-                 shm_dir: str | None = None) -> None:
+                 shm_dir: str | None = None, world_size: int = 1, master_port: int = 0, device: str = "cpu") -> None:
         self.shm_dir = shm_dir
         self.model_cfg, self.model_dir = model_cfg, model_dir
         self.tcfg, self.acfg = trainer_cfg, algo_cfg
         self.total_steps, self.seed, self.pad_id = total_steps, seed, pad_id
         self.transport_name, self.run_name = transport, run_name
+        self.world, self.master_port, self.device_kind = world_size, master_port, device
+        self.rank = current_rank().rank if world_size > 1 else 0
+        self.device = torch.device("cpu")
+        self.transport = None
         if threads:
             torch.set_num_threads(threads)
+
+    def _init_distributed(self) -> Any:
+        """Process group (gloo on CPU, nccl on CUDA) + 1-D FSDP device mesh; rank = Monarch rank."""
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.master_port))
+        if self.device_kind == "cuda":
+            # One GPU per rank: Monarch's gpus dimension may or may not narrow CUDA_VISIBLE_DEVICES.
+            torch.cuda.set_device(self.rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if not dist.is_initialized():  # a second trainer actor on the same procs reuses the group
+            if self.device_kind == "cuda":
+                dist.init_process_group("nccl", rank=self.rank, world_size=self.world, device_id=self.device)
+            else:
+                dist.init_process_group("gloo", rank=self.rank, world_size=self.world)
+        elif dist.get_world_size() != self.world or dist.get_rank() != self.rank:
+            raise RuntimeError(f"trainer rank {self.rank}/{self.world}: this process already belongs to a process "
+                               f"group as rank {dist.get_rank()}/{dist.get_world_size()}")
+        return init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("fsdp",))
 
     @endpoint
     async def setup(self) -> int:
         from rlexp.transport import build_transport
 
         torch.manual_seed(self.seed)  # nothing random today, but any future dropout/init draws from here
-        self.model = load_policy(self.model_cfg, self.model_dir).train()
         t = self.tcfg
+        if self.world == 1:
+            self.model = load_policy(self.model_cfg, self.model_dir).train()
+            if t.activation_checkpointing:
+                apply_activation_checkpointing(self.model)
+        else:
+            mesh = self._init_distributed()
+            self.model = build_sharded_policy(self.model_cfg, self.model_dir, mesh, self.device,
+                                              activation_checkpointing=t.activation_checkpointing,
+                                              mixed_precision=t.mixed_precision).train()
+        # Unsharded mixed precision: bf16 autocast around the forward (fp32 master weights, fp32 log-softmax).
+        self.autocast = torch.bfloat16 if t.mixed_precision and self.world == 1 else None
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
                                        weight_decay=t.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lr_lambda(t.lr_schedule, t.warmup_steps, self.total_steps, t.min_lr_ratio))
-        self.transport = build_transport(self.transport_name, self.run_name, keep=4, root=self.shm_dir)
+        if self.rank == 0:
+            self.transport = build_transport(self.transport_name, self.run_name, keep=4, root=self.shm_dir)
         self.version = 0
         return sum(p.numel() for p in self.model.parameters())
 
     @endpoint
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on `batch`. Sharded: every rank gets the whole batch and trains on rows
+        [rank*n/W, (rank+1)*n/W); all ranks run the same number of micro-batches (a rank that has run
+        out of rows runs a zero-weight one, so FSDP's collectives stay matched)."""
         t0 = time.perf_counter()
         a = self.acfg
         n = len(batch.prompts)
         mb = max(1, min(self.tcfg.micro_batch_size, n))
+        lo, hi = self.rank * n // self.world, (self.rank + 1) * n // self.world
+        n_micro = math.ceil(math.ceil(n / self.world) / mb)
         self.optim.zero_grad(set_to_none=True)
         total_tokens = sum(len(r) for r in batch.responses)
         metrics: dict[str, float] = {}
         diffs: list[torch.Tensor] = []
-        for s in range(0, n, mb):
-            e = min(n, s + mb)
+        for i in range(n_micro):
+            s = lo + i * mb
+            e = min(hi, s + mb)
+            dummy = s >= e
+            if dummy:
+                s, e = 0, 1
             logp, mask = sequence_logprobs(self.model, batch.prompts[s:e], batch.responses[s:e], a.temperature,
-                                           self.pad_id)
-            old = _pad(batch.old_logprobs[s:e], logp.shape[1])
-            ref = _pad(batch.ref_logprobs[s:e], logp.shape[1]) if batch.ref_logprobs else None
-            out = grpo_loss(logp, old, torch.tensor(batch.advantages[s:e]), mask, a.clip_low, a.clip_high, ref,
-                            a.kl_coef, a.loss_agg, max_len=a.max_tokens)
-            # Weight each micro-batch by its share, so accumulation equals one big batch.
+                                           self.pad_id, self.device, self.autocast)
+            old = _pad(batch.old_logprobs[s:e], logp.shape[1]).to(logp.device)
+            ref = _pad(batch.ref_logprobs[s:e], logp.shape[1]).to(logp.device) if batch.ref_logprobs else None
+            out = grpo_loss(logp, old, torch.tensor(batch.advantages[s:e]).to(logp.device), mask, a.clip_low,
+                            a.clip_high, ref, a.kl_coef, a.loss_agg, max_len=a.max_tokens)
+            # Weight each micro-batch by its share of the global batch, so accumulation (and the sum over
+            # ranks) equals one big batch.
             share = (mask.sum().item() / max(1, total_tokens)) if a.loss_agg == "token_mean" else (e - s) / n
+            if dummy:
+                share = 0.0
             (out.loss * share).backward()
             for k, v in out.metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + v * share
-            diffs.append(((logp.detach() - old).abs() * mask).flatten()[mask.flatten() > 0])
+            if not dummy:
+                diffs.append(((logp.detach() - old).abs() * mask).flatten()[mask.flatten() > 0].cpu())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
         self.optim.step()
         self.sched.step()
-        d = torch.cat(diffs)
+        d = torch.cat(diffs) if diffs else torch.zeros(0)
+        d_max, d_sum, d_n = (float(d.max()) if d.numel() else 0.0), float(d.sum()), float(d.numel())
+        if self.world > 1:
+            metrics, d_max, d_sum, d_n = self._all_reduce_metrics(metrics, d_max, d_sum, d_n)
         metrics.update({
             "loss": metrics.get("loss/policy", 0.0),
-            "train/grad_norm": float(grad_norm),
+            "train/grad_norm": float(_full(grad_norm)),
             "train/lr": float(self.sched.get_last_lr()[0]),
             # generator vs trainer logprobs on the sampled tokens, before this update
-            "logprob_diff/max": float(d.max()) if d.numel() else 0.0,
-            "logprob_diff/mean": float(d.mean()) if d.numel() else 0.0,
+            "logprob_diff/max": d_max,
+            "logprob_diff/mean": (float(d.mean()) if d.numel() else 0.0) if self.world == 1 else d_sum / max(1.0, d_n),
             "time/train_step_s": time.perf_counter() - t0,
         })
         return metrics
 
+    def _all_reduce_metrics(self, metrics: dict[str, float], d_max: float, d_sum: float, d_n: float
+                            ) -> tuple[dict[str, float], float, float, float]:
+        """Share-weighted metric sums and logprob-diff sums/counts are summed over ranks; the max is maxed."""
+        import torch.distributed as dist
+
+        keys = sorted(metrics)  # every rank ran >= 1 micro-batch, so every rank has the same keys
+        dev = self.device if self.device.type == "cuda" else torch.device("cpu")
+        sums = torch.tensor([metrics[k] for k in keys] + [d_sum, d_n], dtype=torch.float64, device=dev)
+        mx = torch.tensor([d_max], dtype=torch.float64, device=dev)
+        dist.all_reduce(sums)
+        dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+        vals = sums.tolist()
+        return dict(zip(keys, vals[:-2])), float(mx.item()), vals[-2], vals[-1]
+
     @endpoint
     async def push_weights(self, version: int) -> str:
-        """Publish the current weights (HF naming) as `version`; returns where generators read them."""
+        """Publish the current weights (HF naming) as `version`; returns where generators read them
+        (rank 0's answer; every rank takes part in the all-gather when sharded)."""
+        from rlexp.models.hf import titan_full_hf_state_dict
         from rlexp.models.titan import hf_state_dict
 
         self.version = version
-        return self.transport.publish(version, hf_state_dict(self.model, self.model_cfg.arch))
+        if self.world == 1:
+            return self.transport.publish(version, hf_state_dict(self.model, self.model_cfg.arch))
+        sd = titan_full_hf_state_dict(self.model, self.model_cfg)
+        return self.transport.publish(version, sd) if self.rank == 0 else ""
+
+    def _full_state(self) -> dict[str, Any]:
+        """Model and optimizer state as full CPU tensors (the single-rank file format). Collective."""
+        model: dict[str, torch.Tensor] = {}
+        gathered: dict[int, torch.Tensor] = {}  # tied embeddings: gather the shared parameter once
+        for k, v in self.model.state_dict().items():
+            if id(v) not in gathered:
+                gathered[id(v)] = _full(v)
+            model[k] = gathered[id(v)]
+        osd = self.optim.state_dict()
+        osd["state"] = {i: {k: _full(v) for k, v in st.items()} for i, st in osd["state"].items()}
+        return {"model": model, "optim": osd}
 
     @endpoint
     async def save(self, path: str) -> None:
+        state = {"model": self.model.state_dict(), "optim": self.optim.state_dict()} if self.world == 1 \
+            else self._full_state()
+        if self.rank != 0:
+            return
         tmp = Path(path + ".tmp")
-        torch.save({"model": self.model.state_dict(), "optim": self.optim.state_dict(),
-                    "sched": self.sched.state_dict(), "version": self.version}, tmp)
+        torch.save({**state, "sched": self.sched.state_dict(), "version": self.version}, tmp)
         tmp.replace(path)
 
     @endpoint
     async def load(self, path: str) -> int:
+        """Load a trainer checkpoint (written by any number of ranks). Sharded: every rank reads the file
+        and keeps its shard (`src_data_rank=None`: nothing is broadcast), like the HF load."""
         state = torch.load(path, map_location="cpu", weights_only=False)
-        self.model.load_state_dict(state["model"])
-        self.optim.load_state_dict(state["optim"])
+        if self.world == 1:
+            self.model.load_state_dict(state["model"])
+            self.optim.load_state_dict(state["optim"])
+        else:
+            from torch.distributed.tensor import DTensor, distribute_tensor
+
+            def shard(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+                if isinstance(like, DTensor):
+                    return distribute_tensor(v.to(like.dtype), like.device_mesh, like.placements, src_data_rank=None)
+                return v.to(device=like.device, dtype=like.dtype)
+
+            current = self.model.state_dict()
+            self.model.load_state_dict({k: shard(v, current[k]) for k, v in state["model"].items()})
+            params = [p for g in self.optim.param_groups for p in g["params"]]  # state_dict's index order
+            osd = state["optim"]
+            osd["state"] = {i: {k: (shard(v, params[i]) if k != "step" and isinstance(params[i], DTensor) else v)
+                                for k, v in st.items()} for i, st in osd["state"].items()}
+            self.optim.load_state_dict(osd)
         self.sched.load_state_dict(state["sched"])
         self.version = int(state["version"])
         return self.version
 
     @endpoint
     async def export_hf(self, out_dir: str) -> str:
-        """Final checkpoint as an HF folder (what `rlexp eval run_dir=...` and vLLM load)."""
-        from rlexp.models.hf import save_titan_as_hf
+        """Final checkpoint as an HF folder (what `rlexp eval run_dir=...` and vLLM load); rank 0 writes."""
+        from rlexp.models.hf import save_titan_as_hf, titan_full_hf_state_dict
 
-        save_titan_as_hf(self.model, out_dir, self.model_cfg, source_dir=self.model_dir)
+        if self.rank == 0:
+            save_titan_as_hf(self.model, out_dir, self.model_cfg, source_dir=self.model_dir)
+        else:
+            titan_full_hf_state_dict(self.model, self.model_cfg)  # the same all-gathers rank 0 runs
         return out_dir
 
     @endpoint
+    async def full_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The current weights, gathered, in HF naming (tests and tools; collective when sharded)."""
+        from rlexp.models.hf import titan_full_hf_state_dict
+
+        return titan_full_hf_state_dict(self.model, self.model_cfg)
+
+    @endpoint
     async def shutdown(self) -> None:
-        self.transport.close()
+        if self.transport is not None:
+            self.transport.close()
+        if self.world > 1:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 class Reference(Actor):
     """Frozen copy of the initial policy; only spawned when `algorithm.kl_coef > 0`."""
 
     def __init__(self, model_cfg: ModelConfig, model_dir: str, pad_id: int, threads: int = 0) -> None:
+        from rlexp.seeding import apply_process_determinism
+
+        apply_process_determinism()
         if threads:
             torch.set_num_threads(threads)
         self.model = load_policy(model_cfg, model_dir).eval()

@@ -63,6 +63,23 @@ def validate(c: Any) -> None:
             + "\n  - ".join(missing) + "\nTo try the whole pipeline on this machine, use the default model=tiny.")
     if c.eval.every_n_steps < 0:
         raise ConfigError("eval.every_n_steps must be >= 0 (0 = only at the start and the end)")
+    _check_trainer_layout(c)
+
+
+def _check_trainer_layout(c: Any) -> None:
+    par = c.model.parallelism
+    _positive("model.parallelism.trainer_fsdp", par.trainer_fsdp)
+    _positive("model.parallelism.trainer_tp", par.trainer_tp)
+    if par.trainer_tp > 1:
+        raise ConfigError(
+            f"model.parallelism.trainer_tp={par.trainer_tp}: the trainer shards with FSDP2 only; tensor parallelism "
+            f"(TorchTitan's Module.parallelize over a tp mesh, GPU only) is not wired in yet. Use "
+            f"model.parallelism.trainer_tp=1 model.parallelism.trainer_fsdp={par.trainer_fsdp * par.trainer_tp} "
+            f"(same number of ranks, check it fits with `rlexp plan`)")
+    if c.cluster.device == "cuda" and par.trainer_fsdp > 1 and c.cluster.gpus_per_host \
+            and par.trainer_fsdp > c.cluster.gpus_per_host:
+        raise ConfigError(f"model.parallelism.trainer_fsdp={par.trainer_fsdp} needs one GPU per rank on one host, "
+                          f"but cluster.gpus_per_host={c.cluster.gpus_per_host}")
 
 
 def _get(c: Any, dotted: str) -> Any:
