@@ -31,7 +31,7 @@ if __name__ == "__main__":
             informative = [g for g in scored if len({e.reward for e in g}) > 1]  # the custom part
             if informative:
                 episodes = [e for g in informative for e in g]
-                metrics.update(svc.trainer.train_step.call_one(loop.to_batch(episodes)).get())
+                metrics.update(loop.on_trainer(svc.trainer.train_step, loop.to_batch(episodes)))
                 version += 1
                 loop.push_weights(svc, version)
             if step % 10 == 9:

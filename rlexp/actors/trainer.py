@@ -8,6 +8,12 @@ root), loads its shard of the HF checkpoint, and trains on its contiguous slice 
 are weighted by each micro-batch's share of the *global* batch and FSDP's gradient division is off,
 so the reduce-scattered gradient is the single-rank gradient (up to summation order).
 Checkpoints are gathered to rank 0 in the single-rank file format, so either layout resumes the other.
+
+Tensor parallelism (`trainer_tp > 1`) is refused by config validation. The GPU path it would take:
+`set_qwen3_sharding_config` on the model config + `Module.parallelize(ParallelDims)` over the tp axis of a
+2-D (fsdp, tp) mesh before `fully_shard` on the fsdp axis (TorchTitan's `parallelize_qwen3`), the same
+`load_hf_into_sharded_titan` (it takes placements from the model's state dict), and logits that arrive
+as a DTensor sharded over the vocabulary (a loss-parallel log-softmax, or `full_tensor()` first).
 """
 from __future__ import annotations
 
@@ -113,6 +119,9 @@ class Trainer(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, trainer_cfg: Any, algo_cfg: Any, total_steps: int,
                  seed: int, pad_id: int, transport: str, run_name: str, threads: int = 0,
                  shm_dir: str | None = None, world_size: int = 1, master_port: int = 0, device: str = "cpu") -> None:
+        from rlexp.seeding import apply_process_determinism
+
+        apply_process_determinism()
         self.shm_dir = shm_dir
         self.model_cfg, self.model_dir = model_cfg, model_dir
         self.tcfg, self.acfg = trainer_cfg, algo_cfg
