@@ -3,6 +3,7 @@ disagree (dynamic sampling), and print held-out accuracy every few steps.
 
     .venv/bin/python examples/custom_loop.py steps=40 algorithm.prompts_per_step=32
 """
+import os
 import random
 import sys
 
@@ -10,7 +11,7 @@ from hydra import compose, initialize_config_dir
 
 from rlexp import loop
 from rlexp.config.schema import register_configs
-from rlexp.launcher import build_graph, prepare
+from rlexp.launcher import build_graph, prepare, release_weights
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.train import CONF_DIR
 
@@ -19,7 +20,8 @@ if __name__ == "__main__":
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose("train", overrides=sys.argv[1:])
     p = prepare(cfg)  # validates everything before a process is spawned
-    graph = build_graph(p, run_name="custom-loop")
+    run_name = f"custom-loop-{os.getpid()}"
+    graph = build_graph(p, run_name)
     svc, c, env = graph.services, p.cfg, p.env
     tok = load_tokenizer(p.model_dir)
     data_rng, version = random.Random(p.seeds["data"]), 0
@@ -43,3 +45,4 @@ if __name__ == "__main__":
                       f"groups, held-out accuracy {acc:.3f}", flush=True)
     finally:
         graph.stop()
+        release_weights(p.cfg, run_name)

@@ -49,10 +49,15 @@ def prepare(cfg: DictConfig) -> Prepared:
     if t.model.flavor != "tiny":
         check_plan(cfg)
     check_transport(t.cluster.transport, hosts=t.cluster.hosts)
-    env = build_env(t.environment)
-    train, held = env.train_samples(), env.eval_samples()
-    benchmarks = load_benchmarks(list(t.eval.benchmarks))
-    build_reward(t.reward, env)  # unknown verifiers, missing RM checkpoints: fail now, not in an actor
+    from rlexp.config.validate import ConfigError
+
+    try:
+        env = build_env(t.environment)
+        train, held = env.train_samples(), env.eval_samples()
+        benchmarks = load_benchmarks(list(t.eval.benchmarks))
+        build_reward(t.reward, env)  # unknown verifiers, missing RM checkpoints: fail now, not in an actor
+    except (ValueError, FileNotFoundError) as e:  # bad environment/reward/benchmark input: one clear line
+        raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
     model_dir = str(resolve_model(t.model))
     seeds = component_seeds(t.seed, t.generator.replicas)
     extra = {
@@ -139,7 +144,7 @@ class Graph:
 def build_graph(p: Prepared, run_name: str) -> Graph:
     from rlexp.actors.buffer import ReplayBuffer
     from rlexp.actors.generator import Generator
-    from rlexp.actors.reward import RewardService
+    from rlexp.actors.reward import RewardService, judge_names
     from rlexp.actors.trainer import Reference, Trainer
     from rlexp.loop import Services, rank0
     from rlexp.models.tokenizer import load_tokenizer
@@ -169,6 +174,9 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
     times = [f.get() for f in setup]
     n_params = rank0(times[-1])
     rewards = [reward.slice(procs=i) for i in range(c.reward.replicas)]
+    if judge_names(c.reward):  # LM judges are served by the generators
+        for i, r in enumerate(rewards):
+            r.attach_judges.call_one(gens[i % len(gens)], p.model_dir).get()
     g.services = Services(generators=gens, trainer=trainer, rewards=rewards, buffer=buffer, reference=reference)
     g.placement = describe_placement(g, c, n_params, times[:-1])
     return g
@@ -237,7 +245,16 @@ def run(cfg: DictConfig) -> dict[str, float]:
     finally:
         if graph is not None:
             graph.stop()
+        release_weights(p.cfg, run_name)
         signal.signal(signal.SIGTERM, previous)
+
+
+def release_weights(c: Any, run_name: str) -> None:
+    """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died first."""
+    import shutil
+
+    if c.cluster.transport == "shm":
+        shutil.rmtree(Path(c.cluster.shm_dir) / run_name, ignore_errors=True)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

@@ -22,8 +22,9 @@ SHORT = ["steps=6", "eval.every_n_steps=3", "algorithm.prompts_per_step=16", "al
 
 
 def test_train_titan_end_to_end_leaves_a_complete_run(tmp_path: Path, tag: str) -> None:
-    run = tmp_path / "run"
-    p = rlexp("train", *SHORT, f"hydra.run.dir={run}", tag=tag)
+    run, shm = tmp_path / "run", tmp_path / "shm"
+    p = rlexp("train", *SHORT, f"hydra.run.dir={run}", f"cluster.shm_dir={shm}", tag=tag)
+    assert shm.is_dir() and not any(shm.iterdir())  # published weights (RAM) released at teardown
     assert "actor graph" in p.stdout and "generator0" in p.stdout and "trainer" in p.stdout
     assert "held-out accuracy" in p.stdout
     rows = metrics(run)
@@ -146,4 +147,14 @@ def test_readme_custom_loop_example_runs(tag: str) -> None:
                        cwd=REPO, env=tagged_env(tag), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "step 10: reward" in p.stdout and "held-out accuracy" in p.stdout
+    assert wait_no_orphans(tag) == []
+
+
+def test_weaver_with_an_lm_judge_served_by_the_generator(tmp_path: Path, tag: str) -> None:
+    run = tmp_path / "run"
+    rlexp("train", "reward=weaver_judge", "steps=2", "eval.every_n_steps=0", "algorithm.prompts_per_step=8",
+          f"hydra.run.dir={run}", tag=tag)
+    rows = metrics(run)
+    assert "weaver/policy_judge/pos_rate_batch" in rows[1]  # the judge scored every response
+    assert "weaver/mod5/pos_rate_batch" in rows[1]
     assert wait_no_orphans(tag) == []

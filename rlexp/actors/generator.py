@@ -98,6 +98,8 @@ class TitanBackend:
         from rlexp.models.hf import read_hf_state_dict
         from rlexp.models.titan import load_hf_state_dict
 
+        if not os.path.isdir(location):
+            raise FileNotFoundError(f"generator: weights for version {version} are not at {location}")
         load_hf_state_dict(self.model, read_hf_state_dict(location), self.cfg.arch)
         self.policy_version = version
 

@@ -58,6 +58,9 @@ class ShmTransport(WeightTransport):
         self.keep = keep
         self.config = config  # written as config.json next to the weights when given
         self.max_shard_bytes = max_shard_bytes
+        # A folder left by a crashed run of the same name holds versions this trainer did not write; keeping
+        # them would make `gc` delete the newest real version (it sorts by number). The trainer owns the folder.
+        shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def version_dir(self, version: int) -> Path:
