@@ -58,6 +58,10 @@ def prepare(cfg: DictConfig) -> Prepared:
         build_reward(t.reward, env)  # unknown verifiers, missing RM checkpoints: fail now, not in an actor
     except (ValueError, FileNotFoundError) as e:  # bad environment/reward/benchmark input: one clear line
         raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
+    if type(env).step is not Environment.step:
+        raise ConfigError(f"environment={t.environment.name} is multi-turn (tool calls); the training loop samples "
+                          f"single-turn episodes only, so tool output would be trained on as if the policy wrote it. "
+                          f"Evaluate it with `rlexp eval`, or train on a single-turn environment")
     model_dir = str(resolve_model(t.model))
     seeds = component_seeds(t.seed, t.generator.replicas)
     extra = {
