@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any

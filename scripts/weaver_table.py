@@ -25,6 +25,8 @@ for job in jobs:
     rows.append(row)
 keys = list(dict.fromkeys(k for r in rows for k in r))
 with out_csv.open("w", newline="") as f:
+    f.write(f"# produced by: .venv/bin/python scripts/weaver_table.py {' '.join(sys.argv[1:])} "
+            f"(runs: see weaver_replication.md); read with comment=\"#\"\n")
     w = csv.DictWriter(f, fieldnames=keys); w.writeheader(); w.writerows(rows)
 import os
 if os.environ.get("TIE"):

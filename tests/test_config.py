@@ -1,7 +1,6 @@
 """Hydra composition: every option of every group composes into the typed schema; bad input fails early."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 from rlexp.envs.config import EnvConfig
-from rlexp.types import Problem, Sample
+from rlexp.types import Sample
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,3 @@ def build_env(cfg: EnvConfig) -> Environment:
                          f"(or add a module that uses @register_env and a YAML file in conf/environment/)")
     return _REGISTRY[cfg.name](cfg)
 
-
-def problem_of(sample: Sample) -> Problem:
-    return sample.problem

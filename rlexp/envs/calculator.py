@@ -67,7 +67,7 @@ def _eval(node: ast.AST) -> int | float:
         if abs(value) > _MAX_ABS:
             raise CalcError("result too large")
         return value
-    raise CalcError(f"unsupported: only numbers, + - * / // % ** and parentheses")
+    raise CalcError("unsupported: only numbers, + - * / // % ** and parentheses")
 
 
 def safe_eval(expr: str) -> str:
