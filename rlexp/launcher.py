@@ -233,6 +233,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         truncate_metrics(run_dir, read_ckpt_step(resume_from))
     manifest = write_start_manifest(run_dir, cfg, sys.argv, p.seeds, {**p.extra, "resumed_from": str(resume_from) if resume_from else None})
     run_name = f"{run_dir.name}-{os.getpid()}"
+    release_stale_weights(p.cfg)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     graph: Graph | None = None
     try:
@@ -250,6 +251,26 @@ def run(cfg: DictConfig) -> dict[str, float]:
             graph.stop()
         release_weights(p.cfg, run_name)
         signal.signal(signal.SIGTERM, previous)
+
+
+def release_stale_weights(c: Any) -> None:
+    """Remove weights published by runs that died without tearing down (kill -9, OOM): folder names end in
+    the controller's pid, so a folder whose process is gone belongs to nobody."""
+    import shutil
+
+    root = Path(c.cluster.shm_dir)
+    if c.cluster.transport != "shm" or not root.is_dir():
+        return
+    for d in root.iterdir():
+        pid = d.name.rsplit("-", 1)[-1]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 def release_weights(c: Any, run_name: str) -> None:

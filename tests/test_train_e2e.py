@@ -101,7 +101,9 @@ def test_interrupted_run_tears_down_everything(tmp_path: Path, tag: str, sig: in
 
 
 def test_resume_after_kill_9_matches_an_uninterrupted_run(tmp_path: Path, tag: str) -> None:
-    common = ["steps=8", "eval.every_n_steps=4", "checkpoint.every_n_steps=4", "algorithm.prompts_per_step=16"]
+    shm = tmp_path / "shm"
+    common = ["steps=8", "eval.every_n_steps=4", "checkpoint.every_n_steps=4", "algorithm.prompts_per_step=16",
+              f"cluster.shm_dir={shm}"]
     straight = tmp_path / "straight"
     rlexp("train", *common, f"hydra.run.dir={straight}", tag=tag)
 
@@ -115,6 +117,7 @@ def test_resume_after_kill_9_matches_an_uninterrupted_run(tmp_path: Path, tag: s
     p = rlexp("train", *common, "resume=auto", f"hydra.run.dir={resumed}", tag=tag)
     assert "resumed from" in p.stdout
     assert compare_metrics(straight / "metrics.jsonl", resumed / "metrics.jsonl") is None
+    assert not any(shm.iterdir())  # the killed run's published weights were released by the next run
 
     # a different config is refused unless forced
     bad = rlexp("train", *common, "trainer.lr=0.5", "resume=auto", f"hydra.run.dir={resumed}", check=False, tag=tag)
