@@ -121,7 +121,8 @@ class Controller:
         loop.on_trainer(self.svc.trainer.save, str(tmp / "trainer.pt"))
         torch.save({
             "loop": {"step": self.state.step, "version": self.state.version,
-                     "data_rng": self.state.data_rng.getstate(), "samples_seen": self.state.samples_seen},
+                     "data_rng": self.state.data_rng.getstate(), "samples_seen": self.state.samples_seen,
+                     "pending": self.state.pending},
             "buffer": self.svc.buffer.state_dict.call_one().get(),
             "reward": [r.state_dict.call_one().get() for r in self.svc.rewards],
             "controller": {"first_eval": self.first_eval, "best_eval": self.best_eval},
@@ -143,6 +144,7 @@ class Controller:
         lp = state["loop"]
         self.state.step, self.state.version, self.state.samples_seen = lp["step"], lp["version"], lp["samples_seen"]
         self.state.data_rng.setstate(lp["data_rng"])
+        self.state.pending = lp.get("pending", [])
         self.svc.buffer.load_state_dict.call_one(state["buffer"]).get()
         for r, st in zip(self.svc.rewards, state["reward"]):
             r.load_state_dict.call_one(st).get()

@@ -51,6 +51,9 @@ class LoopState:
     version: int = 0
     data_rng: random.Random = field(default_factory=random.Random)
     samples_seen: int = 0
+    # Async mode: prompts already drawn for rollouts still in flight, as (step, samples). Saved so that a
+    # resume regenerates them instead of silently skipping that data.
+    pending: list[tuple[int, list[Sample]]] = field(default_factory=list)
 
 
 def generate_groups(svc: Services, samples: list[Sample], encode: Callable[[str], list[int]], cfg: Any,
@@ -152,10 +155,13 @@ def train(cfg: Any, svc: Services, env: Environment, encode: Callable[[str], lis
     depth = cfg.sync.max_policy_age if cfg.sync.mode == "async" else 0
     in_flight: deque[tuple[int, list[Sample], Any, float]] = deque()
 
-    def start_rollout(step: int) -> None:
-        samples = env.sample_batch(cfg.algorithm.prompts_per_step, state.data_rng)
+    def start_rollout(step: int, samples: list[Sample] | None = None) -> None:
+        samples = samples or env.sample_batch(cfg.algorithm.prompts_per_step, state.data_rng)
         in_flight.append((step, samples, generate_groups(svc, samples, encode, cfg, replica_seeds, step),
                           time.perf_counter()))
+
+    for step, samples in state.pending:  # resumed mid-flight: the same prompts, regenerated
+        start_rollout(step, samples)
 
     while state.step < cfg.steps:
         t_step = time.perf_counter()
@@ -183,4 +189,5 @@ def train(cfg: Any, svc: Services, env: Environment, encode: Callable[[str], lis
             "time/step_s": time.perf_counter() - t_step, "policy/version": float(state.version),
         })
         state.step += 1
+        state.pending = [(step, samples) for step, samples, _, _ in in_flight]
         on_step(state.step, metrics, rollouts)

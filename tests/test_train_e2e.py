@@ -48,8 +48,9 @@ def test_train_titan_end_to_end_leaves_a_complete_run(tmp_path: Path, tag: str) 
 
 def test_async_mode_with_kl_reference_and_benchmark_eval(tmp_path: Path, tag: str) -> None:
     run = tmp_path / "run"
-    rlexp("train", *SHORT, "sync=async", "sync.max_policy_age=1", "algorithm=grpo_kl", "eval.benchmarks=[gsm8k]",
-          "eval.max_samples=4", "eval.max_tokens=4", f"hydra.run.dir={run}", tag=tag)
+    args = [*SHORT, "sync=async", "sync.max_policy_age=1", "algorithm=grpo_kl", "eval.benchmarks=[gsm8k]",
+            "eval.max_samples=4", "eval.max_tokens=4", "checkpoint.every_n_steps=3", "checkpoint.keep=1"]
+    rlexp("train", *args, f"hydra.run.dir={run}", tag=tag)
     assert all("eval/gsm8k/accuracy" in metrics(run)[i] for i in (0, 3, 6))  # periodic benchmark evaluation
     assert (run / "tables" / "rollouts.jsonl").exists()
     rows = metrics(run)[1:]
@@ -57,6 +58,17 @@ def test_async_mode_with_kl_reference_and_benchmark_eval(tmp_path: Path, tag: st
     assert rows[0]["policy_age/mean"] == 0.0
     assert all("buffer/dropped_total" in r for r in rows)
     assert rows[-1]["loss/kl"] > 0.0  # the reference actor ran and the policy moved away from it
+
+    # The step-3 checkpoint holds the prompts of the rollout that was in flight; resuming regenerates them
+    # (with the checkpoint's weights, hence age 0) instead of skipping that data.
+    import torch
+
+    pending = torch.load(run / "checkpoints" / "step_000003" / "controller.pt", weights_only=False)["loop"]["pending"]
+    assert [step for step, _ in pending] == [3] and len(pending[0][1]) == 16
+    rlexp("train", *args, "resume=auto", f"hydra.run.dir={run}", tag=tag)
+    resumed = metrics(run)
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4, 5, 6]
+    assert resumed[4]["policy_age/mean"] == 0.0 and resumed[5]["policy_age/mean"] == 1.0
     assert wait_no_orphans(tag) == []
 
 
