@@ -166,7 +166,10 @@ def build_backend(backend: str, model_dir: str, tokenizer: Tokenizer | None = No
                   model_cfg: ModelConfig | None = None, **options: Any) -> GeneratorBackend:
     """A generator backend in this process (the actor below wraps one; `rlexp eval` uses one directly)."""
     tokenizer = tokenizer or load_tokenizer(model_dir)
-    model_cfg = model_cfg or model_config_from_dir(model_dir)
+    if model_cfg is None:
+        from rlexp.models.hf import model_config_from_dir
+
+        model_cfg = model_config_from_dir(model_dir)
     if backend == "titan":
         return TitanBackend(model_cfg, model_dir, tokenizer)
     if backend == "vllm":
@@ -178,21 +181,6 @@ def build_backend(backend: str, model_dir: str, tokenizer: Tokenizer | None = No
         return VLLMBackend(model_cfg, model_dir, tokenizer, seed=seed, **options)
     raise ValueError(f"unknown generator backend {backend!r}; choose titan or vllm")
 
-
-def model_config_from_dir(model_dir: str) -> ModelConfig:
-    """Architecture numbers read back from an HF `config.json` (for evaluating a bare checkpoint)."""
-    import json
-
-    from rlexp.models.config import ArchConfig
-
-    c = json.loads(open(os.path.join(model_dir, "config.json")).read())
-    arch = ArchConfig(dim=c["hidden_size"], n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
-                      n_kv_heads=c["num_key_value_heads"], head_dim=c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]),
-                      hidden_dim=c["intermediate_size"], vocab_size=c["vocab_size"],
-                      max_seq_len=c.get("max_position_embeddings", 4096), rope_theta=c.get("rope_theta", 1e6),
-                      tie_embeddings=c.get("tie_word_embeddings", False))
-    dtype = str(c.get("torch_dtype") or c.get("dtype") or "float32")
-    return ModelConfig(name=os.path.basename(model_dir.rstrip("/")), path=model_dir, dtype=dtype, arch=arch)
 
 
 class Generator(Actor):

@@ -240,6 +240,17 @@ def _format(path: Path, errors: list[str], tail: list[str] | None = None, limit:
     return f"checkpoint {path} cannot be loaded:\n  " + "\n  ".join(shown)
 
 
+def model_config_from_dir(model_dir: str | Path) -> ModelConfig:
+    """Architecture numbers read back from an HF `config.json` (for evaluating a bare checkpoint)."""
+    c = json.loads((Path(model_dir) / "config.json").read_text())
+    c.setdefault("head_dim", c["hidden_size"] // c["num_attention_heads"])
+    c.setdefault("tie_word_embeddings", False)
+    arch = ArchConfig(**{field_name: c[key] for key, field_name in _HF_ARCH_KEYS.items()},
+                      max_seq_len=c.get("max_position_embeddings", 4096), rope_theta=c.get("rope_theta", 1e6))
+    dtype = str(c.get("torch_dtype") or c.get("dtype") or "float32")
+    return ModelConfig(name=Path(str(model_dir).rstrip("/")).name, path=str(model_dir), dtype=dtype, arch=arch)
+
+
 def check_model_files(cfg: ModelConfig, *, cache_dir: str | Path | None = None) -> CheckpointInfo:
     """What the launcher calls before spawning: resolve, then validate."""
     return validate_checkpoint(resolve_checkpoint(cfg, cache_dir=cache_dir), cfg)
