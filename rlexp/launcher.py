@@ -162,11 +162,11 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
         "device": c.cluster.device}
     gens = [g.spawn(f"generator{i}", Generator, c.model, p.model_dir, c.generator.backend,
                     p.seeds[f"generator/{i}"], c.cluster.threads_per_proc, gen_opts) for i in range(c.generator.replicas)]
-    # The trainer is one proc, or one proc per FSDP rank (one GPU each on CUDA); see rlexp/actors/trainer.py.
+    # The trainer is one proc, or one proc per (FSDP x TP) rank (one GPU each on CUDA); see rlexp/actors/trainer.py.
     world = trainer_world_size(c)
     trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
                       pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir,
-                      world, free_port() if world > 1 else 0, c.cluster.device,
+                      world, free_port() if world > 1 else 0, c.cluster.device, c.model.parallelism.trainer_tp,
                       per_host={"gpus" if c.cluster.device == "cuda" and world > 1 else "procs": world})
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc) if c.algorithm.kl_coef > 0 else None)
     reward = g.spawn("reward", RewardService, c.reward, c.environment, procs=c.reward.replicas)
@@ -203,7 +203,8 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
     for name, mesh in g.meshes:
         role = {"generator": f"{c.generator.backend} backend, engine ready in {{:.1f}}s",
                 "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={c.trainer.lr}"
-                           + (f", FSDP2 over {trainer_world_size(c)} ranks" if trainer_world_size(c) > 1 else "")
+                           + (f", {trainer_world_size(c)} ranks (FSDP2 {c.model.parallelism.trainer_fsdp} x TP "
+                              f"{c.model.parallelism.trainer_tp})" if trainer_world_size(c) > 1 else "")
                            + (", activation checkpointing" if c.trainer.activation_checkpointing else "")
                            + (", bf16 mixed precision" if c.trainer.mixed_precision else ""),
                 "reference": "frozen initial policy (KL)", "reward": f"reward={c.reward.name} verifiers; replay buffer (max_policy_age="

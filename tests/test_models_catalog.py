@@ -7,7 +7,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlexp.models.catalog import QWEN3_SIZES, param_count
+from rlexp.models.catalog import QWEN3_SIZES, REVISIONS, param_count
 from rlexp.models.config import ModelConfig
 from rlexp.models.titan import build_model
 
@@ -40,6 +40,8 @@ def test_yaml_matches_published_config(key, instruct):
     cfg = _load(f"qwen3_{key}" + ("_instruct" if instruct else ""))
     assert cfg.arch == size.arch()
     assert cfg.hf_repo == (size.instruct_repo if instruct else size.base_repo)
+    assert cfg.revision == REVISIONS[cfg.hf_repo] and len(cfg.revision) == 40  # a pinned commit, not a branch
+    int(cfg.revision, 16)
     assert cfg.flavor == size.flavor and cfg.tokenizer == "hf" and cfg.dtype == "bfloat16"
     assert cfg.chat_template is instruct
     assert cfg.arch.head_dim == 128 and cfg.arch.vocab_size == 151936

@@ -7,7 +7,7 @@ and shared), the single-rank ones on its first proc. Same batches in, then compa
   - a checkpoint written by 2 ranks resumes 2 ranks bit for bit and 1 rank to the same tolerance;
   - activation checkpointing: bitwise the same loss, grads and weights as without;
   - bf16 mixed precision (FSDP2 MixedPrecisionPolicy / autocast): loss within 2e-2 of fp32, fp32 master weights.
-Plus `rlexp train model.parallelism.trainer_fsdp=2` end to end, and the TP refusal.
+Plus `rlexp train model.parallelism.trainer_fsdp=2` end to end. Tensor parallelism: tests/test_trainer_tp.py.
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ import torch
 
 from rlexp.actors.policy import load_policy, sequence_logprobs
 from rlexp.actors.trainer import TrainBatch, Trainer, apply_activation_checkpointing
-from rlexp.config.schema import AlgorithmConfig, TrainConfig, TrainerConfig
-from rlexp.config.validate import ConfigError, validate
+from rlexp.config.schema import AlgorithmConfig, TrainerConfig
 from rlexp.grpo import grpo_loss
 from rlexp.models.config import ModelConfig
 from rlexp.models.tiny import ensure_tiny_checkpoint
@@ -183,18 +182,11 @@ def test_bf16_mixed_precision_trains_close_to_fp32(env, runs, world: int) -> Non
     assert _max_diff(sd, runs["single"]) < 1e-2
 
 
-def test_tensor_parallel_trainer_is_refused_with_the_fix() -> None:
-    c = TrainConfig()
-    c.model.parallelism.trainer_tp = 2
-    with pytest.raises(ConfigError, match="trainer_tp=1 model.parallelism.trainer_fsdp=2"):
-        validate(c)
-
-
 def test_rlexp_train_with_fsdp2_trainer_end_to_end(tmp_path: Path, tag: str) -> None:
     run = tmp_path / "run"
     p = rlexp("train", "model.parallelism.trainer_fsdp=2", "steps=3", "eval.every_n_steps=0",
               "checkpoint.every_n_steps=2", "algorithm.prompts_per_step=8", f"hydra.run.dir={run}", tag=tag)
-    assert "FSDP2 over 2 ranks" in p.stdout and "{'procs': 2}" in p.stdout
+    assert "2 ranks (FSDP2 2 x TP 1)" in p.stdout and "{'procs': 2}" in p.stdout
     rows = metrics(run)
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3] and rows[-1]["step"] == 3
     # the titan generator samples the gathered weights: on-policy logprobs match the sharded trainer's

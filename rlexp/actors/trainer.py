@@ -1,22 +1,25 @@
 """The trainer actor: TorchTitan Qwen3, AdamW, LR schedule, the GRPO loss, checkpoints, weight pushes.
 
 One rank (the default) is a plain module in one process, no process group. With
-`model.parallelism.trainer_fsdp > 1` the launcher spawns one Trainer per rank on a proc mesh; every
-endpoint is then collective (the controller calls it on the whole mesh and keeps rank 0's answer):
-each rank builds the model on the meta device, shards it with FSDP2 (each transformer block, then the
-root), loads its shard of the HF checkpoint, and trains on its contiguous slice of every batch. Losses
-are weighted by each micro-batch's share of the *global* batch and FSDP's gradient division is off,
-so the reduce-scattered gradient is the single-rank gradient (up to summation order).
-Checkpoints are gathered to rank 0 in the single-rank file format, so either layout resumes the other.
-
-Tensor parallelism (`trainer_tp > 1`) is refused by config validation. The GPU path it would take:
-`set_qwen3_sharding_config` on the model config + `Module.parallelize(ParallelDims)` over the tp axis of a
-2-D (fsdp, tp) mesh before `fully_shard` on the fsdp axis (TorchTitan's `parallelize_qwen3`), the same
-`load_hf_into_sharded_titan` (it takes placements from the model's state dict), and logits that arrive
-as a DTensor sharded over the vocabulary (a loss-parallel log-softmax, or `full_tensor()` first).
+`trainer_fsdp * trainer_tp > 1` the launcher spawns one Trainer per rank on a proc mesh; every
+endpoint is then collective (the controller calls it on the whole mesh and keeps rank 0's answer).
+Each rank builds the model on the meta device and parallelises it the way TorchTitan's
+`parallelize_qwen3` does, on a 2-D (fsdp, tp) mesh with tp innermost:
+  - TP: TorchTitan's own Qwen3 sharding plan (`set_qwen3_sharding_config`, then `Module.parallelize`):
+    fused QKV / w1 / w3 column-wise, wo / w2 row-wise, vocab-parallel embedding and lm_head. Logits
+    stay sharded over the vocabulary; token logprobs come from a loss-parallel cross-entropy
+    (`policy.sequence_logprobs`), so no rank ever holds a full [tokens x vocab] tensor.
+  - FSDP2 on the fsdp axis (each transformer block, then the root), even at degree 1, as TorchTitan
+    does, so mixed precision has one code path.
+Each rank loads its shard of the HF checkpoint. The ranks of one TP group train on the same rows; the
+fsdp ranks split every batch into contiguous slices. Losses are weighted by each micro-batch's share
+of the *global* batch and FSDP's gradient division is off, so the reduced gradient is the single-rank
+gradient (up to summation order). Checkpoints are gathered to rank 0 in the single-rank file format,
+so any layout resumes any other.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -75,24 +78,34 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
                                                               preserve_rng_state=False))
 
 
-def build_sharded_policy(cfg: ModelConfig, model_dir: str, mesh: Any, device: torch.device, *,
+def build_sharded_policy(cfg: ModelConfig, model_dir: str, dims: Any, device: torch.device, *,
                          activation_checkpointing: bool = False, mixed_precision: bool = False) -> nn.Module:
-    """TorchTitan Qwen3 built on meta, FSDP2-sharded over `mesh` (blocks, then root), HF weights loaded.
+    """TorchTitan Qwen3 built on meta, tensor-parallel over `dims`' tp axis, FSDP2-sharded over its
+    fsdp axis (blocks, then root), HF weights loaded. Collective: every rank calls it.
 
-    A small version of TorchTitan's `parallelize_qwen3`/`apply_fsdp_to_decoder` (dense, FSDP only):
-    AC is applied before sharding; mixed precision is FSDP2's `MixedPrecisionPolicy(bf16 params,
-    fp32 reduce)` with fp32 sharded master weights. Collective: every rank of `mesh` calls it.
+    A small version of TorchTitan's `parallelize_qwen3` (dense; TP without sequence parallelism): TP is
+    TorchTitan's own plan, AC comes before sharding, mixed precision is FSDP2's
+    `MixedPrecisionPolicy(bf16 params, fp32 reduce)` with fp32 sharded master weights.
     """
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     from rlexp.models.hf import load_hf_into_sharded_titan
-    from rlexp.models.titan import build_model, torch_dtype
+    from rlexp.models.titan import titan_config, torch_dtype
 
-    model = build_model(cfg, device="meta").to(dtype=torch_dtype(cfg.dtype))
+    tc = titan_config(cfg.arch)
+    if dims.tp > 1:
+        from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
+
+        set_qwen3_sharding_config(tc, enable_sp=False, enable_ep=False)
+    with torch.device("meta"):
+        model = tc.build().to(dtype=torch_dtype(cfg.dtype))
+    if dims.tp > 1:
+        model.parallelize(dims)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
         else MixedPrecisionPolicy()
+    mesh = dims.get_mesh("fsdp")
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
@@ -118,7 +131,8 @@ def _full(v: Any) -> Any:
 class Trainer(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, trainer_cfg: Any, algo_cfg: Any, total_steps: int,
                  seed: int, pad_id: int, transport: str, run_name: str, threads: int = 0,
-                 shm_dir: str | None = None, world_size: int = 1, master_port: int = 0, device: str = "cpu") -> None:
+                 shm_dir: str | None = None, world_size: int = 1, master_port: int = 0, device: str = "cpu",
+                 tp: int = 1) -> None:
         from rlexp.seeding import apply_process_determinism
 
         apply_process_determinism()
@@ -129,21 +143,33 @@ class Trainer(Actor):
         self.transport_name, self.run_name = transport, run_name
         self.world, self.master_port, self.device_kind = world_size, master_port, device
         self.rank = current_rank().rank if world_size > 1 else 0
+        if world_size % tp:
+            raise ValueError(f"trainer: world size {world_size} is not a multiple of trainer_tp={tp}")
+        self.tp = tp
+        # Data-parallel coordinates: the ranks of one TP group (consecutive ranks) share their rows.
+        self.dp_rank, self.dp_world = self.rank // tp, world_size // tp
+        self.dp_group: Any = None
         self.device = torch.device("cpu")
         self.transport = None
         if threads:
             torch.set_num_threads(threads)
 
     def _init_distributed(self) -> Any:
-        """Process group (gloo on CPU, nccl on CUDA) + 1-D FSDP device mesh; rank = Monarch rank."""
+        """Process group (gloo on CPU, nccl on CUDA) + TorchTitan's `ParallelDims` meshes (fsdp x tp);
+        rank = Monarch rank."""
         import torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
+        import torchtitan.distributed.parallel_dims as titan_dims
+        # ParallelDims gives size-1 mesh axes (pp, cp, ...) the "fake" c10d backend; this registers it
+        # (TorchTitan's training script gets it transitively through spmd_types).
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.master_port))
         if self.device_kind == "cuda":
             # One GPU per rank: Monarch's gpus dimension may or may not narrow CUDA_VISIBLE_DEVICES.
             torch.cuda.set_device(self.rank % torch.cuda.device_count())
             self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            titan_dims.device_type = "cpu"  # TorchTitan assumes "cuda" when it finds no accelerator
         if not dist.is_initialized():  # a second trainer actor on the same procs reuses the group
             if self.device_kind == "cuda":
                 dist.init_process_group("nccl", rank=self.rank, world_size=self.world, device_id=self.device)
@@ -152,7 +178,12 @@ class Trainer(Actor):
         elif dist.get_world_size() != self.world or dist.get_rank() != self.rank:
             raise RuntimeError(f"trainer rank {self.rank}/{self.world}: this process already belongs to a process "
                                f"group as rank {dist.get_rank()}/{dist.get_world_size()}")
-        return init_device_mesh(self.device.type, (self.world,), mesh_dim_names=("fsdp",))
+        # "partial_dtensor": DTensors for the model-parallel (tp) axis only; FSDP2 shards on top.
+        dims = titan_dims.ParallelDims(dp_replicate=1, dp_shard=self.dp_world, cp=1, tp=self.tp, pp=1, ep=1,
+                                       world_size=self.world, spmd_backend="partial_dtensor")
+        dims.build_mesh()
+        self.dp_group = dims.get_mesh("fsdp").get_group()
+        return dims
 
     @endpoint
     async def setup(self) -> int:
@@ -165,8 +196,8 @@ class Trainer(Actor):
             if t.activation_checkpointing:
                 apply_activation_checkpointing(self.model)
         else:
-            mesh = self._init_distributed()
-            self.model = build_sharded_policy(self.model_cfg, self.model_dir, mesh, self.device,
+            dims = self._init_distributed()
+            self.model = build_sharded_policy(self.model_cfg, self.model_dir, dims, self.device,
                                               activation_checkpointing=t.activation_checkpointing,
                                               mixed_precision=t.mixed_precision).train()
         # Unsharded mixed precision: bf16 autocast around the forward (fp32 master weights, fp32 log-softmax).
@@ -183,14 +214,16 @@ class Trainer(Actor):
     @endpoint
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer step on `batch`. Sharded: every rank gets the whole batch and trains on rows
-        [rank*n/W, (rank+1)*n/W); all ranks run the same number of micro-batches (a rank that has run
-        out of rows runs a zero-weight one, so FSDP's collectives stay matched)."""
+        [d*n/D, (d+1)*n/D) of it, d its data-parallel rank among D (TP peers share rows); all ranks run
+        the same number of micro-batches (a rank that has run out of rows runs a zero-weight one, so the
+        collectives stay matched). Under TP, forward and backward run in `loss_parallel`, which lets the
+        logprobs be computed from vocabulary-sharded logits."""
         t0 = time.perf_counter()
         a = self.acfg
         n = len(batch.prompts)
         mb = max(1, min(self.tcfg.micro_batch_size, n))
-        lo, hi = self.rank * n // self.world, (self.rank + 1) * n // self.world
-        n_micro = math.ceil(math.ceil(n / self.world) / mb)
+        lo, hi = self.dp_rank * n // self.dp_world, (self.dp_rank + 1) * n // self.dp_world
+        n_micro = math.ceil(math.ceil(n / self.dp_world) / mb)
         self.optim.zero_grad(set_to_none=True)
         total_tokens = sum(len(r) for r in batch.responses)
         metrics: dict[str, float] = {}
@@ -201,18 +234,19 @@ class Trainer(Actor):
             dummy = s >= e
             if dummy:
                 s, e = 0, 1
-            logp, mask = sequence_logprobs(self.model, batch.prompts[s:e], batch.responses[s:e], a.temperature,
-                                           self.pad_id, self.device, self.autocast)
-            old = _pad(batch.old_logprobs[s:e], logp.shape[1]).to(logp.device)
-            ref = _pad(batch.ref_logprobs[s:e], logp.shape[1]).to(logp.device) if batch.ref_logprobs else None
-            out = grpo_loss(logp, old, torch.tensor(batch.advantages[s:e]).to(logp.device), mask, a.clip_low,
-                            a.clip_high, ref, a.kl_coef, a.loss_agg, max_len=a.max_tokens)
-            # Weight each micro-batch by its share of the global batch, so accumulation (and the sum over
-            # ranks) equals one big batch.
-            share = (mask.sum().item() / max(1, total_tokens)) if a.loss_agg == "token_mean" else (e - s) / n
-            if dummy:
-                share = 0.0
-            (out.loss * share).backward()
+            with self._loss_parallel():
+                logp, mask = sequence_logprobs(self.model, batch.prompts[s:e], batch.responses[s:e],
+                                               a.temperature, self.pad_id, self.device, self.autocast)
+                old = _pad(batch.old_logprobs[s:e], logp.shape[1]).to(logp.device)
+                ref = _pad(batch.ref_logprobs[s:e], logp.shape[1]).to(logp.device) if batch.ref_logprobs else None
+                out = grpo_loss(logp, old, torch.tensor(batch.advantages[s:e]).to(logp.device), mask, a.clip_low,
+                                a.clip_high, ref, a.kl_coef, a.loss_agg, max_len=a.max_tokens)
+                # Weight each micro-batch by its share of the global batch, so accumulation (and the sum
+                # over data-parallel ranks) equals one big batch.
+                share = (mask.sum().item() / max(1, total_tokens)) if a.loss_agg == "token_mean" else (e - s) / n
+                if dummy:
+                    share = 0.0
+                (out.loss * share).backward()
             for k, v in out.metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + v * share
             if not dummy:
@@ -235,17 +269,25 @@ class Trainer(Actor):
         })
         return metrics
 
+    def _loss_parallel(self) -> Any:
+        if self.tp == 1:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
     def _all_reduce_metrics(self, metrics: dict[str, float], d_max: float, d_sum: float, d_n: float
                             ) -> tuple[dict[str, float], float, float, float]:
-        """Share-weighted metric sums and logprob-diff sums/counts are summed over ranks; the max is maxed."""
+        """Share-weighted metric sums and logprob-diff sums/counts are summed over data-parallel ranks
+        (TP peers computed the same rows); the max is maxed."""
         import torch.distributed as dist
 
         keys = sorted(metrics)  # every rank ran >= 1 micro-batch, so every rank has the same keys
         dev = self.device if self.device.type == "cuda" else torch.device("cpu")
         sums = torch.tensor([metrics[k] for k in keys] + [d_sum, d_n], dtype=torch.float64, device=dev)
         mx = torch.tensor([d_max], dtype=torch.float64, device=dev)
-        dist.all_reduce(sums)
-        dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+        dist.all_reduce(sums, group=self.dp_group)
+        dist.all_reduce(mx, op=dist.ReduceOp.MAX, group=self.dp_group)
         vals = sums.tolist()
         return dict(zip(keys, vals[:-2])), float(mx.item()), vals[-2], vals[-1]
 
@@ -328,6 +370,14 @@ class Trainer(Actor):
         from rlexp.models.hf import titan_full_hf_state_dict
 
         return titan_full_hf_state_dict(self.model, self.model_cfg)
+
+    @endpoint
+    async def layout(self) -> dict[str, Any]:
+        """How parameters and logits are placed on this rank's mesh (diagnostics and tests)."""
+        place = lambda t: [str(p) for p in t.placements] if hasattr(t, "placements") else []  # noqa: E731
+        with torch.no_grad(), self._loss_parallel():
+            logits = self.model(torch.zeros(1, 2, dtype=torch.long, device=self.device))
+        return {"params": {n: place(p) for n, p in self.model.named_parameters()}, "logits": place(logits)}
 
     @endpoint
     async def shutdown(self) -> None:

@@ -70,16 +70,26 @@ def _check_trainer_layout(c: Any) -> None:
     par = c.model.parallelism
     _positive("model.parallelism.trainer_fsdp", par.trainer_fsdp)
     _positive("model.parallelism.trainer_tp", par.trainer_tp)
-    if par.trainer_tp > 1:
-        raise ConfigError(
-            f"model.parallelism.trainer_tp={par.trainer_tp}: the trainer shards with FSDP2 only; tensor parallelism "
-            f"(TorchTitan's Module.parallelize over a tp mesh, GPU only) is not wired in yet. Use "
-            f"model.parallelism.trainer_tp=1 model.parallelism.trainer_fsdp={par.trainer_fsdp * par.trainer_tp} "
-            f"(same number of ranks, check it fits with `rlexp plan`)")
-    if c.cluster.device == "cuda" and par.trainer_fsdp > 1 and c.cluster.gpus_per_host \
-            and par.trainer_fsdp > c.cluster.gpus_per_host:
-        raise ConfigError(f"model.parallelism.trainer_fsdp={par.trainer_fsdp} needs one GPU per rank on one host, "
-                          f"but cluster.gpus_per_host={c.cluster.gpus_per_host}")
+    tp, arch = par.trainer_tp, c.model.arch
+    if tp > 1:
+        # TorchTitan's fused QKV is sharded by whole KV groups, so every TP rank needs whole KV heads.
+        bad = [f"{name}={v}" for name, v in (("n_heads", arch.n_heads), ("n_kv_heads", arch.n_kv_heads),
+                                              ("hidden_dim", arch.hidden_dim)) if v % tp]
+        if bad:
+            fit = [d for d in range(1, arch.n_kv_heads + 1)
+                   if arch.n_kv_heads % d == 0 and arch.n_heads % d == 0 and arch.hidden_dim % d == 0]
+            raise ConfigError(
+                f"model.parallelism.trainer_tp={tp} must divide the model's {', '.join(bad)} (TorchTitan shards "
+                f"attention by whole KV heads). Use model.parallelism.trainer_tp in {fit}, or move the extra "
+                f"ranks to model.parallelism.trainer_fsdp"
+                + (" (the tiny model has one KV head: for a TP try, add model.arch.n_heads=4 "
+                   "model.arch.n_kv_heads=2 model.arch.head_dim=32)" if c.model.name == "tiny" else ""))
+    world = par.trainer_fsdp * tp
+    if c.cluster.device == "cuda" and world > 1 and c.cluster.gpus_per_host and world > c.cluster.gpus_per_host:
+        raise ConfigError(f"the trainer needs {world} GPUs (trainer_fsdp={par.trainer_fsdp} x trainer_tp={tp}) but "
+                          f"cluster.gpus_per_host={c.cluster.gpus_per_host}: rlexp places each role's processes on "
+                          f"one host (a trainer spanning hosts is not supported yet). Lower trainer_fsdp x trainer_tp "
+                          f"to at most {c.cluster.gpus_per_host} and check the fit with `rlexp plan`")
 
 
 def _get(c: Any, dotted: str) -> Any:

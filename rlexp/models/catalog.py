@@ -6,6 +6,12 @@ counts need the numbers without composing Hydra. Numbers come from each model's 
 `config.json` (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
 intermediate_size, vocab_size, tie_word_embeddings) and are identical to TorchTitan 0.3.0's
 `qwen3_configs`; `published_params_b` is the "Number of Parameters" line of each model card.
+
+`REVISIONS` pins each repo to a commit. They could not be read from the Hub here (no network); each is
+the revision that independent public projects pin for that repo (e.g. marin-community/marin's
+`experiments/models.py` and a C checkpoint registry that read its numbers from the pinned
+config.json), at least two agreeing per repo. Where a repo has moved since, `rlexp` still loads the
+pinned commit, which is the point of pinning; check one with `HfApi().model_info(repo).sha`.
 """
 from __future__ import annotations
 
@@ -61,6 +67,21 @@ QWEN3_SIZES: dict[str, Qwen3Size] = {
 }
 # Qwen did not release a Qwen3-32B-Base; both 32B yamls point at the post-trained Qwen/Qwen3-32B
 # (the base yaml uses it without the chat template).
+
+
+REVISIONS: dict[str, str] = {
+    "Qwen/Qwen3-0.6B-Base": "da87bfb608c14b7cf20ba1ce41287e8de496c0cd",
+    "Qwen/Qwen3-0.6B": "c1899de289a04d12100db370d81485cdf75e47ca",
+    "Qwen/Qwen3-1.7B-Base": "ea980cb0a6c2ae4b936e82123acc929f1cec04c1",
+    "Qwen/Qwen3-1.7B": "70d244cc86ccca08cf5af4e1e306ecf908b1ad5e",
+    "Qwen/Qwen3-4B-Base": "906bfd4b4dc7f14ee4320094d8b41684abff8539",
+    "Qwen/Qwen3-4B": "1cfa9a7208912126459214e8b04321603b3df60c",
+    "Qwen/Qwen3-8B-Base": "49e3418fbbbca6ecbdf9608b4d22e5a407081db4",
+    "Qwen/Qwen3-8B": "b968826d9c46dd6066d109eabc6255188de91218",
+    "Qwen/Qwen3-14B-Base": "0b0bd3732e2c374d483664439ea334928b65f304",
+    "Qwen/Qwen3-14B": "40c069824f4251a91eefaf281ebe4c544efd3e18",
+    "Qwen/Qwen3-32B": "9216db5781bf21249d130ec9da846c4624c16137",
+}
 
 
 def param_count(arch: ArchConfig) -> int:

@@ -20,8 +20,10 @@ Trainer, per GPU, with S = trainer_fsdp * trainer_tp shards (FSDP2 + TP on Torch
     per token, 4*dim (two norm inputs/outputs) + 3*q_dim (q before norm, after RoPE, attention out) +
     3*kv_dim (k twice, v) + 4*hidden_dim (w1 out, w3 out, silu out, their product) elements in the
     compute dtype; all blocks without activation checkpointing, only block inputs (dim) plus one
-    block's worth with it. Divided by TP (sequence parallel shards them).
-  logits: T * vocab * 10 B (bf16 logits, fp32 log-softmax for the token logprobs, fp32 gradient) / TP.
+    block's worth with it. TP (without sequence parallelism, which rlexp does not enable) shards the
+    head and hidden_dim terms; the dim-wide ones (block inputs, norms) stay whole on every TP rank.
+  logits: T * vocab * 10 B (bf16 logits, fp32 log-softmax for the token logprobs, fp32 gradient) / TP:
+    the trainer's logprobs come from a loss-parallel cross-entropy on vocabulary-sharded logits.
   reference model (algorithm.kl_coef > 0, colocated with the trainer): bf16 weights / S.
 Generator replica, per GPU (vLLM, TP = generator_tp):
   weights: params * dtype bytes / TP.
@@ -181,12 +183,14 @@ def trainer_plan(arch: ArchConfig, s: TrainerSetup, capacity_bytes: float | None
                           f"2 units x {unit:,} x ({act_b}+{grad_b}) B / tp {s.tp}"))
     tokens = s.micro_batch_size * s.seq_len
     e = activation_elems_per_token_per_layer(arch)
+    whole, split = 4 * arch.dim, e - 4 * arch.dim  # per token per layer: replicated over TP / sharded by it
+    per_layer = f"({whole} + {split} / tp {s.tp})"
     if s.activation_checkpointing:
-        act = (arch.n_layers * arch.dim + e) * tokens * act_b / s.tp
-        how = f"({arch.n_layers} x {arch.dim} + {e}) x {tokens} tok x {act_b} B / tp {s.tp} (checkpointed)"
+        act = (arch.n_layers * arch.dim + whole + split / s.tp) * tokens * act_b
+        how = f"({arch.n_layers} x {arch.dim} + {per_layer}) x {tokens} tok x {act_b} B (checkpointed)"
     else:
-        act = arch.n_layers * e * tokens * act_b / s.tp
-        how = f"{arch.n_layers} x {e} x {tokens} tok x {act_b} B / tp {s.tp}"
+        act = arch.n_layers * (whole + split / s.tp) * tokens * act_b
+        how = f"{arch.n_layers} x {per_layer} x {tokens} tok x {act_b} B"
     items.append(Item("activations", act, how))
     items.append(Item("logits + logprob grads", tokens * arch.vocab_size * 10 / s.tp,
                       f"{tokens} tok x {arch.vocab_size} x 10 B / tp {s.tp}"))
