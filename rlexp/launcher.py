@@ -126,14 +126,16 @@ class Graph:
         self.placement: list[str] = []
         self.services: Any = None
 
-    def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, mesh: Any = None,
-              per_host: dict[str, int] | None = None) -> Any:
+    def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, mesh: Any = None) -> Any:
         from monarch.actor import this_host
 
         if mesh is None:
-            mesh = this_host().spawn_procs(per_host=per_host or {"procs": procs})
+            mesh = this_host().spawn_procs(per_host={"procs": procs})
             self.meshes.append((name, mesh))
         return mesh.spawn(name, cls, *args)
+
+    def mesh(self, name: str) -> Any:
+        return dict(self.meshes)[name]
 
     def stop(self) -> None:
         for name, mesh in reversed(self.meshes):
@@ -155,20 +157,25 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
     c = p.cfg
     g = Graph()
     pad_id = load_tokenizer(p.model_dir).pad_id
-    gen_opts = {} if c.generator.backend == "titan" else {
+    gpus = assign_gpus(c)
+    gen_opts = {"device": c.cluster.device} if c.generator.backend == "titan" else {
         "tp": c.generator.tp, "kv_cache_gb": c.generator.kv_cache_gb,
         "gpu_memory_utilization": c.generator.gpu_memory_utilization, "enforce_eager": c.generator.enforce_eager,
         "max_num_seqs": c.generator.max_num_seqs, "max_num_batched_tokens": c.generator.max_num_batched_tokens,
         "device": c.cluster.device}
     gens = [g.spawn(f"generator{i}", Generator, c.model, p.model_dir, c.generator.backend,
-                    p.seeds[f"generator/{i}"], c.cluster.threads_per_proc, gen_opts) for i in range(c.generator.replicas)]
+                    p.seeds[f"generator/{i}"], c.cluster.threads_per_proc, gen_opts, gpus.get(f"generator{i}", [None])[0])
+            for i in range(c.generator.replicas)]
     # The trainer is one proc, or one proc per (FSDP x TP) rank (one GPU each on CUDA); see rlexp/actors/trainer.py.
-    world = trainer_world_size(c)
+    world, tp = trainer_world_size(c), c.model.parallelism.trainer_tp
+    port = free_port() if world > 1 else 0
     trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
                       pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir,
-                      world, free_port() if world > 1 else 0, c.cluster.device, c.model.parallelism.trainer_tp,
-                      per_host={"gpus" if c.cluster.device == "cuda" and world > 1 else "procs": world})
-    reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc) if c.algorithm.kl_coef > 0 else None)
+                      world, port, c.cluster.device, tp, gpus.get("trainer"), procs=world)
+    # The reference model shares the trainer's processes (and GPUs), sharded the same way.
+    reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc, world, port,
+                         c.cluster.device, tp, gpus.get("trainer"), c.trainer.mixed_precision, mesh=g.mesh("trainer"))
+                 if c.algorithm.kl_coef > 0 else None)
     reward = g.spawn("reward", RewardService, c.reward, c.environment, procs=c.reward.replicas)
     # The buffer is light: it shares the first reward process instead of paying for a process of its own.
     buffer = g.spawn("buffer", ReplayBuffer, p.seeds["buffer"], c.sync.max_policy_age if c.sync.mode == "async" else 0,
@@ -176,6 +183,8 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
     setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
     times = [f.get() for f in setup]
     n_params = rank0(times[-1])
+    if reference is not None:  # after the trainer: it joins the trainer's process group
+        reference.setup.call().get()
     rewards = [reward.slice(procs=i) for i in range(c.reward.replicas)]
     if judge_names(c.reward):  # LM judges are served by the generators
         for i, r in enumerate(rewards):
@@ -189,6 +198,25 @@ def trainer_world_size(c: Any) -> int:
     return c.model.parallelism.trainer_fsdp * c.model.parallelism.trainer_tp
 
 
+def generator_gpus(c: Any) -> int:
+    """GPUs per generator replica: vLLM's tensor parallel degree; the titan backend uses one."""
+    return c.generator.tp if c.generator.backend == "vllm" else 1
+
+
+def assign_gpus(c: Any) -> dict[str, list[str]]:
+    """CUDA_VISIBLE_DEVICES per role and rank on this host: the trainer's ranks (and the reference
+    model beside them) take GPUs 0..W-1, then each generator replica takes `generator.tp` GPUs. Without
+    it every process would open GPU 0. Empty on CPU. Fits are checked by `validate`."""
+    if c.cluster.device != "cuda":
+        return {}
+    world, tp = trainer_world_size(c), generator_gpus(c)
+    out = {"trainer": [str(r) for r in range(world)]}
+    for i in range(c.generator.replicas):
+        first = world + i * tp
+        out[f"generator{i}"] = [",".join(str(first + j) for j in range(tp))]
+    return out
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1 for the trainer's process group rendezvous."""
     import socket
@@ -200,21 +228,25 @@ def free_port() -> int:
 
 def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]) -> list[str]:
     lines = [f"actor graph ({c.cluster.name}, {c.cluster.device}, {c.cluster.hosts} host):"]
+    gpus = assign_gpus(c)
     for name, mesh in g.meshes:
         role = {"generator": f"{c.generator.backend} backend, engine ready in {{:.1f}}s",
                 "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={c.trainer.lr}"
                            + (f", {trainer_world_size(c)} ranks (FSDP2 {c.model.parallelism.trainer_fsdp} x TP "
                               f"{c.model.parallelism.trainer_tp})" if trainer_world_size(c) > 1 else "")
                            + (", activation checkpointing" if c.trainer.activation_checkpointing else "")
-                           + (", bf16 mixed precision" if c.trainer.mixed_precision else ""),
-                "reference": "frozen initial policy (KL)", "reward": f"reward={c.reward.name} verifiers; replay buffer (max_policy_age="
+                           + (", bf16 mixed precision" if c.trainer.mixed_precision else "")
+                           + ("; reference model (frozen initial policy, KL) on the same procs"
+                              if c.algorithm.kl_coef > 0 else ""),
+                "reward": f"reward={c.reward.name} verifiers; replay buffer (max_policy_age="
                           f"{c.sync.max_policy_age if c.sync.mode == 'async' else 0}) on its first proc",
                 }
         key = next(k for k in role if name.startswith(k))
         desc = role[key]
         if key == "generator":
             desc = desc.format(gen_setup_s[int(name.removeprefix("generator") or 0)])
-        lines.append(f"  {name:<11} proc mesh {dict(mesh.extent)} on this host: {desc}")
+        where = f"GPUs {'|'.join(gpus[name])}" if name in gpus else "this host"
+        lines.append(f"  {name:<11} proc mesh {dict(mesh.extent)} on {where}: {desc}")
     lines.append("  controller  this process: GRPO loop (rlexp/loop.py), data order, evaluation, checkpoints")
     return lines
 

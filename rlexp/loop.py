@@ -40,7 +40,7 @@ class Services:
     trainer: Any  # one actor per trainer rank; call its endpoints with `on_trainer` (they are collective)
     rewards: list[Any]  # one handle per reward replica
     buffer: Any
-    reference: Any | None = None
+    reference: Any | None = None  # on the trainer's processes; collective like the trainer
 
 
 @dataclass
@@ -90,8 +90,8 @@ def score_and_group(svc: Services, samples: list[Sample], groups: list[list[Comp
     adv = group_advantages(rewards, k, cfg.algorithm.norm_adv_by_std)
     ref = None
     if svc.reference is not None:
-        ref = svc.reference.logprobs.call_one([c.prompt_ids for c in flat], [c.token_ids for c in flat],
-                                              cfg.algorithm.temperature).get()
+        ref = on_trainer(svc.reference.logprobs, [c.prompt_ids for c in flat], [c.token_ids for c in flat],
+                         cfg.algorithm.temperature)  # the reference lives on the trainer's ranks
     episodes = [Episode(c.prompt_ids, c.token_ids, c.logprobs, float(a), float(r), c.policy_version,
                         ref[i] if ref else None) for i, (c, a, r) in enumerate(zip(flat, adv, rewards))]
     grouped = [episodes[i:i + k] for i in range(0, len(episodes), k)]

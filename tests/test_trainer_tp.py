@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from rlexp.actors.policy import load_policy, sequence_logprobs
-from rlexp.actors.trainer import TrainBatch, Trainer
+from rlexp.actors.trainer import Reference, TrainBatch, Trainer
 from rlexp.config.schema import AlgorithmConfig, TrainConfig, TrainerConfig
 from rlexp.config.validate import ConfigError, validate
 from rlexp.models.config import ArchConfig, ModelConfig
@@ -94,7 +94,7 @@ def env(tmp_path_factory):
                "fsdp_tp": trainer(four, "fsdp_tp", 4, 2)}
     for _, ready in started.values():
         ready.get()
-    yield {"dir": d, "batches": batches, "two": two, "one": one, "tmp": shm, "trainer": trainer,
+    yield {"dir": d, "batches": batches, "two": two, "one": one, "tmp": shm, "trainer": trainer, "port": ports[2],
            **{k: t for k, (t, _) in started.items()}}
     for t in made:
         t.shutdown.call().get()
@@ -159,6 +159,19 @@ def test_tensor_parallel_checkpoint_and_publish(env, runs) -> None:
     assert _max_diff(_rank0(one, "full_hf_state_dict"), runs["single"]) < TP_VS_SINGLE_ATOL
 
 
+def test_reference_model_sharded_on_the_trainer_ranks_matches_one_rank(env) -> None:
+    """The KL reference lives on the trainer's processes with the trainer's TP layout."""
+    b = env["batches"][0]
+    out = {}
+    for name, mesh, world, tp in (("ref1", env["one"], 1, 1), ("ref_tp", env["two"], 2, 2)):
+        ref = mesh.spawn(name, Reference, CFG, env["dir"], 0, 1, world, env["port"], "cpu", tp)
+        ref.setup.call().get()
+        out[name] = _rank0(ref, "logprobs", b.prompts, b.responses, 1.0)
+    assert [len(r) for r in out["ref_tp"]] == [len(r) for r in b.responses]
+    diff = max(abs(x - y) for r1, r2 in zip(out["ref1"], out["ref_tp"]) for x, y in zip(r1, r2))
+    assert diff < 1e-5, diff
+
+
 def test_tp_degree_that_splits_a_kv_head_is_refused_with_the_fix() -> None:
     c = TrainConfig()  # the default tiny model has a single KV head
     c.model.parallelism.trainer_tp = 2
@@ -180,17 +193,23 @@ def test_rlexp_train_with_tensor_parallel_trainer_end_to_end(tmp_path: Path, tag
     assert wait_no_orphans(tag) == []
 
 
-def test_trainer_spanning_hosts_is_refused_with_the_fix() -> None:
-    """qwen3_32b's default trainer (FSDP 8 x TP 2) needs 16 GPUs; each role runs on one host. (The CUDA
-    check that comes first in `validate` would stop this machine, so the layout check is called alone.)"""
+def test_layout_spanning_hosts_is_refused_and_gpus_are_assigned_per_role() -> None:
+    """qwen3_32b's default trainer (FSDP 8 x TP 2) needs 16 GPUs and every role runs on this host.
+    (The CUDA check that comes first in `validate` would stop this machine, so the layout check is
+    called alone; `assign_gpus` is what the actors put in CUDA_VISIBLE_DEVICES.)"""
     from omegaconf import OmegaConf
 
     from rlexp.config.validate import _check_trainer_layout
+    from rlexp.launcher import assign_gpus
 
     c = OmegaConf.structured(TrainConfig)
     c.model = OmegaConf.merge(c.model, OmegaConf.load(Path(__file__).parent.parent / "conf/model/qwen3_32b.yaml"))
     c.cluster.device, c.cluster.gpus_per_host = "cuda", 8
-    with pytest.raises(ConfigError, match=r"needs 16 GPUs \(trainer_fsdp=8 x trainer_tp=2\).*at most 8"):
+    c.generator.backend, c.generator.replicas, c.generator.tp = "vllm", 1, 4
+    with pytest.raises(ConfigError, match=r"needs 20 GPUs \(trainer 8 x 2 = 16, generators 1 x 4\).*gpus_per_host=8"):
         _check_trainer_layout(c)
-    c.model.parallelism.trainer_fsdp = 4
-    _check_trainer_layout(c)
+    c.model.parallelism.trainer_fsdp, c.model.parallelism.trainer_tp = 2, 2
+    _check_trainer_layout(c)  # 4 + 4 = 8 fits
+    assert assign_gpus(c) == {"trainer": ["0", "1", "2", "3"], "generator0": ["4,5,6,7"]}
+    c.cluster.device = "cpu"
+    assert assign_gpus(c) == {}

@@ -72,13 +72,14 @@ class TitanBackend:
     batch-invariant on CPU, but not invariant to the padded width).
     """
 
-    def __init__(self, model_cfg: ModelConfig, model_dir: str, tokenizer: Tokenizer) -> None:
+    def __init__(self, model_cfg: ModelConfig, model_dir: str, tokenizer: Tokenizer, device: str = "cpu") -> None:
         from rlexp.actors.policy import load_policy
         from rlexp.models.kv_decode import KVDecoder
 
         self.cfg = model_cfg
         self.tok = tokenizer
-        self.model = load_policy(model_cfg, model_dir).eval()
+        self.device = torch.device(device)
+        self.model = load_policy(model_cfg, model_dir, device=device).eval()
         self.decoder = KVDecoder(self.model)
         self.policy_version = 0
 
@@ -94,7 +95,7 @@ class TitanBackend:
             by_len.setdefault(len(p), []).append(i)
         for length in sorted(by_len):  # equal-length prompts share cache positions: no padding, no masks
             idx = by_len[length]
-            tokens = torch.tensor([rows[i] for i in idx], dtype=torch.long)
+            tokens = torch.tensor([rows[i] for i in idx], dtype=torch.long, device=self.device)
             for i, ids in zip(idx, self._decode(tokens, max_tokens, temperature, gen, stop, forward)):
                 responses[i] = ids
         logprobs = self._logprobs(rows, responses, temperature, forward)
@@ -137,7 +138,7 @@ class TitanBackend:
             if not keep or cache is None or step == n_new - 1:
                 break
             if len(keep) < len(active):  # finished rows leave the batch (and the cache)
-                kept = torch.tensor(keep)
+                kept = torch.tensor(keep, device=self.device)
                 cache.select(kept)
                 nxt = nxt[kept]
                 active = [active[j] for j in keep]
@@ -161,7 +162,7 @@ class TitanBackend:
         if not any(r for _, r in keys):
             return out
         logp, _ = sequence_logprobs(forward, [list(p) for p, _ in keys], [list(r) for _, r in keys],
-                                    temperature if temperature > 0 else 1.0, self.tok.pad_id)
+                                    temperature if temperature > 0 else 1.0, self.tok.pad_id, self.device)
         rows = {key: row[:len(key[1])] for key, row in zip(keys, logp.tolist())}
         for i, (p, r) in enumerate(zip(prompts, responses)):
             out[i] = list(rows.get((tuple(p), tuple(r)), []))
@@ -244,7 +245,7 @@ def build_backend(backend: str, model_dir: str, tokenizer: Tokenizer | None = No
 
         model_cfg = model_config_from_dir(model_dir)
     if backend == "titan":
-        return TitanBackend(model_cfg, model_dir, tokenizer)
+        return TitanBackend(model_cfg, model_dir, tokenizer, **options)
     if backend == "vllm":
         try:
             import vllm  # noqa: F401
@@ -260,9 +261,11 @@ class Generator(Actor):
     """One generator replica. Built lazily in `setup` so replicas start their engines concurrently."""
 
     def __init__(self, model_cfg: ModelConfig, model_dir: str, backend: str, seed: int, threads: int = 0,
-                 options: dict[str, Any] | None = None) -> None:
+                 options: dict[str, Any] | None = None, gpus: str | None = None) -> None:
         from rlexp.seeding import apply_process_determinism
 
+        if gpus is not None:  # this replica's GPUs (launcher.assign_gpus), before anything opens CUDA
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus
         apply_process_determinism()
         self.args = (model_cfg, model_dir, backend, seed, options or {})
         if threads:

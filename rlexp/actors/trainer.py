@@ -128,11 +128,75 @@ def _full(v: Any) -> Any:
     return v.full_tensor().cpu() if isinstance(v, DTensor) else v
 
 
+def claim_device(device_kind: str, gpus: list[str] | None, rank: int) -> torch.device:
+    """This rank's device. On CUDA the launcher hands each role its own GPUs (`gpus[rank]`, a
+    CUDA_VISIBLE_DEVICES value), so the trainer never lands on a generator's GPU; it must be set before
+    anything in the process touches CUDA."""
+    if device_kind != "cuda":
+        return torch.device("cpu")
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[rank]
+    torch.cuda.set_device(0 if gpus else rank % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def init_parallel(rank: int, world: int, tp: int, master_port: int, device: torch.device) -> Any:
+    """Process group (gloo on CPU, nccl on CUDA) + TorchTitan's `ParallelDims` meshes (fsdp x tp, tp
+    innermost); rank = Monarch rank. A second actor on the same processes (the reference model, or a
+    test's second trainer) reuses the group and builds its own meshes."""
+    import torch.distributed as dist
+    import torchtitan.distributed.parallel_dims as titan_dims
+    # ParallelDims gives size-1 mesh axes (pp, cp, ...) the "fake" c10d backend; this registers it
+    # (TorchTitan's training script gets it transitively through spmd_types).
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+    if device.type == "cpu":
+        titan_dims.device_type = "cpu"  # TorchTitan assumes "cuda" when it finds no accelerator
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+        else:
+            dist.init_process_group("gloo", rank=rank, world_size=world)
+    elif dist.get_world_size() != world or dist.get_rank() != rank:
+        raise RuntimeError(f"trainer rank {rank}/{world}: this process already belongs to a process group as "
+                           f"rank {dist.get_rank()}/{dist.get_world_size()}")
+    # "partial_dtensor": DTensors for the model-parallel (tp) axis only; FSDP2 shards on top.
+    dims = titan_dims.ParallelDims(dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, ep=1,
+                                   world_size=world, spmd_backend="partial_dtensor")
+    dims.build_mesh()
+    return dims
+
+
+def build_policy(cfg: ModelConfig, model_dir: str, rank: int, world: int, tp: int, master_port: int,
+                 device: torch.device, *, activation_checkpointing: bool = False, mixed_precision: bool = False
+                 ) -> tuple[nn.Module, Any]:
+    """The policy for this rank (plain on one rank, TP/FSDP-sharded on several) and its `ParallelDims`
+    (None on one rank). Collective when sharded."""
+    if world == 1:
+        model = load_policy(cfg, model_dir, device=str(device))
+        if activation_checkpointing:
+            apply_activation_checkpointing(model)
+        return model, None
+    dims = init_parallel(rank, world, tp, master_port, device)
+    return build_sharded_policy(cfg, model_dir, dims, device, activation_checkpointing=activation_checkpointing,
+                                mixed_precision=mixed_precision), dims
+
+
+def loss_parallel_if(tp: int) -> Any:
+    """`loss_parallel` under TP (the logprobs of vocabulary-sharded logits need it, forward and backward)."""
+    if tp == 1:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
 class Trainer(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, trainer_cfg: Any, algo_cfg: Any, total_steps: int,
                  seed: int, pad_id: int, transport: str, run_name: str, threads: int = 0,
                  shm_dir: str | None = None, world_size: int = 1, master_port: int = 0, device: str = "cpu",
-                 tp: int = 1) -> None:
+                 tp: int = 1, gpus: list[str] | None = None) -> None:
         from rlexp.seeding import apply_process_determinism
 
         apply_process_determinism()
@@ -149,41 +213,10 @@ class Trainer(Actor):
         # Data-parallel coordinates: the ranks of one TP group (consecutive ranks) share their rows.
         self.dp_rank, self.dp_world = self.rank // tp, world_size // tp
         self.dp_group: Any = None
-        self.device = torch.device("cpu")
+        self.device = claim_device(device, gpus, self.rank)
         self.transport = None
         if threads:
             torch.set_num_threads(threads)
-
-    def _init_distributed(self) -> Any:
-        """Process group (gloo on CPU, nccl on CUDA) + TorchTitan's `ParallelDims` meshes (fsdp x tp);
-        rank = Monarch rank."""
-        import torch.distributed as dist
-        import torchtitan.distributed.parallel_dims as titan_dims
-        # ParallelDims gives size-1 mesh axes (pp, cp, ...) the "fake" c10d backend; this registers it
-        # (TorchTitan's training script gets it transitively through spmd_types).
-        import torch.testing._internal.distributed.fake_pg  # noqa: F401
-
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.master_port))
-        if self.device_kind == "cuda":
-            # One GPU per rank: Monarch's gpus dimension may or may not narrow CUDA_VISIBLE_DEVICES.
-            torch.cuda.set_device(self.rank % torch.cuda.device_count())
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            titan_dims.device_type = "cpu"  # TorchTitan assumes "cuda" when it finds no accelerator
-        if not dist.is_initialized():  # a second trainer actor on the same procs reuses the group
-            if self.device_kind == "cuda":
-                dist.init_process_group("nccl", rank=self.rank, world_size=self.world, device_id=self.device)
-            else:
-                dist.init_process_group("gloo", rank=self.rank, world_size=self.world)
-        elif dist.get_world_size() != self.world or dist.get_rank() != self.rank:
-            raise RuntimeError(f"trainer rank {self.rank}/{self.world}: this process already belongs to a process "
-                               f"group as rank {dist.get_rank()}/{dist.get_world_size()}")
-        # "partial_dtensor": DTensors for the model-parallel (tp) axis only; FSDP2 shards on top.
-        dims = titan_dims.ParallelDims(dp_replicate=1, dp_shard=self.dp_world, cp=1, tp=self.tp, pp=1, ep=1,
-                                       world_size=self.world, spmd_backend="partial_dtensor")
-        dims.build_mesh()
-        self.dp_group = dims.get_mesh("fsdp").get_group()
-        return dims
 
     @endpoint
     async def setup(self) -> int:
@@ -191,15 +224,12 @@ class Trainer(Actor):
 
         torch.manual_seed(self.seed)  # nothing random today, but any future dropout/init draws from here
         t = self.tcfg
-        if self.world == 1:
-            self.model = load_policy(self.model_cfg, self.model_dir).train()
-            if t.activation_checkpointing:
-                apply_activation_checkpointing(self.model)
-        else:
-            dims = self._init_distributed()
-            self.model = build_sharded_policy(self.model_cfg, self.model_dir, dims, self.device,
-                                              activation_checkpointing=t.activation_checkpointing,
-                                              mixed_precision=t.mixed_precision).train()
+        self.model, dims = build_policy(self.model_cfg, self.model_dir, self.rank, self.world, self.tp,
+                                        self.master_port, self.device, activation_checkpointing=t.activation_checkpointing,
+                                        mixed_precision=t.mixed_precision)
+        self.model.train()
+        if dims is not None:
+            self.dp_group = dims.get_mesh("fsdp").get_group()
         # Unsharded mixed precision: bf16 autocast around the forward (fp32 master weights, fp32 log-softmax).
         self.autocast = torch.bfloat16 if t.mixed_precision and self.world == 1 else None
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
@@ -234,7 +264,7 @@ class Trainer(Actor):
             dummy = s >= e
             if dummy:
                 s, e = 0, 1
-            with self._loss_parallel():
+            with loss_parallel_if(self.tp):
                 logp, mask = sequence_logprobs(self.model, batch.prompts[s:e], batch.responses[s:e],
                                                a.temperature, self.pad_id, self.device, self.autocast)
                 old = _pad(batch.old_logprobs[s:e], logp.shape[1]).to(logp.device)
@@ -268,13 +298,6 @@ class Trainer(Actor):
             "time/train_step_s": time.perf_counter() - t0,
         })
         return metrics
-
-    def _loss_parallel(self) -> Any:
-        if self.tp == 1:
-            return contextlib.nullcontext()
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        return loss_parallel()
 
     def _all_reduce_metrics(self, metrics: dict[str, float], d_max: float, d_sum: float, d_n: float
                             ) -> tuple[dict[str, float], float, float, float]:
@@ -375,7 +398,7 @@ class Trainer(Actor):
     async def layout(self) -> dict[str, Any]:
         """How parameters and logits are placed on this rank's mesh (diagnostics and tests)."""
         place = lambda t: [str(p) for p in t.placements] if hasattr(t, "placements") else []  # noqa: E731
-        with torch.no_grad(), self._loss_parallel():
+        with torch.no_grad(), loss_parallel_if(self.tp):
             logits = self.model(torch.zeros(1, 2, dtype=torch.long, device=self.device))
         return {"params": {n: place(p) for n, p in self.model.named_parameters()}, "logits": place(logits)}
 
@@ -391,19 +414,34 @@ class Trainer(Actor):
 
 
 class Reference(Actor):
-    """Frozen copy of the initial policy; only spawned when `algorithm.kl_coef > 0`."""
+    """Frozen copy of the initial policy; only spawned when `algorithm.kl_coef > 0`.
 
-    def __init__(self, model_cfg: ModelConfig, model_dir: str, pad_id: int, threads: int = 0) -> None:
+    It lives on the trainer's processes and is sharded the same way (what `rlexp plan` counts: its
+    weights share the trainer's GPUs), so a reference for an 8B model is neither a ninth GPU nor a CPU
+    copy. Its endpoints are collective when the trainer has several ranks.
+    """
+
+    def __init__(self, model_cfg: ModelConfig, model_dir: str, pad_id: int, threads: int = 0, world_size: int = 1,
+                 master_port: int = 0, device: str = "cpu", tp: int = 1, gpus: list[str] | None = None,
+                 mixed_precision: bool = False) -> None:
         from rlexp.seeding import apply_process_determinism
 
         apply_process_determinism()
         if threads:
             torch.set_num_threads(threads)
-        self.model = load_policy(model_cfg, model_dir).eval()
-        self.pad_id = pad_id
+        self.args = (model_cfg, model_dir, world_size, master_port, tp, mixed_precision)
+        self.rank = current_rank().rank if world_size > 1 else 0
+        self.device = claim_device(device, gpus, self.rank)
+        self.pad_id, self.tp = pad_id, tp
+
+    @endpoint
+    async def setup(self) -> None:
+        model_cfg, model_dir, world, port, tp, mp = self.args
+        self.model, _ = build_policy(model_cfg, model_dir, self.rank, world, tp, port, self.device, mixed_precision=mp)
+        self.model.eval()
 
     @endpoint
     async def logprobs(self, prompts: list[list[int]], responses: list[list[int]], temperature: float) -> list[list[float]]:
-        with torch.no_grad():
-            logp, mask = sequence_logprobs(self.model, prompts, responses, temperature, self.pad_id)
-        return [row[: int(m.sum())].tolist() for row, m in zip(logp, mask)]
+        with torch.no_grad(), loss_parallel_if(self.tp):
+            logp, mask = sequence_logprobs(self.model, prompts, responses, temperature, self.pad_id, self.device)
+        return [row[: int(m.sum())].tolist() for row, m in zip(logp.cpu(), mask.cpu())]

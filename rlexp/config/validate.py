@@ -84,12 +84,18 @@ def _check_trainer_layout(c: Any) -> None:
                 f"ranks to model.parallelism.trainer_fsdp"
                 + (" (the tiny model has one KV head: for a TP try, add model.arch.n_heads=4 "
                    "model.arch.n_kv_heads=2 model.arch.head_dim=32)" if c.model.name == "tiny" else ""))
-    world = par.trainer_fsdp * tp
-    if c.cluster.device == "cuda" and world > 1 and c.cluster.gpus_per_host and world > c.cluster.gpus_per_host:
-        raise ConfigError(f"the trainer needs {world} GPUs (trainer_fsdp={par.trainer_fsdp} x trainer_tp={tp}) but "
-                          f"cluster.gpus_per_host={c.cluster.gpus_per_host}: rlexp places each role's processes on "
-                          f"one host (a trainer spanning hosts is not supported yet). Lower trainer_fsdp x trainer_tp "
-                          f"to at most {c.cluster.gpus_per_host} and check the fit with `rlexp plan`")
+    if c.cluster.device == "cuda" and c.cluster.gpus_per_host:
+        from rlexp.launcher import generator_gpus
+
+        world, per_gen = par.trainer_fsdp * tp, generator_gpus(c)
+        need = world + c.generator.replicas * per_gen
+        if need > c.cluster.gpus_per_host:
+            raise ConfigError(
+                f"the layout needs {need} GPUs (trainer {par.trainer_fsdp} x {tp} = {world}, generators "
+                f"{c.generator.replicas} x {per_gen}) but cluster.gpus_per_host={c.cluster.gpus_per_host}: rlexp "
+                f"places every role on this host, one process per GPU (roles spanning hosts are not supported "
+                f"yet). Lower model.parallelism.trainer_fsdp / trainer_tp / generator_replicas, and check the fit "
+                f"with `rlexp plan`")
 
 
 def _get(c: Any, dotted: str) -> Any:

@@ -100,6 +100,6 @@ def load_hf_state_dict(model: nn.Module, hf_sd: dict[str, torch.Tensor], arch: A
 
 
 def hf_state_dict(model: nn.Module, arch: ArchConfig) -> dict[str, torch.Tensor]:
-    """The model's weights in HF naming, detached and contiguous (ready for safetensors)."""
+    """The model's weights in HF naming, detached, on the CPU and contiguous (ready for safetensors)."""
     sd = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith(("rope.cache", "freqs_cis"))}
-    return {k: v.contiguous() for k, v in titan_to_hf(sd, arch).items()}
+    return {k: v.to("cpu").contiguous() for k, v in titan_to_hf(sd, arch).items()}
