@@ -8,7 +8,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -19,8 +19,10 @@ from rlexp.models.tokenizer import load_tokenizer
 
 
 class Controller:
-    def __init__(self, p: Prepared, svc: loop.Services, run_dir: Path, trackers: Any, resume_hash: str) -> None:
+    def __init__(self, p: Prepared, svc: loop.Services, run_dir: Path, trackers: Any, resume_hash: str,
+                 between_steps: Callable[[], None] | None = None) -> None:
         self.resume_hash = resume_hash
+        self.between_steps = between_steps  # e.g. raise a deferred Ctrl-C at this safe point
         self.p, self.c, self.svc, self.run_dir, self.trackers = p, p.cfg, svc, run_dir, trackers
         self.tok = load_tokenizer(p.model_dir)
         self.state = loop.LoopState(data_rng=random.Random(p.seeds["data"]))
@@ -69,6 +71,8 @@ class Controller:
         if c.checkpoint.every_n_steps and step % c.checkpoint.every_n_steps == 0 and step < c.steps:
             self.save_checkpoint(step)
         self.progress(step, metrics)
+        if self.between_steps is not None:
+            self.between_steps()
 
     def evaluate(self) -> dict[str, float]:
         from rlexp.evals.runner import evaluate

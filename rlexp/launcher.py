@@ -267,7 +267,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     manifest = write_start_manifest(run_dir, cfg, sys.argv, p.seeds, {**p.extra, "resumed_from": str(resume_from) if resume_from else None})
     run_name = f"{run_dir.name}-{os.getpid()}"
     release_stale_weights(p.cfg)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    interrupts = Interrupts()
+    previous = {sig: signal.signal(sig, interrupts.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     graph: Graph | None = None
     try:
         with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
@@ -275,15 +276,19 @@ def run(cfg: DictConfig) -> dict[str, float]:
             print("\n".join(graph.placement), flush=True)
             from rlexp.controller import Controller
 
-            ctl = Controller(p, graph.services, run_dir, trackers, resume_hash(cfg))
+            ctl = Controller(p, graph.services, run_dir, trackers, resume_hash(cfg), between_steps=interrupts.check)
+            interrupts.deferred = True
             final = ctl.run(resume_from)
+            interrupts.deferred = False
             trackers.final_metrics.update(final)
             return final
     finally:
+        interrupts.deferred = False
         if graph is not None:
             graph.stop()
         release_weights(p.cfg, run_name)
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def release_stale_weights(c: Any) -> None:
@@ -314,8 +319,31 @@ def release_weights(c: Any, run_name: str) -> None:
         shutil.rmtree(Path(c.cluster.shm_dir) / run_name, ignore_errors=True)
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise SystemExit(143)
+class Interrupts:
+    """Ctrl-C (SIGINT) and SIGTERM. While steps run, the first one stops the run at the end of the current
+    step, where no actor call is half-done: an exception raised inside Monarch's waiting code could leave
+    teardown hanging. A second signal, or one outside the step loop (start-up, final evaluation), stops
+    at once. SIGINT ends as KeyboardInterrupt, SIGTERM as exit code 143; both mark the run interrupted."""
+
+    def __init__(self) -> None:
+        self.deferred = False
+        self.pending: int | None = None
+
+    def handler(self, signum: int, frame: Any) -> None:
+        if not self.deferred or self.pending is not None:
+            raise self._exception(signum)
+        self.pending = signum
+        print(f"\n[rlexp] {signal.Signals(signum).name}: stopping after this step (send it again to stop now)",
+              file=sys.stderr, flush=True)
+
+    def check(self) -> None:
+        if self.pending is not None:
+            signum, self.pending, self.deferred = self.pending, None, False
+            raise self._exception(signum)
+
+    @staticmethod
+    def _exception(signum: int) -> BaseException:
+        return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(143)
 
 
 def find_resume(c: Any, run_dir: Path) -> Path | None:

@@ -11,8 +11,6 @@ Plus `rlexp train model.parallelism.trainer_fsdp=2` end to end. Tensor paralleli
 """
 from __future__ import annotations
 
-import random
-import socket
 from pathlib import Path
 
 import pytest
@@ -25,31 +23,15 @@ from rlexp.grpo import grpo_loss
 from rlexp.models.config import ModelConfig
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from tests.conftest import metrics, rlexp, wait_no_orphans
+from tests.trainer_helpers import free_port, grpo_batch, max_diff, rank0, train_steps
 
 CFG = ModelConfig()  # the default tiny Qwen3 (tied embeddings, 2 layers)
 ALGO = AlgorithmConfig(max_tokens=4)
 FSDP_VS_SINGLE_ATOL = 1e-5
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def _batch(model_dir: str, seed: int, groups: int, k: int = 4) -> TrainBatch:
-    """GRPO-shaped rows (groups share a prompt); old logprobs = the initial policy's plus noise, so some clip."""
-    rng = random.Random(seed)
-    prompts, responses = [], []
-    for _ in range(groups):
-        p = [rng.randrange(1, 128) for _ in range(rng.randrange(4, 9))]
-        for _ in range(k):
-            prompts.append(p)
-            responses.append([rng.randrange(1, 128) for _ in range(rng.randrange(1, 5))])
-    with torch.no_grad():
-        lp, _ = sequence_logprobs(load_policy(CFG, model_dir), prompts, responses, 1.0, 0)
-    old = [[float(x) + rng.gauss(0, 0.1) for x in row[: len(r)]] for row, r in zip(lp, responses)]
-    return TrainBatch(prompts, responses, old, [rng.gauss(0, 1) for _ in prompts])
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +40,10 @@ def env(tmp_path_factory):
 
     d = str(ensure_tiny_checkpoint(CFG))
     # 12 rows, then 7 (odd: rank 0 gets 3, rank 1 gets 4 -> rank 0 runs a zero-weight micro-batch), then 12
-    batches = [_batch(d, 0, 3), _trim(_batch(d, 1, 2), 7), _batch(d, 2, 3)]
+    batches = [grpo_batch(CFG, d, 0, 3), _trim(grpo_batch(CFG, d, 1, 2), 7), grpo_batch(CFG, d, 2, 3)]
     two = this_host().spawn_procs(per_host={"procs": 2})
     one = two.slice(procs=0)  # single-rank trainers share rank 0's process (no process group use), saving a start
-    port, shm = _port(), tmp_path_factory.mktemp("shm")
+    port, shm = free_port(), tmp_path_factory.mktemp("shm")
     made: list = []
 
     def trainer(mesh, name: str, wait: bool = True, **tcfg) -> object:
@@ -88,17 +70,10 @@ def _trim(b: TrainBatch, n: int) -> TrainBatch:
     return TrainBatch(b.prompts[:n], b.responses[:n], b.old_logprobs[:n], b.advantages[:n])
 
 
-def _rank0(t, endpoint: str, *args):  # noqa: ANN001
-    return next(iter(getattr(t, endpoint).call(*args).get().values()))
 
 
-def _steps(t, batches: list[TrainBatch]) -> list[dict[str, float]]:  # noqa: ANN001
-    return [_rank0(t, "train_step", b) for b in batches]
 
 
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert sorted(a) == sorted(b)
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -106,17 +81,17 @@ def runs(env):
     """fp32 on 1 rank and on 2 ranks, 3 steps each; the 2-rank trainer also checkpoints after step 2."""
     b = env["batches"]
     single, fsdp = env["first"]["single"], env["first"]["fsdp"]
-    out = {"single_m": _steps(single, b), "fsdp_m": _steps(fsdp, b[:2])}
+    out = {"single_m": train_steps(single, b), "fsdp_m": train_steps(fsdp, b[:2])}
     ckpt = str(env["tmp"] / "fsdp_step2.pt")
-    _rank0(fsdp, "save", ckpt)
-    out["fsdp_m"] += _steps(fsdp, b[2:])
-    out.update(single=_rank0(single, "full_hf_state_dict"), fsdp=_rank0(fsdp, "full_hf_state_dict"), ckpt=ckpt)
-    out["published"] = _rank0(fsdp, "push_weights", 1)
+    rank0(fsdp, "save", ckpt)
+    out["fsdp_m"] += train_steps(fsdp, b[2:])
+    out.update(single=rank0(single, "full_hf_state_dict"), fsdp=rank0(fsdp, "full_hf_state_dict"), ckpt=ckpt)
+    out["published"] = rank0(fsdp, "push_weights", 1)
     return out
 
 
 def test_two_rank_fsdp_matches_single_rank(runs) -> None:
-    diff = _max_diff(runs["single"], runs["fsdp"])
+    diff = max_diff(runs["single"], runs["fsdp"])
     print(f"max |w_fsdp2 - w_single| after 3 steps: {diff:.3g}")
     assert 0 < diff < FSDP_VS_SINGLE_ATOL or diff == 0
     for a, b in zip(runs["single_m"], runs["fsdp_m"]):
@@ -133,14 +108,14 @@ def test_two_rank_fsdp_matches_single_rank(runs) -> None:
 def test_two_rank_checkpoint_resumes_exactly_on_two_ranks_and_on_one(env, runs) -> None:
     last = env["batches"][2:]
     again = env["trainer"](env["two"], "fsdp_resumed")
-    assert _rank0(again, "load", runs["ckpt"]) == 0
+    assert rank0(again, "load", runs["ckpt"]) == 0
     untimed = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time/")} for m in ms]  # noqa: E731
-    assert untimed(_steps(again, last)) == untimed(runs["fsdp_m"][2:])
-    assert _max_diff(_rank0(again, "full_hf_state_dict"), runs["fsdp"]) == 0.0  # sharded resume is exact
+    assert untimed(train_steps(again, last)) == untimed(runs["fsdp_m"][2:])
+    assert max_diff(rank0(again, "full_hf_state_dict"), runs["fsdp"]) == 0.0  # sharded resume is exact
     one = env["trainer"](env["one"], "single_from_fsdp")
-    _rank0(one, "load", runs["ckpt"])
-    _steps(one, last)
-    assert _max_diff(_rank0(one, "full_hf_state_dict"), runs["single"]) < FSDP_VS_SINGLE_ATOL
+    rank0(one, "load", runs["ckpt"])
+    train_steps(one, last)
+    assert max_diff(rank0(one, "full_hf_state_dict"), runs["single"]) < FSDP_VS_SINGLE_ATOL
 
 
 def test_activation_checkpointing_same_loss_and_grads(env, runs) -> None:
@@ -162,24 +137,24 @@ def test_activation_checkpointing_same_loss_and_grads(env, runs) -> None:
     assert grads[0].keys() == grads[1].keys() and all(torch.equal(grads[0][k], grads[1][k]) for k in grads[0])
     # and sharded, through the actors: the same training run bit for bit
     ac = env["trainer"](env["two"], "fsdp_ac", activation_checkpointing=True)
-    m = _steps(ac, env["batches"])
+    m = train_steps(ac, env["batches"])
     assert [x["loss"] for x in m] == [x["loss"] for x in runs["fsdp_m"]]
     assert [x["train/grad_norm"] for x in m] == [x["train/grad_norm"] for x in runs["fsdp_m"]]
-    assert _max_diff(_rank0(ac, "full_hf_state_dict"), runs["fsdp"]) == 0.0
+    assert max_diff(rank0(ac, "full_hf_state_dict"), runs["fsdp"]) == 0.0
 
 
 @pytest.mark.parametrize("world", [2, 1])
 def test_bf16_mixed_precision_trains_close_to_fp32(env, runs, world: int) -> None:
     t = env["trainer"](env["two"] if world == 2 else env["one"], f"mp{world}", mixed_precision=True)
-    m = _steps(t, env["batches"])
+    m = train_steps(t, env["batches"])
     ref = runs["fsdp_m"] if world == 2 else runs["single_m"]
     diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(m, ref)]
     print(f"bf16 ({world} rank) vs fp32 loss |diff| per step: {[f'{d:.2g}' for d in diffs]}")
     assert max(diffs) < 2e-2
     assert diffs[0] > 0  # bf16 really was used for the forward
-    sd = _rank0(t, "full_hf_state_dict")
+    sd = rank0(t, "full_hf_state_dict")
     assert all(v.dtype == torch.float32 for v in sd.values())  # fp32 master weights
-    assert _max_diff(sd, runs["single"]) < 1e-2
+    assert max_diff(sd, runs["single"]) < 1e-2
 
 
 def test_rlexp_train_with_fsdp2_trainer_end_to_end(tmp_path: Path, tag: str) -> None:

@@ -14,20 +14,18 @@ not divide the KV heads.
 """
 from __future__ import annotations
 
-import random
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 
-from rlexp.actors.policy import load_policy, sequence_logprobs
-from rlexp.actors.trainer import Reference, TrainBatch, Trainer
+from rlexp.actors.trainer import Reference, Trainer
 from rlexp.config.schema import AlgorithmConfig, TrainConfig, TrainerConfig
 from rlexp.config.validate import ConfigError, validate
 from rlexp.models.config import ArchConfig, ModelConfig
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from tests.conftest import metrics, rlexp, wait_no_orphans
+from tests.trainer_helpers import free_port, grpo_batch, max_diff, rank0, train_steps
 
 CFG = ModelConfig(arch=ArchConfig(n_heads=4, n_kv_heads=2, head_dim=32, tie_embeddings=False))
 ALGO = AlgorithmConfig(max_tokens=4)
@@ -35,37 +33,14 @@ TP_VS_SINGLE_ATOL = 1e-5
 TP_OVERRIDES = ("model.arch.n_heads=4", "model.arch.n_kv_heads=2", "model.arch.head_dim=32")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def _batch(model_dir: str, seed: int, groups: int, k: int = 4) -> TrainBatch:
-    rng = random.Random(seed)
-    prompts, responses = [], []
-    for _ in range(groups):
-        p = [rng.randrange(1, 128) for _ in range(rng.randrange(4, 9))]
-        for _ in range(k):
-            prompts.append(p)
-            responses.append([rng.randrange(1, 128) for _ in range(rng.randrange(1, 5))])
-    with torch.no_grad():
-        lp, _ = sequence_logprobs(load_policy(CFG, model_dir), prompts, responses, 1.0, 0)
-    old = [[float(x) + rng.gauss(0, 0.1) for x in row[: len(r)]] for row, r in zip(lp, responses)]
-    return TrainBatch(prompts, responses, old, [rng.gauss(0, 1) for _ in prompts])
 
 
-def _rank0(t, endpoint: str, *args):  # noqa: ANN001
-    return next(iter(getattr(t, endpoint).call(*args).get().values()))
 
 
-def _steps(t, batches: list[TrainBatch]) -> list[dict[str, float]]:  # noqa: ANN001
-    return [_rank0(t, "train_step", b) for b in batches]
 
 
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert sorted(a) == sorted(b)
-    return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +48,7 @@ def env(tmp_path_factory):
     from monarch.actor import this_host
 
     d = str(ensure_tiny_checkpoint(CFG))
-    batches = [_batch(d, 0, 3), _batch(d, 1, 2), _batch(d, 2, 3)]
+    batches = [grpo_batch(CFG, d, 0, 3), grpo_batch(CFG, d, 1, 2), grpo_batch(CFG, d, 2, 3)]
     # A process belongs to one process group, so TP-2 and FSDP-2 x TP-2 get their own meshes; the
     # single-rank trainers (no process group) share the first proc of the TP mesh.
     two = this_host().spawn_procs(per_host={"procs": 2})
@@ -88,7 +63,7 @@ def env(tmp_path_factory):
         made.append(t)
         return t, t.setup.call()
 
-    ports = {1: 0, 2: _port(), 4: _port()}
+    ports = {1: 0, 2: free_port(), 4: free_port()}
     # Start all three before waiting for any: each pays its imports in parallel.
     started = {"single": trainer(one, "single", 1, 1), "tp": trainer(two, "tp", 2, 2),
                "fsdp_tp": trainer(four, "fsdp_tp", 4, 2)}
@@ -105,20 +80,20 @@ def env(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(env):
     b = env["batches"]
-    out = {"single_m": _steps(env["single"], b), "tp_m": _steps(env["tp"], b[:2])}
+    out = {"single_m": train_steps(env["single"], b), "tp_m": train_steps(env["tp"], b[:2])}
     out["ckpt"] = str(env["tmp"] / "tp_step2.pt")
-    _rank0(env["tp"], "save", out["ckpt"])
-    out["tp_m"] += _steps(env["tp"], b[2:])
-    out["fsdp_tp_m"] = _steps(env["fsdp_tp"], b)
+    rank0(env["tp"], "save", out["ckpt"])
+    out["tp_m"] += train_steps(env["tp"], b[2:])
+    out["fsdp_tp_m"] = train_steps(env["fsdp_tp"], b)
     for name in ("single", "tp", "fsdp_tp"):
-        out[name] = _rank0(env[name], "full_hf_state_dict")
-    out["published"] = _rank0(env["tp"], "push_weights", 1)
+        out[name] = rank0(env[name], "full_hf_state_dict")
+    out["published"] = rank0(env["tp"], "push_weights", 1)
     return out
 
 
 @pytest.mark.parametrize("layout", ["tp", "fsdp_tp"])
 def test_tensor_parallel_matches_single_rank(runs, layout: str) -> None:
-    diff = _max_diff(runs["single"], runs[layout])
+    diff = max_diff(runs["single"], runs[layout])
     print(f"max |w_{layout} - w_single| after 3 steps: {diff:.3g}")
     assert diff < TP_VS_SINGLE_ATOL
     for a, b in zip(runs["single_m"], runs[f"{layout}_m"]):
@@ -129,7 +104,7 @@ def test_tensor_parallel_matches_single_rank(runs, layout: str) -> None:
 
 def test_tensor_parallel_logits_stay_vocab_sharded(env) -> None:
     """The compared path is the loss-parallel one: logits are a DTensor sharded over the vocabulary."""
-    layout = _rank0(env["tp"], "layout")
+    layout = rank0(env["tp"], "layout")
     assert layout["logits"] == ["S(2)"]  # Shard(2): [batch, seq, vocab / tp]
     params = layout["params"]
     # (fsdp, tp) placements: w1 column-wise and w2 row-wise over tp, and FSDP shards on top (a size-1
@@ -148,15 +123,15 @@ def test_tensor_parallel_checkpoint_and_publish(env, runs) -> None:
     last = env["batches"][2:]
     again, ready = env["trainer"](env["two"], "tp_resumed", 2, 2)
     ready.get()
-    assert _rank0(again, "load", runs["ckpt"]) == 0
+    assert rank0(again, "load", runs["ckpt"]) == 0
     untimed = lambda ms: [{k: v for k, v in m.items() if not k.startswith("time/")} for m in ms]  # noqa: E731
-    assert untimed(_steps(again, last)) == untimed(runs["tp_m"][2:])
-    assert _max_diff(_rank0(again, "full_hf_state_dict"), runs["tp"]) == 0.0
+    assert untimed(train_steps(again, last)) == untimed(runs["tp_m"][2:])
+    assert max_diff(rank0(again, "full_hf_state_dict"), runs["tp"]) == 0.0
     one, ready = env["trainer"](env["one"], "single_from_tp", 1, 1)
     ready.get()
-    _rank0(one, "load", runs["ckpt"])
-    _steps(one, last)
-    assert _max_diff(_rank0(one, "full_hf_state_dict"), runs["single"]) < TP_VS_SINGLE_ATOL
+    rank0(one, "load", runs["ckpt"])
+    train_steps(one, last)
+    assert max_diff(rank0(one, "full_hf_state_dict"), runs["single"]) < TP_VS_SINGLE_ATOL
 
 
 def test_reference_model_sharded_on_the_trainer_ranks_matches_one_rank(env) -> None:
@@ -166,7 +141,7 @@ def test_reference_model_sharded_on_the_trainer_ranks_matches_one_rank(env) -> N
     for name, mesh, world, tp in (("ref1", env["one"], 1, 1), ("ref_tp", env["two"], 2, 2)):
         ref = mesh.spawn(name, Reference, CFG, env["dir"], 0, 1, world, env["port"], "cpu", tp)
         ref.setup.call().get()
-        out[name] = _rank0(ref, "logprobs", b.prompts, b.responses, 1.0)
+        out[name] = rank0(ref, "logprobs", b.prompts, b.responses, 1.0)
     assert [len(r) for r in out["ref_tp"]] == [len(r) for r in b.responses]
     diff = max(abs(x - y) for r1, r2 in zip(out["ref1"], out["ref_tp"]) for x, y in zip(r1, r2))
     assert diff < 1e-5, diff
