@@ -20,9 +20,10 @@ from rlexp.models.tokenizer import load_tokenizer
 
 class Controller:
     def __init__(self, p: Prepared, svc: loop.Services, run_dir: Path, trackers: Any, resume_hash: str,
-                 between_steps: Callable[[], None] | None = None) -> None:
+                 between_steps: Callable[..., None] | None = None) -> None:
         self.resume_hash = resume_hash
-        self.between_steps = between_steps  # e.g. raise a deferred Ctrl-C at this safe point
+        # Called after every step and, with final=True, after the last one: where a deferred Ctrl-C is raised.
+        self.between_steps = between_steps
         self.p, self.c, self.svc, self.run_dir, self.trackers = p, p.cfg, svc, run_dir, trackers
         self.tok = load_tokenizer(p.model_dir)
         self.state = loop.LoopState(data_rng=random.Random(p.seeds["data"]))
@@ -41,6 +42,8 @@ class Controller:
         else:
             self.trackers.log(self.evaluate(), 0)
         loop.train(c, self.svc, self.p.env, self.tok.encode, self.state, self.replica_seeds, self.on_step)
+        if self.between_steps is not None:
+            self.between_steps(final=True)
         final = dict(self.last)
         if "eval/accuracy" not in final or self.state.step % max(1, c.eval.every_n_steps or c.steps):
             ev = self.evaluate()

@@ -279,7 +279,6 @@ def run(cfg: DictConfig) -> dict[str, float]:
             ctl = Controller(p, graph.services, run_dir, trackers, resume_hash(cfg), between_steps=interrupts.check)
             interrupts.deferred = True
             final = ctl.run(resume_from)
-            interrupts.deferred = False
             trackers.final_metrics.update(final)
             return final
     finally:
@@ -320,10 +319,11 @@ def release_weights(c: Any, run_name: str) -> None:
 
 
 class Interrupts:
-    """Ctrl-C (SIGINT) and SIGTERM. While steps run, the first one stops the run at the end of the current
-    step, where no actor call is half-done: an exception raised inside Monarch's waiting code could leave
-    teardown hanging. A second signal, or one outside the step loop (start-up, final evaluation), stops
-    at once. SIGINT ends as KeyboardInterrupt, SIGTERM as exit code 143; both mark the run interrupted."""
+    """Ctrl-C (SIGINT) and SIGTERM. From the first evaluation to the last step, the first signal stops the
+    run at the end of the current step, where no actor call is half-done: an exception raised inside
+    Monarch's waiting code could leave teardown hanging. A second signal, or one during start-up or the
+    final evaluation and export, stops at once. SIGINT ends as KeyboardInterrupt, SIGTERM as exit code
+    143; both mark the run interrupted."""
 
     def __init__(self) -> None:
         self.deferred = False
@@ -336,7 +336,9 @@ class Interrupts:
         print(f"\n[rlexp] {signal.Signals(signum).name}: stopping after this step (send it again to stop now)",
               file=sys.stderr, flush=True)
 
-    def check(self) -> None:
+    def check(self, final: bool = False) -> None:
+        if final:
+            self.deferred = False
         if self.pending is not None:
             signum, self.pending, self.deferred = self.pending, None, False
             raise self._exception(signum)

@@ -1,0 +1,36 @@
+"""`launcher.Interrupts`: a signal during the step loop waits for the step boundary; a second one, or one
+outside the loop, acts at once. (End to end through real runs: tests/test_train_e2e.py.)"""
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from rlexp.launcher import Interrupts
+
+
+def test_first_signal_in_the_loop_is_raised_at_the_next_check() -> None:
+    i = Interrupts()
+    i.deferred = True
+    i.handler(signal.SIGINT, None)  # returns: the step in progress finishes
+    with pytest.raises(KeyboardInterrupt):
+        i.check()
+    with pytest.raises(SystemExit) as e:  # after the deferred one was raised, signals act at once
+        i.handler(signal.SIGTERM, None)
+    assert e.value.code == 143
+
+
+def test_second_signal_acts_at_once_and_outside_the_loop_nothing_waits() -> None:
+    i = Interrupts()
+    i.deferred = True
+    i.handler(signal.SIGTERM, None)
+    with pytest.raises(KeyboardInterrupt):
+        i.handler(signal.SIGINT, None)
+    j = Interrupts()  # not deferred: start-up
+    with pytest.raises(KeyboardInterrupt):
+        j.handler(signal.SIGINT, None)
+    k = Interrupts()
+    k.deferred = True
+    k.check(final=True)  # after the last step: final evaluation and export are interruptible at once
+    with pytest.raises(SystemExit):
+        k.handler(signal.SIGTERM, None)
