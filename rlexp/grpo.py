@@ -10,10 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+from rlexp.config.schema import LossAgg
+
+LOSS_AGG_MODES = tuple(m.value for m in LossAgg)
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, norm_by_std: bool = True, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_size: int, norm_by_std: bool = True,
+                     eps: float = 1e-6) -> torch.Tensor:
     """Advantage of each response relative to the other responses to the same prompt.
 
     `rewards` is flat, ordered group after group. With `norm_by_std=False` this is Dr.GRPO's

@@ -1,46 +1,38 @@
 """The GRPO loop. Read this file first: it is the whole algorithm, written against a few services.
 
     for each step:
-        samples      = environment.sample_batch(prompts_per_step)          # controller, seeded data order
-        completions  = generators.generate(prompts, n=group_size)          # vLLM or TorchTitan replicas
-        rewards      = reward.score(samples, completions)                  # verifier replicas (rule, RM, Weaver)
-        advantages   = group_normalise(rewards)                            # GRPO
-        buffer.add(groups)                                                  # replay buffer actor
-        batch        = buffer.sample(current_version)                      # drops samples that are too stale
+        samples      = environment.sample_batch(prompts_per_step)           # seeded data order
+        groups       = generators.generate(prompts, n=group_size)           # vLLM or TorchTitan replicas
+        rewards      = rewards.score(samples, groups)                       # verifier replicas (rule, RM, Weaver)
+        advantages   = group_normalise(rewards)                             # GRPO
+        buffer.add(groups); batch = buffer.sample(current_version)          # drops samples that are too stale
         metrics      = trainer.train_step(batch)                            # clipped surrogate vs generator logprobs
         generators.update_weights(trainer.push_weights(version + 1))        # weight sync
 
 `sync.mode=on_policy` runs these in order. `sync.mode=async` keeps up to `sync.max_policy_age` rollouts
 in flight while the trainer works, so generation and training overlap; what arrives too stale is dropped
 (and counted). Message order to each actor is fixed, so both modes are deterministic for a given seed.
+Which replica serves what is the services' business (rlexp/services.py), not the algorithm's.
 """
 from __future__ import annotations
 
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from rlexp.actors.buffer import Episode
-from rlexp.actors.trainer import TrainBatch
 from rlexp.envs.base import Environment
 from rlexp.grpo import group_advantages
 from rlexp.seeding import request_seed
-from rlexp.types import Completion, RewardOutput, Sample
+from rlexp.services import Pending, Services
+from rlexp.types import Completion, Episode, RewardOutput, Sample, TrainBatch
 
-
-@dataclass
-class Services:
-    """Handles to the actor graph (each an actor mesh; `generators` has one mesh per replica)."""
-
-    generators: list[Any]
-    trainer: Any  # one actor per trainer rank; call its endpoints with `on_trainer` (they are collective)
-    rewards: list[Any]  # one handle per reward replica
-    buffer: Any
-    reference: Any | None = None  # on the trainer's processes; collective like the trainer
+Encode = Callable[[str], list[int]]
+OnStep = Callable[[int, dict[str, float], list[dict[str, Any]]], None]
 
 
 @dataclass
@@ -56,46 +48,42 @@ class LoopState:
     pending: list[tuple[int, list[Sample]]] = field(default_factory=list)
 
 
-def generate_groups(svc: Services, samples: list[Sample], encode: Callable[[str], list[int]], cfg: Any,
-                    replica_seeds: list[int], step: int) -> Any:
-    """Split the prompts over the generator replicas; returns a callable that collects the completions."""
+def generate_groups(svc: Services, samples: list[Sample], encode: Encode, cfg: Any, step: int
+                    ) -> Pending[list[list[Completion]]]:
+    """`group_size` responses per prompt. Each slice of prompts carries its own seed, derived from the
+    step, so what comes back does not depend on which replica served it."""
+    a = cfg.algorithm
     prompts = [encode(s.problem.prompt) for s in samples]
-    n_rep = len(svc.generators)
-    chunks = [list(range(i, len(prompts), n_rep)) for i in range(n_rep)]
-    futures = [g.generate.call_one([prompts[j] for j in idx], cfg.algorithm.group_size, cfg.algorithm.max_tokens,
-                                   cfg.algorithm.temperature, request_seed(replica_seeds[r], step))
-               for r, (g, idx) in enumerate(zip(svc.generators, chunks))]
-
-    def collect() -> list[list[Completion]]:
-        groups: list[list[Completion] | None] = [None] * len(prompts)
-        k = cfg.algorithm.group_size
-        for fut, idx in zip(futures, chunks):
-            flat = fut.get()
-            for pos, j in enumerate(idx):
-                groups[j] = flat[pos * k:(pos + 1) * k]
-        return groups  # type: ignore[return-value]
-
-    return collect
+    shards = svc.generators.generate.scatter(
+        prompts, a.group_size, a.max_tokens, a.temperature,
+        per_shard=lambda i: (request_seed(svc.generator_seeds[i], step),))
+    return shards.then(lambda parts: _groups([c for part in parts for c in part], a.group_size))
 
 
-def score_and_group(svc: Services, samples: list[Sample], groups: list[list[Completion]], cfg: Any
-                    ) -> tuple[list[list[Episode]], dict[str, float], list[dict[str, Any]]]:
+def _groups(flat: list[Any], k: int) -> list[list[Any]]:
+    return [flat[i:i + k] for i in range(0, len(flat), k)]
+
+
+def score_groups(svc: Services, samples: list[Sample], groups: list[list[Completion]], cfg: Any
+                 ) -> tuple[list[list[Episode]], dict[str, float], list[dict[str, Any]]]:
     """Rewards, advantages and (optional) reference logprobs for every response, as episodes per group.
     Also returns a few scored rollouts, for the trackers' rollout tables."""
-    k = cfg.algorithm.group_size
+    a = cfg.algorithm
+    k = a.group_size
     flat_samples = [s for s in samples for _ in range(k)]
     flat = [c for g in groups for c in g]
-    scored = score(svc, flat_samples, [c.text for c in flat], k)
+    # Whole groups per reward replica: Weaver's label model and group metrics need complete groups.
+    scored = RewardOutput.concat(
+        svc.rewards.score.scatter(flat_samples, k, unit=k, rows=[[c.text for c in flat]]).get())
     rewards = torch.tensor(scored.rewards, dtype=torch.float32)
-    adv = group_advantages(rewards, k, cfg.algorithm.norm_adv_by_std)
+    adv = group_advantages(rewards, k, a.norm_adv_by_std)
     ref = None
     if svc.reference is not None:
-        ref = on_trainer(svc.reference.logprobs, [c.prompt_ids for c in flat], [c.token_ids for c in flat],
-                         cfg.algorithm.temperature)  # the reference lives on the trainer's ranks
-    episodes = [Episode(c.prompt_ids, c.token_ids, c.logprobs, float(a), float(r), c.policy_version,
-                        ref[i] if ref else None) for i, (c, a, r) in enumerate(zip(flat, adv, rewards))]
-    grouped = [episodes[i:i + k] for i in range(0, len(episodes), k)]
-    if cfg.algorithm.filter_zero_adv_groups:
+        ref = svc.reference.logprobs.call([c.prompt_ids for c in flat], [c.token_ids for c in flat], a.temperature)
+    episodes = [Episode(c.prompt_ids, c.token_ids, c.logprobs, float(adv[i]), float(rewards[i]), c.policy_version,
+                        ref[i] if ref else None) for i, c in enumerate(flat)]
+    grouped = _groups(episodes, k)
+    if a.filter_zero_adv_groups:
         grouped = [g for g in grouped if any(e.advantage != 0.0 for e in g)] or grouped
     metrics = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
                "reward/zero_adv_groups": float(sum(all(e.advantage == 0.0 for e in g) for g in grouped)) / len(grouped),
@@ -108,57 +96,22 @@ def score_and_group(svc: Services, samples: list[Sample], groups: list[list[Comp
     return grouped, metrics, rollouts
 
 
-def score(svc: Services, samples: list[Sample], texts: list[str], k: int) -> RewardOutput:
-    """Whole groups are spread over the reward replicas (Weaver's label model needs complete groups)."""
-    n_rep = len(svc.rewards)
-    n_groups = len(samples) // k
-    bounds = [(n_groups * r // n_rep) * k for r in range(n_rep + 1)]
-    futures = [svc.rewards[r].score.call_one(samples[a:b], texts[a:b], k)
-               for r, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a]
-    parts = [f.get() for f in futures]
-    out = RewardOutput(rewards=[x for p in parts for x in p.rewards],
-                       details=[d for p in parts for d in p.details])
-    for key in parts[0].metrics:  # replica metrics averaged, weighted by their share of the batch
-        out.metrics[key] = sum(p.metrics.get(key, 0.0) * len(p.rewards) for p in parts) / len(out.rewards)
-    return out
-
-
-def to_batch(episodes: list[Episode]) -> TrainBatch:
-    has_ref = all(e.ref_logprobs is not None for e in episodes)
-    return TrainBatch([e.prompt_ids for e in episodes], [e.response_ids for e in episodes],
-                      [e.logprobs for e in episodes], [e.advantage for e in episodes],
-                      [e.ref_logprobs for e in episodes] if has_ref else None)  # type: ignore[misc]
-
-
-def rank0(values: Any) -> Any:
-    """Rank 0's entry of a ValueMesh (what `endpoint.call(...).get()` returns)."""
-    return next(iter(values.values()))
-
-
-def on_trainer(endpoint: Any, *args: Any) -> Any:
-    """Call a trainer endpoint on every rank (FSDP-sharded endpoints are collectives) and return rank 0's
-    answer; with one rank this is `endpoint.call_one(*args).get()`."""
-    return rank0(endpoint.call(*args).get())
-
-
 def push_weights(svc: Services, version: int) -> float:
+    """Publish the trainer's weights as `version` and load them into every generator; returns seconds."""
     t = time.perf_counter()
-    location = on_trainer(svc.trainer.push_weights, version)
-    for reloaded in [g.update_weights.call_one(version, location) for g in svc.generators]:  # all replicas at once
-        reloaded.get()
+    location = svc.trainer.push_weights.call(version)
+    svc.generators.update_weights.fanout(version, location).get()
     return time.perf_counter() - t
 
 
-def train(cfg: Any, svc: Services, env: Environment, encode: Callable[[str], list[int]], state: LoopState,
-          replica_seeds: list[int], on_step: Callable[[int, dict[str, float], list[dict[str, Any]]], None]) -> None:
+def train(cfg: Any, svc: Services, env: Environment, encode: Encode, state: LoopState, on_step: OnStep) -> None:
     """Run steps `state.step .. cfg.steps-1`; `on_step` logs, evaluates and checkpoints."""
-    depth = cfg.sync.max_policy_age if cfg.sync.mode == "async" else 0
-    in_flight: deque[tuple[int, list[Sample], Any, float]] = deque()
+    depth = cfg.sync.policy_age
+    in_flight: deque[tuple[int, list[Sample], Pending[list[list[Completion]]], float]] = deque()
 
     def start_rollout(step: int, samples: list[Sample] | None = None) -> None:
         samples = samples or env.sample_batch(cfg.algorithm.prompts_per_step, state.data_rng)
-        in_flight.append((step, samples, generate_groups(svc, samples, encode, cfg, replica_seeds, step),
-                          time.perf_counter()))
+        in_flight.append((step, samples, generate_groups(svc, samples, encode, cfg, step), time.perf_counter()))
 
     for step, samples in state.pending:  # resumed mid-flight: the same prompts, regenerated
         start_rollout(step, samples)
@@ -167,20 +120,20 @@ def train(cfg: Any, svc: Services, env: Environment, encode: Callable[[str], lis
         t_step = time.perf_counter()
         while len(in_flight) <= depth and (state.step + len(in_flight)) < cfg.steps:
             start_rollout(state.step + len(in_flight))
-        _, samples, collect, t_gen = in_flight.popleft()
-        groups = collect()
+        _, samples, rollout, t_gen = in_flight.popleft()
+        groups = rollout.get()
         t_generated = time.perf_counter()
-        grouped, metrics, rollouts = score_and_group(svc, samples, groups, cfg)
-        svc.buffer.add.call_one(grouped).get()
+        grouped, metrics, rollouts = score_groups(svc, samples, groups, cfg)
+        svc.buffer.add.call(grouped)
         t_scored = time.perf_counter()
 
-        sampled = svc.buffer.sample.call_one(state.version, len(grouped)).get()
+        sampled = svc.buffer.sample.call(state.version, len(grouped))
         if sampled is None:  # everything was too stale; the next rollout uses newer weights
             metrics["buffer/skipped_step"] = 1.0
         else:
             episodes, buffer_metrics = sampled
             metrics.update(buffer_metrics)
-            metrics.update(on_trainer(svc.trainer.train_step, to_batch(episodes)))
+            metrics.update(svc.trainer.train_step.call(TrainBatch.of(episodes)))
             state.version += 1
             metrics["time/weight_sync_s"] = push_weights(svc, state.version)
         state.samples_seen += len(samples)

@@ -9,7 +9,7 @@ import hashlib
 import os
 from typing import Any
 
-COMPONENTS = ("data", "trainer", "buffer", "eval", "reward")
+COMPONENTS = ("data", "trainer", "buffer")
 
 
 def derive_seed(seed: int, component: str) -> int:

@@ -2,20 +2,21 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
+from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
+from rlexp.errors import friendly_errors
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 register_configs()
 
 
-@hydra.main(config_path=CONF_DIR, config_name="train", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def train(cfg: DictConfig) -> float:
-    from rlexp.cli import friendly_errors
+    # Imported here, not at the top: `rlexp train --help` and composition errors must not wait for torch
+    # and Monarch to load.
     from rlexp.launcher import run
 
     with friendly_errors():

@@ -1,12 +1,14 @@
-"""Plain data passed between rlexp's services.
+"""Plain data passed between rlexp's services, one step's worth.
 
 Kept free of torch so that rewards, environments and trackers can be imported (and tested) without
 spawning anything. The split between `Problem` and `Sample` is deliberate: label-free rewards such as
 Weaver receive `Problem`s, which have no gold-answer field at all, so a gold label cannot leak into them.
+The types a checkpoint stores (`Sample`, `Episode`) convert to and from plain Python values (`to_plain` /
+`from_plain`): a checkpoint then loads with `torch.load(weights_only=True)` and never unpickles code.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -16,7 +18,7 @@ class Problem:
 
     id: str
     prompt: str
-    # Environment-specific, non-secret data (e.g. the shuffled choice letters of a multiple-choice item).
+    # Environment-specific, non-secret data (e.g. the choices of a multiple-choice item, as the prompt shows them).
     meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -30,6 +32,13 @@ class Sample:
     @property
     def id(self) -> str:
         return self.problem.id
+
+    def to_plain(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_plain(d: dict[str, Any]) -> Sample:
+        return Sample(Problem(**d["problem"]), d["answer"])
 
 
 @dataclass
@@ -52,3 +61,50 @@ class RewardOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     # Per response extras (e.g. per-verifier scores) written to rollout tables; must be JSON-serialisable.
     details: list[dict[str, Any]] = field(default_factory=list)
+
+    @staticmethod
+    def concat(parts: list[RewardOutput]) -> RewardOutput:
+        """Outputs of consecutive slices of one batch as one; metrics are averaged weighted by each
+        slice's share of the batch (each replica reports means over its own slice)."""
+        out = RewardOutput(rewards=[x for p in parts for x in p.rewards], details=[d for p in parts for d in p.details])
+        for key in parts[0].metrics:
+            out.metrics[key] = sum(p.metrics.get(key, 0.0) * len(p.rewards) for p in parts) / len(out.rewards)
+        return out
+
+
+@dataclass
+class Episode:
+    """A scored response, ready for the replay buffer and the trainer."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # the generator's, for the importance ratio
+    advantage: float
+    reward: float
+    policy_version: int
+    ref_logprobs: list[float] | None = None
+
+    def to_plain(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_plain(d: dict[str, Any]) -> Episode:
+        return Episode(**d)
+
+
+@dataclass
+class TrainBatch:
+    """One optimizer step's rows, as the trainer consumes them."""
+
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    old_logprobs: list[list[float]]  # the generator's logprobs of the sampled tokens
+    advantages: list[float]
+    ref_logprobs: list[list[float]] | None = None
+
+    @staticmethod
+    def of(episodes: list[Episode]) -> TrainBatch:
+        has_ref = all(e.ref_logprobs is not None for e in episodes)
+        return TrainBatch([e.prompt_ids for e in episodes], [e.response_ids for e in episodes],
+                          [e.logprobs for e in episodes], [e.advantage for e in episodes],
+                          [e.ref_logprobs for e in episodes] if has_ref else None)  # type: ignore[misc]

@@ -1,6 +1,7 @@
 """Shared helpers for tests that run `rlexp` as a user would: a subprocess per command."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -50,10 +51,8 @@ def wait_no_orphans(tag: str, timeout: float = 20.0) -> list[int]:
 
 def kill_tagged(tag: str) -> None:
     for pid in tagged_pids(tag):
-        try:
+        with contextlib.suppress(OSError):  # already gone
             os.kill(pid, 9)
-        except OSError:
-            pass
 
 
 def rlexp(*args: str, tag: str | None = None, timeout: float = 600, check: bool = True,
@@ -76,3 +75,14 @@ def tag() -> str:
     t = uuid.uuid4().hex
     yield t
     kill_tagged(t)
+
+
+@pytest.fixture
+def offline_trackers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """W&B offline and MLflow local, with their caches inside the test's folder: nothing leaves the machine."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))

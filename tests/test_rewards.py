@@ -1,5 +1,5 @@
 """Reward interface, registry, gold isolation, rule/annotated counting, the arithmetic weak verifiers and the
-conf/reward YAMLs."""
+rlexp/conf/reward YAMLs."""
 from __future__ import annotations
 
 import itertools
@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from rlexp.envs.base import build_env
-from rlexp.envs.config import EnvConfig
+from rlexp.config.environment import EnvConfig
+from rlexp.config.reward import RewardConfig
+from rlexp.envs.registry import build_env
 from rlexp.rewards.base import Reward, register_reward, strip_gold
-from rlexp.rewards.config import RewardConfig
 from rlexp.rewards.registry import build_reward, reward_names
-from rlexp.rewards.verifiers import build_verifier, rule_names
 from rlexp.rewards.verifiers.arithmetic import terms
+from rlexp.rewards.verifiers.registry import build_verifier, rule_names
 from rlexp.types import Problem, RewardOutput, Sample
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "reward"
+CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "reward"
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +172,7 @@ def test_arithmetic_verifiers_parse_every_term_and_reject_unparseable():
                  "arithmetic_window"]:
         v = build_verifier({"kind": "rule", "options": {"rule": rule}})
         assert v.score([p] * 3, ["", "12", "x"]).tolist() == [0.0, 0.0, 0.0]
-    with pytest.raises(ValueError, match="cannot find 't1\\+t2\\+...\\+tn='"):
+    with pytest.raises(ValueError, match=r"cannot find 't1\+t2\+\.\.\.\+tn='"):
         mod5.score([Problem(id="q", prompt="What is the capital of France?")], ["P"])
     with pytest.raises(ValueError, match="only 3 terms"):
         ignore9.score([arithmetic_sample(1, 0, 1).problem], ["2"])
@@ -197,7 +197,7 @@ def test_verifier_config_errors():
         build_verifier({"kind": "rule", "options": {"rule": "arithmetic_mod", "k": 10}})
     with pytest.raises(ValueError, match="k=0 is the exact oracle"):
         build_verifier({"kind": "rule", "options": {"rule": "arithmetic_window", "k": 0}})
-    with pytest.raises(ValueError, match="unknown rule 'nope'; choose one of .*arithmetic_mod5"):
+    with pytest.raises(ValueError, match=r"unknown rule 'nope'; choose one of .*arithmetic_mod5"):
         build_verifier({"kind": "rule", "options": {"rule": "nope"}})
     with pytest.raises(ValueError, match="positions must be distinct"):
         build_verifier({"kind": "rule", "options": {"rule": "arithmetic_misread", "positions": [3, 3]}})
@@ -222,11 +222,11 @@ def test_single_rm_with_one_weak_rule_verifier(env):
     out = r.score([s] * 4, ["2", "7", "3", "oops"], group_size=4)
     assert out.rewards == [1.0, 1.0, 0.0, 0.0]
     assert out.metrics["reward/mean"] == 0.5 and out.metrics["single_rm/positive_frac"] == 0.5
-    with pytest.raises(ValueError, match="needs options.kind"):
+    with pytest.raises(ValueError, match=r"needs options\.kind"):
         build_reward(RewardConfig(name="single_rm"), env)
 
 
-# --- conf/reward YAMLs --------------------------------------------------------------------------------
+# --- rlexp/conf/reward YAMLs --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["rule", "annotated", "single_rm", "weaver"])
 def test_yaml_composes_into_schema_and_scores_arithmetic(env, name):
     cfg = OmegaConf.merge(OmegaConf.structured(RewardConfig), OmegaConf.load(CONF / f"{name}.yaml"))

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from rlexp.rewards.config import RewardConfig, VerifierConfig
+from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.rewards.registry import build_reward
 from rlexp.types import Problem, Sample
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import metrics, rlexp, wait_no_orphans
+
+pytestmark = pytest.mark.slow  # a 2x2 sweep of real `rlexp train` runs
 
 
 def test_sweep_2x2_tracked_in_mlflow_and_wandb_then_compared(tmp_path: Path, tag: str) -> None:

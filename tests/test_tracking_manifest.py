@@ -92,17 +92,18 @@ def test_manifest_fields_secrets_and_dirty_diff(tmp_path: Path, dirty_repo: Path
     sysinfo = m["system"]
     assert sysinfo["python"] and sysinfo["os"] and sysinfo["cpu_count"] >= 1
     assert sysinfo["gpu"]["count"] == 0 and sysinfo["gpu"]["models"] == []
-    # git: commit + dirty + diff beside the manifest, including the untracked file
+    # git: commit + dirty + diff of tracked files beside the manifest; untracked files by name only
     g = m["git"]
     assert len(g["commit"]) == 40 and g["dirty"] is True and g["diff_file"] == "git.diff"
+    assert g["untracked"] == ["new_module.py"]
     diff = (run / "git.diff").read_text()
-    assert "-lr = 1" in diff and "+lr = 2" in diff and "new_module.py" in diff
-    # The diff applies cleanly onto the commit: the run's code can be rebuilt.
+    assert "-lr = 1" in diff and "+lr = 2" in diff and "new_module.py" not in diff and "x = 3" not in diff
+    # The diff applies cleanly onto the commit: the run's tracked code can be rebuilt.
     clone = tmp_path / "clone"
     _git(tmp_path, "clone", "-q", str(dirty_repo), str(clone))
     _git(clone, "checkout", "-q", g["commit"])
     _git(clone, "apply", str(run / "git.diff"))
-    assert (clone / "train.py").read_text() == "lr = 2\n" and (clone / "new_module.py").exists()
+    assert (clone / "train.py").read_text() == "lr = 2\n" and not (clone / "new_module.py").exists()
 
 
 def test_finish_manifest_atomic_and_artifacts(tmp_path: Path, dirty_repo: Path) -> None:
@@ -145,7 +146,9 @@ def test_hash_helpers(tmp_path: Path) -> None:
 
 
 def test_secret_names() -> None:
-    for n in ("api_key", "WANDB_API_KEY", "hfToken", "HF_TOKEN", "client-secret", "db_password", "apikey", "token"):
+    for n in ("api_key", "WANDB_API_KEY", "hfToken", "HF_TOKEN", "client-secret", "db_password", "apikey", "token",
+              "api_keys", "hf_tokens", "authorization", "bearer", "passphrase", "cookie", "cookies", "session"):
         assert is_secret_name(n), n
-    for n in ("max_tokens", "tokenizer", "seed", "kl_coef", "num_keys_total"):
+    for n in ("max_tokens", "tokenizer", "seed", "kl_coef", "num_keys_total", "token_ids", "n_tokens",
+              "kv_cache_gb", "max_num_batched_tokens"):
         assert not is_secret_name(n), n

@@ -1,4 +1,4 @@
-"""Multirun tracking through real Hydra: the sweep presets in sweeps/, the logger group in conf/logger, and the
+"""Multirun tracking through real Hydra: the sweep presets in sweeps/, the logger group in rlexp/conf/logger, and the
 MLflow parent/child runs, with jobs both sequential in one process and in a separate process.
 
 The train app here is a stand-in (a tiny Hydra task that logs a few metrics through the real tracking API and
@@ -57,7 +57,7 @@ def app(tmp_path: Path) -> Path:
         seed: 0
         hydra:
           searchpath:
-            - file://{REPO / 'conf'}
+            - file://{REPO / 'rlexp' / 'conf'}
     """))
     (d / "train_app.py").write_text(APP)
     return d
@@ -73,6 +73,7 @@ def _run(app: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return p
 
 
+@pytest.mark.slow
 def test_grid_sweep_mlflow_parent_child_across_processes(app: Path, tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -118,6 +119,7 @@ def test_grid_sweep_mlflow_parent_child_across_processes(app: Path, tmp_path: Pa
     assert len((out2 / "compare.csv").read_text().splitlines()) == 4  # header + 3 children, no parent
 
 
+@pytest.mark.slow
 def test_optuna_preset_maximises_returned_metric(app: Path, tmp_path: Path) -> None:
     sweep = tmp_path / "opt"
     _run(app, "-m", "--config-dir", str(REPO), "+sweeps=optuna", "hydra.sweeper.n_trials=3",
@@ -133,9 +135,9 @@ def test_launcher_and_logger_presets_compose() -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from rlexp.tracking.config import LoggerConfig
+    from rlexp.config.logger import LoggerConfig
 
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "rlexp" / "conf"), version_base="1.3"):
         for name, wb, ml in (("default", False, False), ("wandb", True, False), ("mlflow", False, True),
                              ("all", True, True)):
             c = compose(overrides=[f"+logger={name}"])

@@ -8,18 +8,14 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rlexp.tracking.base import JsonlTracker, Tracker, Trackers, build_trackers
+from rlexp.tracking.base import JsonlTracker, Tracker, Trackers
 from rlexp.tracking.manifest import write_start_manifest
+from rlexp.tracking.registry import build_trackers
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR", "WANDB_ARTIFACT_DIR"):
-        monkeypatch.setenv(var, str(tmp_path / "wandb_home" / var.lower()))
+def _offline(offline_trackers: None) -> None:
+    pass
 
 
 def _cfg(wandb: bool = False, mlflow: bool = False):
@@ -63,10 +59,9 @@ def test_composite_status_on_errors(tmp_path: Path) -> None:
     for exc, status in ((RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "interrupted"),
                         (SystemExit(143), "interrupted")):
         run = tmp_path / status
-        with pytest.raises(type(exc)):
-            with Trackers([JsonlTracker()], {}, run, {}) as tr:
-                tr.log({"loss": 1.0}, 0)
-                raise exc
+        with pytest.raises(type(exc)), Trackers([JsonlTracker()], {}, run, {}) as tr:
+            tr.log({"loss": 1.0}, 0)
+            raise exc
         assert json.loads((run / "manifest.json").read_text())["status"] == status
 
 
@@ -106,8 +101,8 @@ def test_mlflow_run_queried_back(tmp_path: Path, mlflow_root: Path) -> None:
     assert "mlflow.parentRunId" not in tags
     arts = {a.path for a in client.list_artifacts(r.info.run_id)}
     assert {"eval_results.json", "manifest.json", "tables"} <= arts
-    # the uncommitted diff is uploaded exactly when the checkout that ran was dirty (a CI clone is clean)
-    assert ("git.diff" in arts) == bool(manifest["git"]["dirty"])
+    # the uncommitted diff of tracked files is uploaded exactly when there is one (a CI clone has none)
+    assert ("git.diff" in arts) == bool(manifest["git"]["diff_file"])
     local = Path(client.download_artifacts(r.info.run_id, "manifest.json", str(tmp_path / "dl")))
     assert json.loads(local.read_text())["status"] == "completed"  # the final manifest was uploaded
     assert "sk-should-not-leak" not in (mlflow_root / "runs" / "mlruns" / "mlflow.db").read_bytes().decode("latin-1")
@@ -118,10 +113,9 @@ def test_mlflow_failed_run_status(mlflow_root: Path) -> None:
 
     run = mlflow_root / "runs" / "bad"
     cfg = _cfg(mlflow=True)
-    with pytest.raises(RuntimeError):
-        with build_trackers(cfg.logger, cfg, run, _manifest(run, cfg)) as tr:
-            tr.log({"loss": 1.0}, 0)
-            raise RuntimeError("diverged")
+    with pytest.raises(RuntimeError), build_trackers(cfg.logger, cfg, run, _manifest(run, cfg)) as tr:
+        tr.log({"loss": 1.0}, 0)
+        raise RuntimeError("diverged")
     client = MlflowClient(tracking_uri=tr.get("mlflow").uri)
     (r,) = client.search_runs([client.get_experiment_by_name("rlexp-test").experiment_id],
                               filter_string="attributes.run_name = 'run-runs_bad'")
@@ -182,7 +176,7 @@ def test_wandb_multirun_jobs_are_separate_runs_in_one_process(tmp_path: Path) ->
 
 
 def test_truncate_metrics_for_resume(tmp_path: Path) -> None:
-    from rlexp.tracking.base import truncate_metrics
+    from rlexp.checkpoints import truncate_metrics
 
     run = tmp_path / "r"
     with Trackers([JsonlTracker()], {}, run, {}, manage_manifest=False) as tr:

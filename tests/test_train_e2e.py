@@ -18,6 +18,8 @@ import pytest
 from rlexp.tracking.reproduce import compare_metrics
 from tests.conftest import REPO, metrics, rlexp, tagged_env, wait_no_orphans
 
+pytestmark = pytest.mark.slow  # every test runs `rlexp train` end to end (Monarch actors, vLLM)
+
 SHORT = ["steps=6", "eval.every_n_steps=3", "algorithm.prompts_per_step=16", "algorithm.group_size=8"]
 
 
@@ -63,7 +65,7 @@ def test_async_mode_with_kl_reference_and_benchmark_eval(tmp_path: Path, tag: st
     # (with the checkpoint's weights, hence age 0) instead of skipping that data.
     import torch
 
-    pending = torch.load(run / "checkpoints" / "step_000003" / "controller.pt", weights_only=False)["loop"]["pending"]
+    pending = torch.load(run / "checkpoints" / "step_000003" / "controller.pt", weights_only=True)["loop"]["pending"]
     assert [step for step, _ in pending] == [3] and len(pending[0][1]) == 16
     rlexp("train", *args, "resume=auto", f"hydra.run.dir={run}", tag=tag)
     resumed = metrics(run)

@@ -16,16 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlexp.actors.policy import load_policy, sequence_logprobs
-from rlexp.actors.trainer import TrainBatch, Trainer, apply_activation_checkpointing
+from rlexp.actors.trainer import Trainer, apply_activation_checkpointing
+from rlexp.config.model import ArchConfig, ModelConfig
 from rlexp.config.schema import AlgorithmConfig, TrainerConfig
 from rlexp.grpo import grpo_loss
-from rlexp.models.config import ModelConfig
+from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.tiny import ensure_tiny_checkpoint
+from rlexp.types import TrainBatch
 from tests.conftest import metrics, rlexp, wait_no_orphans
 from tests.trainer_helpers import free_port, grpo_batch, max_diff, rank0, train_steps
 
-CFG = ModelConfig()  # the default tiny Qwen3 (tied embeddings, 2 layers)
+pytestmark = pytest.mark.slow  # 2-rank FSDP trainers on Monarch actors, and `rlexp train` end to end
+
+CFG = ModelConfig(arch=ArchConfig(max_seq_len=256, tie_embeddings=True))  # tiny Qwen3, tied embeddings, 2 layers
 ALGO = AlgorithmConfig(max_tokens=4)
 FSDP_VS_SINGLE_ATOL = 1e-5
 

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from rlexp.actors.trainer import Reference, Trainer
+from rlexp.config.model import ArchConfig, ModelConfig
 from rlexp.config.schema import AlgorithmConfig, TrainConfig, TrainerConfig
 from rlexp.config.validate import ConfigError, validate
-from rlexp.models.config import ArchConfig, ModelConfig
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from tests.conftest import metrics, rlexp, wait_no_orphans
 from tests.trainer_helpers import free_port, grpo_batch, max_diff, rank0, train_steps
@@ -57,7 +57,7 @@ def env(tmp_path_factory):
     shm = tmp_path_factory.mktemp("shm")
     made: list = []
 
-    def trainer(mesh, name: str, world: int, tp: int) -> tuple:  # noqa: ANN001
+    def trainer(mesh, name: str, world: int, tp: int) -> tuple:
         t = mesh.spawn(name, Trainer, CFG, d, TrainerConfig(micro_batch_size=3), ALGO, 10, 0, 0, "shm", name, 1,
                        str(shm), world, ports[world], "cpu", tp)
         made.append(t)
@@ -91,6 +91,7 @@ def runs(env):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["tp", "fsdp_tp"])
 def test_tensor_parallel_matches_single_rank(runs, layout: str) -> None:
     diff = max_diff(runs["single"], runs[layout])
@@ -102,6 +103,7 @@ def test_tensor_parallel_matches_single_rank(runs, layout: str) -> None:
     assert runs["single_m"][-1]["loss"] != runs["single_m"][0]["loss"]  # it trained
 
 
+@pytest.mark.slow
 def test_tensor_parallel_logits_stay_vocab_sharded(env) -> None:
     """The compared path is the loss-parallel one: logits are a DTensor sharded over the vocabulary."""
     layout = rank0(env["tp"], "layout")
@@ -115,6 +117,7 @@ def test_tensor_parallel_logits_stay_vocab_sharded(env) -> None:
     assert params["layers.0.ffn_norm.weight"][1] == "R"
 
 
+@pytest.mark.slow
 def test_tensor_parallel_checkpoint_and_publish(env, runs) -> None:
     from rlexp.models.hf import read_hf_state_dict
 
@@ -134,6 +137,7 @@ def test_tensor_parallel_checkpoint_and_publish(env, runs) -> None:
     assert max_diff(rank0(one, "full_hf_state_dict"), runs["single"]) < TP_VS_SINGLE_ATOL
 
 
+@pytest.mark.slow
 def test_reference_model_sharded_on_the_trainer_ranks_matches_one_rank(env) -> None:
     """The KL reference lives on the trainer's processes with the trainer's TP layout."""
     b = env["batches"][0]
@@ -148,13 +152,17 @@ def test_reference_model_sharded_on_the_trainer_ranks_matches_one_rank(env) -> N
 
 
 def test_tp_degree_that_splits_a_kv_head_is_refused_with_the_fix() -> None:
-    c = TrainConfig()  # the default tiny model has a single KV head
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.structured(TrainConfig)  # the default tiny model has a single KV head
     c.model.parallelism.trainer_tp = 2
+    c = OmegaConf.to_object(c)  # resolves generator.replicas from the model's layout
     with pytest.raises(ConfigError, match=r"trainer_tp=2 must divide the model's n_kv_heads=1.*trainer_tp in \[1\]"
                                           r".*model.arch.n_kv_heads=2"):
         validate(c)
 
 
+@pytest.mark.slow
 def test_rlexp_train_with_tensor_parallel_trainer_end_to_end(tmp_path: Path, tag: str) -> None:
     run = tmp_path / "run"
     p = rlexp("train", "model.parallelism.trainer_tp=2", *TP_OVERRIDES, "steps=3", "eval.every_n_steps=0",
@@ -174,13 +182,14 @@ def test_layout_spanning_hosts_is_refused_and_gpus_are_assigned_per_role() -> No
     called alone; `assign_gpus` is what the actors put in CUDA_VISIBLE_DEVICES.)"""
     from omegaconf import OmegaConf
 
+    from rlexp.config.layout import assign_gpus
     from rlexp.config.validate import _check_trainer_layout
-    from rlexp.launcher import assign_gpus
 
     c = OmegaConf.structured(TrainConfig)
-    c.model = OmegaConf.merge(c.model, OmegaConf.load(Path(__file__).parent.parent / "conf/model/qwen3_32b.yaml"))
+    c.model = OmegaConf.merge(c.model, OmegaConf.load(Path(__file__).parent.parent / "rlexp/conf/model/qwen3_32b.yaml"))
     c.cluster.device, c.cluster.gpus_per_host = "cuda", 8
     c.generator.backend, c.generator.replicas, c.generator.tp = "vllm", 1, 4
+    c = OmegaConf.to_object(c)  # the typed config, with its derived values, as `prepare` hands it on
     with pytest.raises(ConfigError, match=r"needs 20 GPUs \(trainer 8 x 2 = 16, generators 1 x 4\).*gpus_per_host=8"):
         _check_trainer_layout(c)
     c.model.parallelism.trainer_fsdp, c.model.parallelism.trainer_tp = 2, 2

@@ -77,7 +77,7 @@ def test_shm_failed_publish_leaves_no_partial_version(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr("rlexp.models.hf.write_hf_state_dict", boom)
+    monkeypatch.setattr("rlexp.transport.shm.write_hf_state_dict", boom)
     with pytest.raises(OSError):
         t.publish(2, _state_dict(2))
     assert t.versions() == [1] and t.latest()[0] == 1
@@ -85,7 +85,7 @@ def test_shm_failed_publish_leaves_no_partial_version(tmp_path, monkeypatch):
 
 
 def test_check_transport_errors():
-    with pytest.raises(TransportError, match="spans 2 hosts.*sync=torchstore"):
+    with pytest.raises(TransportError, match=r"spans 2 hosts.*sync=torchstore"):
         check_transport("shm", hosts=2)
     with pytest.raises(TransportError, match="unknown weight transport 'nccl'"):
         check_transport("nccl")
@@ -133,7 +133,7 @@ def test_torchstore_0_1_2_mixed_endpoints_refused_fake_torchstore(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchstore", pkg)
     monkeypatch.setitem(sys.modules, "torchstore.controller", ctl)
     monkeypatch.setitem(sys.modules, "torchstore.storage_volume", None)
-    with pytest.raises(TransportError, match="mixes both async and sync endpoints.*install a TorchStore built for"):
+    with pytest.raises(TransportError, match=r"mixes both async and sync endpoints.*install a TorchStore built for"):
         check_transport("torchstore")
 
 

@@ -8,8 +8,8 @@ import logging
 import numpy as np
 import pytest
 
+from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.rewards.base import Reward
-from rlexp.rewards.config import RewardConfig, VerifierConfig
 from rlexp.rewards.label_model import BinaryLabelModel, LabelModelParams, triplet_weights
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import Rule, register_rule
@@ -18,7 +18,7 @@ from rlexp.types import Problem, Sample
 # --- synthetic verifiers of known quality -------------------------------------------------------------
 # (TPR, FPR) per verifier, conditionally independent given correctness.
 MIXED = [(0.85, 0.15), (0.75, 0.30), (0.70, 0.35), (0.65, 0.40), (0.60, 0.45)]
-WITH_ADVERSARY = MIXED[:4] + [(0.30, 0.65)]  # last one is worse than random
+WITH_ADVERSARY = [*MIXED[:4], (0.30, 0.65)]  # last one is worse than random
 
 
 def simulate_votes(y: np.ndarray, rates: list[tuple[float, float]], rng: np.random.Generator) -> np.ndarray:
@@ -165,7 +165,7 @@ def test_weaver_reward_online_estimates_and_metrics():
         assert key in m
     assert all(isinstance(v, float) and np.isfinite(v) for v in m.values())
     rewards = np.array(out.rewards)
-    assert ((0 <= rewards) & (rewards <= 1)).all()
+    assert ((rewards >= 0) & (rewards <= 1)).all()
     assert rewards[y].mean() > rewards[~y].mean() + 0.3  # posterior separates right from wrong
     json.dumps(out.details)  # rollout tables need JSON
     assert set(out.details[0]) == {"scores", "votes", "posterior"}
@@ -176,7 +176,7 @@ def test_weaver_drops_signal_free_verifiers_with_reason(caplog):
     rates = MIXED[:4]
     cfg = weaver_cfg(len(rates) + 2)
     # v4 always accepts (a format check), v5 accepts ~2% (below the 0.05 band edge).
-    samples, texts, y = synthetic_batch(rng, rates, n_groups=64, group=16, prior=0.3)
+    samples, texts, _ = synthetic_batch(rng, rates, n_groups=64, group=16, prior=0.3)
     texts = [t + "1" + ("1" if rng.random() < 0.02 else "0") for t in texts]
     reward = build_reward(cfg, env=None)
     with caplog.at_level(logging.WARNING, logger="rlexp.rewards.weaver"):
@@ -279,7 +279,7 @@ def test_lm_judge_interface():
 def test_weaver_config_errors():
     with pytest.raises(ValueError, match="at least one entry in `verifiers`"):
         build_reward(RewardConfig(name="weaver"), env=None)
-    with pytest.raises(ValueError, match="unknown options.*window"):
+    with pytest.raises(ValueError, match=r"unknown options.*window"):
         build_reward(weaver_cfg(3, window=5), env=None)
     with pytest.raises(ValueError, match="unique"):
         build_reward(RewardConfig(name="weaver", verifiers=[

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from rlexp.actors.policy import load_policy, sequence_logprobs
-from rlexp.actors.trainer import TrainBatch
-from rlexp.models.config import ModelConfig
+from rlexp.config.model import ModelConfig
+from rlexp.models.policy import load_policy, sequence_logprobs
+from rlexp.types import TrainBatch
 
 
 def free_port() -> int:

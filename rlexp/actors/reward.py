@@ -11,8 +11,11 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
-from rlexp.envs.config import EnvConfig
-from rlexp.rewards.config import RewardConfig
+from rlexp.config.environment import EnvConfig
+from rlexp.config.reward import RewardConfig
+from rlexp.envs.registry import build_env
+from rlexp.models.tokenizer import load_tokenizer
+from rlexp.rewards.registry import build_reward
 from rlexp.types import RewardOutput, Sample
 
 
@@ -26,9 +29,6 @@ def judge_names(cfg: RewardConfig) -> list[str]:
 
 class RewardService(Actor):
     def __init__(self, reward_cfg: RewardConfig, env_cfg: EnvConfig) -> None:
-        from rlexp.envs.base import build_env
-        from rlexp.rewards.registry import build_reward
-
         self.cfg = reward_cfg
         self.env = build_env(env_cfg)
         self.reward = build_reward(reward_cfg, self.env)
@@ -37,8 +37,6 @@ class RewardService(Actor):
     @endpoint
     def attach_judges(self, generator: Any, model_dir: str) -> list[str]:
         """Serve every `lm_judge` verifier with `generator` (a Generator actor handle)."""
-        from rlexp.models.tokenizer import load_tokenizer
-
         tok = load_tokenizer(model_dir)
         yes = tok.encode("Y")[0] if tok.encode("Y") else None
 

@@ -2,13 +2,13 @@
 
 One rank (the default) is a plain module in one process, no process group. With
 `trainer_fsdp * trainer_tp > 1` the launcher spawns one Trainer per rank on a proc mesh; every
-endpoint is then collective (the controller calls it on the whole mesh and keeps rank 0's answer).
+endpoint is then collective (`rlexp.services.Collective` calls it on the whole mesh and keeps rank 0's answer).
 Each rank builds the model on the meta device and parallelises it the way TorchTitan's
 `parallelize_qwen3` does, on a 2-D (fsdp, tp) mesh with tp innermost:
   - TP: TorchTitan's own Qwen3 sharding plan (`set_qwen3_sharding_config`, then `Module.parallelize`):
     fused QKV / w1 / w3 column-wise, wo / w2 row-wise, vocab-parallel embedding and lm_head. Logits
     stay sharded over the vocabulary; token logprobs come from a loss-parallel cross-entropy
-    (`policy.sequence_logprobs`), so no rank ever holds a full [tokens x vocab] tensor.
+    (`rlexp.models.policy.sequence_logprobs`), so no rank ever holds a full [tokens x vocab] tensor.
   - FSDP2 on the fsdp axis (each transformer block, then the root), even at degree 1, as TorchTitan
     does, so mixed precision has one code path.
 Each rank loads its shard of the HF checkpoint. The ranks of one TP group train on the same rows; the
@@ -23,7 +23,6 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,18 +30,19 @@ import torch
 import torch.nn as nn
 from monarch.actor import Actor, current_rank, endpoint
 
-from rlexp.actors.policy import load_policy, sequence_logprobs
+from rlexp.checkpoints import safe_load
+from rlexp.config.model import ModelConfig
 from rlexp.grpo import grpo_loss
-from rlexp.models.config import ModelConfig
-
-
-@dataclass
-class TrainBatch:
-    prompts: list[list[int]]
-    responses: list[list[int]]
-    old_logprobs: list[list[float]]  # the generator's logprobs of the sampled tokens
-    advantages: list[float]
-    ref_logprobs: list[list[float]] | None = None
+from rlexp.models.hf import (
+    load_hf_into_sharded_titan,
+    save_titan_as_hf,
+    titan_full_hf_state_dict,
+)
+from rlexp.models.policy import load_policy, sequence_logprobs
+from rlexp.models.titan import hf_state_dict, titan_config, torch_dtype
+from rlexp.seeding import apply_process_determinism
+from rlexp.transport import build_transport
+from rlexp.types import TrainBatch
 
 
 def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float):
@@ -71,7 +71,10 @@ def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
 def apply_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each transformer block in backward (non-reentrant), as TorchTitan's full AC does.
     State-dict keys are unchanged (the wrapper strips its prefix); the forward has no randomness."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        checkpoint_wrapper,
+    )
 
     for name, block in list(model.layers.named_children()):
         model.layers.register_module(name, checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
@@ -89,8 +92,6 @@ def build_sharded_policy(cfg: ModelConfig, model_dir: str, dims: Any, device: to
     """
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    from rlexp.models.hf import load_hf_into_sharded_titan
-    from rlexp.models.titan import titan_config, torch_dtype
 
     tc = titan_config(cfg.arch)
     if dims.tp > 1:
@@ -145,10 +146,11 @@ def init_parallel(rank: int, world: int, tp: int, master_port: int, device: torc
     innermost); rank = Monarch rank. A second actor on the same processes (the reference model, or a
     test's second trainer) reuses the group and builds its own meshes."""
     import torch.distributed as dist
-    import torchtitan.distributed.parallel_dims as titan_dims
+
     # ParallelDims gives size-1 mesh axes (pp, cp, ...) the "fake" c10d backend; this registers it
     # (TorchTitan's training script gets it transitively through spmd_types).
     import torch.testing._internal.distributed.fake_pg  # noqa: F401
+    import torchtitan.distributed.parallel_dims as titan_dims
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
     if device.type == "cpu":
@@ -197,8 +199,6 @@ class Trainer(Actor):
                  seed: int, pad_id: int, transport: str, run_name: str, threads: int = 0,
                  shm_dir: str | None = None, world_size: int = 1, master_port: int = 0, device: str = "cpu",
                  tp: int = 1, gpus: list[str] | None = None) -> None:
-        from rlexp.seeding import apply_process_determinism
-
         apply_process_determinism()
         self.shm_dir = shm_dir
         self.model_cfg, self.model_dir = model_cfg, model_dir
@@ -220,12 +220,11 @@ class Trainer(Actor):
 
     @endpoint
     async def setup(self) -> int:
-        from rlexp.transport import build_transport
-
         torch.manual_seed(self.seed)  # nothing random today, but any future dropout/init draws from here
         t = self.tcfg
         self.model, dims = build_policy(self.model_cfg, self.model_dir, self.rank, self.world, self.tp,
-                                        self.master_port, self.device, activation_checkpointing=t.activation_checkpointing,
+                                        self.master_port, self.device,
+                                        activation_checkpointing=t.activation_checkpointing,
                                         mixed_precision=t.mixed_precision)
         self.model.train()
         if dims is not None:
@@ -318,9 +317,6 @@ class Trainer(Actor):
     async def push_weights(self, version: int) -> str:
         """Publish the current weights (HF naming) as `version`; returns where generators read them
         (rank 0's answer; every rank takes part in the all-gather when sharded)."""
-        from rlexp.models.hf import titan_full_hf_state_dict
-        from rlexp.models.titan import hf_state_dict
-
         self.version = version
         if self.world == 1:
             return self.transport.publish(version, hf_state_dict(self.model, self.model_cfg.arch))
@@ -353,7 +349,7 @@ class Trainer(Actor):
     async def load(self, path: str) -> int:
         """Load a trainer checkpoint (written by any number of ranks). Sharded: every rank reads the file
         and keeps its shard (`src_data_rank=None`: nothing is broadcast), like the HF load."""
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = safe_load(Path(path))
         if self.world == 1:
             self.model.load_state_dict(state["model"])
             self.optim.load_state_dict(state["optim"])
@@ -379,8 +375,6 @@ class Trainer(Actor):
     @endpoint
     async def export_hf(self, out_dir: str) -> str:
         """Final checkpoint as an HF folder (what `rlexp eval run_dir=...` and vLLM load); rank 0 writes."""
-        from rlexp.models.hf import save_titan_as_hf, titan_full_hf_state_dict
-
         if self.rank == 0:
             save_titan_as_hf(self.model, out_dir, self.model_cfg, source_dir=self.model_dir)
         else:
@@ -390,8 +384,6 @@ class Trainer(Actor):
     @endpoint
     async def full_hf_state_dict(self) -> dict[str, torch.Tensor]:
         """The current weights, gathered, in HF naming (tests and tools; collective when sharded)."""
-        from rlexp.models.hf import titan_full_hf_state_dict
-
         return titan_full_hf_state_dict(self.model, self.model_cfg)
 
     @endpoint
@@ -424,8 +416,6 @@ class Reference(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, pad_id: int, threads: int = 0, world_size: int = 1,
                  master_port: int = 0, device: str = "cpu", tp: int = 1, gpus: list[str] | None = None,
                  mixed_precision: bool = False) -> None:
-        from rlexp.seeding import apply_process_determinism
-
         apply_process_determinism()
         if threads:
             torch.set_num_threads(threads)
@@ -441,7 +431,8 @@ class Reference(Actor):
         self.model.eval()
 
     @endpoint
-    async def logprobs(self, prompts: list[list[int]], responses: list[list[int]], temperature: float) -> list[list[float]]:
+    async def logprobs(self, prompts: list[list[int]], responses: list[list[int]],
+                       temperature: float) -> list[list[float]]:
         with torch.no_grad(), loss_parallel_if(self.tp):
             logp, mask = sequence_logprobs(self.model, prompts, responses, temperature, self.pad_id, self.device)
         return [row[: int(m.sum())].tolist() for row, m in zip(logp.cpu(), mask.cpu())]

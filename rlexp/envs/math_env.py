@@ -1,7 +1,7 @@
 r"""MATH-style problems with free-form LaTeX answers (MATH-500 by default).
 
 Data: `HuggingFaceH4/MATH-500` (500 test problems; fields `problem`, `solution`, `answer`, `subject`,
-`level`, `unique_id`) at the revision pinned in `conf/environment/math.yaml`, read with `datasets` (from the
+`level`, `unique_id`) at the revision pinned in `rlexp/conf/environment/math.yaml`, read with `datasets` (from the
 local cache under HF_HUB_OFFLINE=1). For RL training point `environment.dataset` at another dataset with
 the same fields (or a local file); the loader is the same.
 
@@ -12,13 +12,13 @@ Prompt (override with `environment.options.template`, which receives `{question}
     {question}
 
 Scoring: the last `\boxed{...}` after thinking blocks are removed, compared with Math-Verify
-(`rlexp.evals.extract.check_math_batch`). `check_batch` sends a whole batch to the worker pool at once.
+(`rlexp.envs.answers.check_math_batch`). `check_batch` sends a whole batch to the worker pool at once.
 """
 from __future__ import annotations
 
+from rlexp.envs.answers import check_math_batch
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.envs.data import DatasetMissing, is_local_path, load_hf, read_local
-from rlexp.evals.extract import check_math_batch
 from rlexp.types import Problem, Sample
 
 MATH500 = "HuggingFaceH4/MATH-500"

@@ -2,9 +2,19 @@
 
 Data: `TIGER-Lab/MMLU-Pro` (splits `test`, `validation`; fields `question_id`, `question`, `options`,
 `answer` (letter), `answer_index`, `category`, `src`) at the revision pinned in
-`conf/environment/mmlu_pro.yaml`, read with `datasets` (local cache under HF_HUB_OFFLINE=1), or a local file
-with the same fields via `environment.dataset`. Choices keep the dataset's order (as in the official
-evaluation and lm-eval-harness); set `environment.options.shuffle_seed` to shuffle them like GPQA.
+`rlexp/conf/environment/mmlu_pro.yaml`, read with `datasets` (local cache under HF_HUB_OFFLINE=1), or a local file
+with the same fields via `environment.dataset`.
+
+Choice order: by default the dataset's order, as in the official evaluation and lm-eval-harness. That does
+not hand the gold letter to a label-free verifier: unlike GPQA, the source does not put the correct option at
+a fixed position (`answer_index` varies per question), and `Problem` carries only what the prompt shows (the
+options in the published order, and the category); no seed or permutation that could be inverted. Whatever
+position prior the published order has is part of the benchmark that every evaluation of it shows (rlexp
+adds nothing to it). Set `environment.options.shuffle_seed` to order the options instead by the keyed hash
+of their texts, exactly as GPQA does (rlexp/envs/multiple_choice.py): a function of the set of options only,
+so also leak-free, and independent of the published order and of any position prior in it. Only in that
+mode does a response naming another letter with the gold text verbatim (a duplicated option) count as right;
+in dataset order scoring is by letter, as in the official evaluation.
 
 Prompt: the multiple-choice template of rlexp/envs/multiple_choice.py with (A)..(J).
 Scoring: letter extraction among as many letters as the question has options.
@@ -13,7 +23,7 @@ from __future__ import annotations
 
 from rlexp.envs.base import register_env
 from rlexp.envs.data import is_local_path, load_hf, read_local
-from rlexp.envs.multiple_choice import LETTERS, TEMPLATE, MultipleChoiceEnv, make_sample, permutation
+from rlexp.envs.multiple_choice import LETTERS, TEMPLATE, MultipleChoiceEnv, make_sample, text_order
 from rlexp.types import Sample
 
 
@@ -25,6 +35,9 @@ class MMLUPro(MultipleChoiceEnv):
             return read_local(ds, split)
         return load_hf(ds, self.cfg.revision, split)
 
+    def orders_by_text(self) -> bool:
+        return self.cfg.options.get("shuffle_seed") is not None
+
     def load_samples(self, split: str) -> list[Sample]:
         template = self.cfg.options.get("template", TEMPLATE)
         seed = self.cfg.options.get("shuffle_seed")
@@ -33,9 +46,9 @@ class MMLUPro(MultipleChoiceEnv):
             qid = str(r["question_id"])
             options = [str(o).strip() for o in r["options"]]
             correct = int(r["answer_index"]) if r.get("answer_index") is not None else LETTERS.index(r["answer"])
-            perm = permutation(qid, int(seed), len(options)) if seed is not None else None
-            sample, perm = make_sample(qid, str(r["question"]), options, correct, template, perm,
-                                       None if seed is None else int(seed), {"category": r.get("category", "")})
-            self._perms[qid] = perm
+            order = text_order(qid, int(seed), options, correct) if seed is not None else None
+            sample, order = make_sample(qid, str(r["question"]), options, correct, template, order,
+                                        {"category": r.get("category", "")})
+            self._perms[qid] = order
             out.append(sample)
         return out

@@ -3,8 +3,9 @@
     rlexp eval model=qwen3_8b benchmark=all [n=4 temperature=0.6] [--out results/my-eval]
     rlexp eval run_dir=runs/2026-11-29/12-00-00 benchmark=gsm8k
 
-Arguments are Hydra overrides of conf/eval.yaml (groups `model` and `benchmark`); `--out PATH` is a shortcut
-for `out=PATH`, `--config-dir DIR` composes from another conf folder. The config is composed with Hydra's
+Arguments are Hydra overrides of rlexp/conf/eval.yaml (groups `model` and `benchmark`); `--out PATH` is a
+shortcut for `out=PATH`, `--config-dir DIR` composes from another conf folder; `--help` lists benchmarks,
+backends and keys, read from the conf folder so it cannot drift from it. The config is composed with Hydra's
 compose API rather than `@hydra.main` so this entry point can be called as a function (`main(argv)`)
 from rlexp's dispatcher and from tests without Hydra taking over the working directory or logging.
 
@@ -13,75 +14,144 @@ Writes to the output folder: `samples_<benchmark>.jsonl` (one line per response)
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import logging
+import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlexp.envs.base import Environment, build_env
-from rlexp.envs.config import EnvConfig
+from rlexp.config.paths import CONF_DIR as DEFAULT_CONF
+from rlexp.envs.base import Environment
 from rlexp.envs.data import DatasetMissing
+from rlexp.evals.benchmarks import benchmark_envs
 from rlexp.evals.runner import BenchmarkResult, run_benchmark
 
 log = logging.getLogger("rlexp.eval")
-DEFAULT_CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
-def _split_flags(argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    overrides, flags, i = [], {}, 0
-    while i < len(argv):
-        a = argv[i]
-        if a in ("--out", "--config-dir"):
-            if i + 1 >= len(argv):
-                raise SystemExit(f"{a} needs a value")
-            flags[a[2:]] = argv[i + 1]
-            i += 2
+def _parser() -> argparse.ArgumentParser:
+    # add_help=False: help is printed by `main` after parsing, so that `--config-dir` given alongside
+    # `--help` lists that folder's benchmarks rather than the packaged ones.
+    p = argparse.ArgumentParser(prog="rlexp eval", add_help=False, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description=__doc__.split("\n\n")[0].split(": ", 1)[1].capitalize() + "\n\n"
+                                + textwrap.indent(textwrap.dedent(__doc__.split("\n\n")[1]), "  "))
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="Hydra overrides of eval.yaml: model=NAME, benchmark=NAME, or any key below")
+    p.add_argument("-h", "--help", action="store_true", help="show this message and exit")
+    p.add_argument("--out", metavar="PATH", help="results folder (same as out=PATH)")
+    p.add_argument("--config-dir", metavar="DIR", default=str(DEFAULT_CONF),
+                   help="compose from this conf folder instead of the packaged one (default: %(default)s)")
+    return p
+
+
+def _yaml_value(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    return str(v)
+
+
+def _first_comment(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+    return ""
+
+
+def _load_raw(path: Path) -> dict[str, Any]:
+    """A YAML file as written: interpolations are shown, not resolved (help must not fail on them)."""
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    return raw if isinstance(raw, dict) else {}
+
+
+def _group_default(defaults: Any, group: str) -> str | None:
+    for entry in defaults if isinstance(defaults, list) else []:
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                if str(key).split()[-1] == group:  # "optional model" -> "model"
+                    return str(value)
+    return None
+
+
+def _benchmark_line(path: Path) -> str:
+    """One benchmark file: what it runs. `all`-style files compose others through their defaults list."""
+    spec = _load_raw(path)
+    members = [str(e) for e in spec.get("defaults") or [] if isinstance(e, str) and e != "_self_"]
+    if members:
+        return "runs " + " + ".join(members)
+    parts = []
+    for name, bench in spec.items():
+        if name == "defaults" or not isinstance(bench, dict):
             continue
-        if a.startswith(("--out=", "--config-dir=")):
-            k, v = a[2:].split("=", 1)
-            flags[k] = v
-        else:
-            overrides.append(a)
-        i += 1
-    return overrides, flags
+        env = bench.get("environment") or {}
+        where = f", dataset {env.get('dataset')}" if env.get("dataset") else ""
+        parts.append(f"environment {env.get('name')}{where}, max_tokens {bench.get('max_tokens', 1024)}"
+                     + ("" if name == path.stem else f" (as {name})"))
+    return "; ".join(parts)
+
+
+def help_text(config_dir: str | Path = DEFAULT_CONF) -> str:
+    """Usage plus what the conf folder offers, read from its files (no Hydra composition: help stays fast
+    and works even when a file would fail to compose)."""
+    conf = Path(config_dir)
+    eval_yaml = conf / "eval.yaml"
+    cfg = _load_raw(eval_yaml)
+    defaults = cfg.get("defaults")
+
+    def section(title: str, rows: list[tuple[str, str]]) -> list[str]:
+        width = max((len(k) for k, _ in rows), default=0)
+        return ["", f"{title}:"] + [f"  {k:<{width}}  {v}".rstrip() for k, v in rows]
+
+    out = [_parser().format_help().rstrip()]
+    benchmarks = sorted((conf / "benchmark").glob("*.yaml"))
+    out += section(f"benchmarks (benchmark=NAME; default {_group_default(defaults, 'benchmark')})",
+                   [(b.stem, _benchmark_line(b)) for b in benchmarks])
+    backends = sorted((conf / "generator").glob("*.yaml"))
+    out += section(f"backends (backend=NAME; default {_yaml_value(cfg.get('backend'))})",
+                   [(str(_load_raw(b).get("backend", b.stem)), _first_comment(b)) for b in backends])
+    models = [m.stem for m in sorted((conf / "model").glob("*.yaml"))]
+    if models:
+        out += ["", f"models (model=NAME; default {_group_default(defaults, 'model')}; or run_dir=PATH):"]
+        out += textwrap.wrap(", ".join(models), width=100, initial_indent="  ", subsequent_indent="  ")
+    comments: dict[str, str] = {}
+    for line in eval_yaml.read_text().splitlines():
+        m = re.match(r"([A-Za-z_]\w*):.*?\s#\s?(.*)$", line)
+        if m:
+            comments[m.group(1)] = m.group(2).strip()
+    out += section(f"keys of {eval_yaml.name} (KEY=VALUE; default shown)",
+                   [(f"{k}={_yaml_value(v)}", comments.get(str(k), ""))
+                    for k, v in cfg.items() if k != "defaults"])
+    return "\n".join(out) + "\n"
 
 
 def compose(overrides: list[str], config_dir: str | Path = DEFAULT_CONF) -> DictConfig:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from hydra import compose as hydra_compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
         return hydra_compose("eval", overrides=overrides)
 
 
-def env_config(d: Any) -> EnvConfig:
-    """An EnvConfig from a YAML mapping (typed: unknown keys fail here, not deep in a loader)."""
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EnvConfig), d))  # type: ignore[return-value]
-
-
-def benchmark_envs(cfg: DictConfig) -> dict[str, tuple[Environment, int]]:
-    """name -> (environment, max_tokens) for every benchmark selected in the `benchmark` group."""
-    out = {}
-    for name, spec in cfg.benchmark.items():
-        env = build_env(env_config(spec.environment))
-        out[str(name)] = (env, int(cfg.max_tokens or spec.get("max_tokens", 1024)))
-    return out
-
-
 def model_dir_of(cfg: DictConfig) -> tuple[Path, str]:
     """The HF-format folder to evaluate and a short label for it."""
     if cfg.run_dir:
-        final = Path(cfg.run_dir).expanduser() / "checkpoints" / "final"
+        from rlexp.checkpoints import final_dir  # here: it imports torch, which `--help` must not wait for
+
+        final = final_dir(Path(cfg.run_dir).expanduser())
         if not (final / "config.json").exists():
             raise FileNotFoundError(f"run_dir={cfg.run_dir}: no final checkpoint at {final} (is the run finished? "
                                     f"a training run writes checkpoints/final/ when it completes)")
         return final, f"run-{Path(cfg.run_dir).name}"
     if cfg.get("model") is None:
-        raise FileNotFoundError("no model selected: pass model=NAME (a file conf/model/NAME.yaml) or run_dir=PATH")
-    from rlexp.models.config import ModelConfig
+        raise FileNotFoundError("no model selected: pass model=NAME (a file rlexp/conf/model/NAME.yaml) "
+                                "or run_dir=PATH")
+    from rlexp.config.model import ModelConfig
     from rlexp.models.hf import resolve_checkpoint
 
     mcfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
@@ -89,7 +159,7 @@ def model_dir_of(cfg: DictConfig) -> tuple[Path, str]:
 
 
 def make_generate_fn(backend: Any, stop: tuple[str, ...]):
-    def generate_fn(prompt_ids, n, max_tokens, temperature, seed):  # noqa: ANN001, ANN202
+    def generate_fn(prompt_ids, n, max_tokens, temperature, seed):
         return backend.generate(prompt_ids, n=n, max_tokens=max_tokens, temperature=temperature, seed=seed,
                                 stop=list(stop) or None)
 
@@ -98,7 +168,11 @@ def make_generate_fn(backend: Any, stop: tuple[str, ...]):
 
 def _manifest_start(out: Path, cfg: DictConfig, argv: list[str], envs: dict[str, tuple[Environment, int]],
                     model_dir: Path) -> None:
-    from rlexp.tracking.manifest import fingerprint_examples, hash_files, write_start_manifest
+    from rlexp.tracking.manifest import (
+        fingerprint_examples,
+        hash_files,
+        write_start_manifest,
+    )
 
     datasets = {}
     for name, (env, _) in envs.items():
@@ -125,7 +199,9 @@ def run(cfg: DictConfig, argv: list[str]) -> list[BenchmarkResult]:
     results: list[BenchmarkResult] = []
     status = "failed"
     try:
-        from rlexp.actors.generator import build_backend  # imported late: data and model errors come first
+        from rlexp.models.backends import (
+            build_backend,  # imported late: data and model errors come first
+        )
         from rlexp.models.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(model_dir)
@@ -164,12 +240,28 @@ def _checkpoint_error() -> type[Exception]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_intermixed_args(argv)
+    if args.help:
+        try:
+            print(help_text(args.config_dir), end="")
+        except FileNotFoundError as e:
+            print(f"rlexp eval: --config-dir {args.config_dir}: {e.filename} not found", file=sys.stderr)
+            return 2
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    overrides, flags = _split_flags(argv)
-    if "out" in flags:
-        overrides.append(f"out={flags['out']}")
+    overrides = list(args.overrides)
+    if args.out is not None:
+        overrides.append(f"out={args.out}")
+    from hydra.errors import (
+        HydraException,  # not at the top: `--help` does not need Hydra
+    )
+
     try:
-        cfg = compose(overrides, flags.get("config-dir", DEFAULT_CONF))
+        cfg = compose(overrides, args.config_dir)
+    except HydraException as e:  # a bad override or conf folder: the message names it, a traceback would not help
+        print(f"rlexp eval: {e}", file=sys.stderr)
+        return 2
+    try:
         run(cfg, argv)
     except (DatasetMissing, FileNotFoundError, _checkpoint_error()) as e:
         print(f"rlexp eval: {e}", file=sys.stderr)

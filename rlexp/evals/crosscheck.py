@@ -25,7 +25,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlexp.evals.extract import check_choice
+from rlexp.envs.answers import check_choice
 
 GPQA_CHOICES = ["Nitrogen", "Oxygen", "Argon", "Carbon dioxide"]
 MMLU_CHOICES = ["Venus", "Earth", "Mercury", "Mars", "Jupiter", "Saturn", "Uranus", "Neptune", "Pluto", "Ceres"]
@@ -280,7 +280,7 @@ def write_report(out: Path, rows: list[dict], summary: dict, lm: dict, command: 
         "",
         f"lm-eval: the filters of `{LM_EVAL_TASKS['gpqa']}` and `{LM_EVAL_TASKS['mmlu_pro']}` read at run time "
         f"from the installed package (`{lm['lm_eval_file']}`), applied with lm-eval's own filter classes; "
-        "scored with each task's exact_match settings. rlexp: `rlexp.evals.extract.check_choice`.",
+        "scored with each task's exact_match settings. rlexp: `rlexp.envs.answers.check_choice`.",
         f"{len({r['case'] for r in rows})} responses written for this check (tricky formats included); "
         "agreement = both scorers give the same correct/incorrect verdict.",
         "",

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING
 
-from rlexp.evals.runner import BenchmarkResult, SampleRecord
+if TYPE_CHECKING:  # types only: the runner imports this module to write samples, so no runtime import back
+    from rlexp.evals.runner import BenchmarkResult, SampleRecord
 
 COLUMNS = ("benchmark", "n_problems", "n_samples", "accuracy", "ci_low", "ci_high", "unparseable")
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
+from rlexp.config.eval import EvalConfig
 from rlexp.envs.base import Check, Environment
-from rlexp.evals.config import EvalConfig
 from rlexp.evals.metrics import summarize
 from rlexp.types import Completion, Sample
 
@@ -62,7 +63,7 @@ def apply_stop(text: str, stops: tuple[str, ...]) -> str:
     cut = len(text)
     for s in stops:
         i = text.find(s)
-        if 0 <= i and i + len(s) < cut:
+        if i >= 0 and i + len(s) < cut:
             cut = i + len(s)
     return text[:cut]
 
@@ -168,7 +169,3 @@ def evaluate(env: Environment, generate_fn: GenerateFn, tokenizer: _Tokenizer, e
     log.info("step %d eval %s: accuracy %.4f (%d problems, %.1fs)", step, res.name, res.metrics["accuracy"],
              int(res.metrics["n_problems"]), res.seconds)
     return metric_names(res, "eval" if benchmark is None else f"eval/{benchmark}")
-
-
-def record_dict(r: SampleRecord) -> dict[str, Any]:
-    return asdict(r)

@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from rlexp.models.config import ArchConfig, ModelConfig
+from rlexp.config.model import ArchConfig, ModelConfig
+from rlexp.models.tiny import ensure_tiny_checkpoint, hf_config_dict
+from rlexp.models.titan import hf_to_titan, load_hf_state_dict, titan_to_hf
 
 QWEN3_ARCHITECTURE = "Qwen3ForCausalLM"
 INDEX_FILE = "model.safetensors.index.json"
@@ -126,7 +128,6 @@ def resolve_checkpoint(cfg: ModelConfig, *, allow_download: bool = False, cache_
         offline = " (HF_HUB_OFFLINE is set)" if hf_offline() else ""
         raise CheckpointError(f"checkpoint {cfg.hf_repo}@{cfg.revision} is not in the Hugging Face cache "
                               f"{where}{offline}: {download_hint(cfg.hf_repo, cfg.revision)}")
-    from rlexp.models.tiny import ensure_tiny_checkpoint
 
     return ensure_tiny_checkpoint(cfg)
 
@@ -178,7 +179,7 @@ def read_tensor_infos(path: Path) -> dict[str, TensorInfo]:
         if not f.exists():
             raise CheckpointError(f"{path / INDEX_FILE}: names {f.name}, which is missing from {path}")
         with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():
+            for k in st.keys():  # noqa: SIM118 - safe_open has keys() but is not iterable
                 sl = st.get_slice(k)
                 infos[k] = TensorInfo(f.name, tuple(sl.get_shape()), str(sl.get_dtype()))
     return infos
@@ -321,15 +322,14 @@ def read_hf_state_dict_into(path: str | Path, dest: dict[str, torch.Tensor]) -> 
     return done
 
 
-def load_hf_into_titan(model: nn.Module, path: str | Path, cfg: ModelConfig, *, validate: bool = True) -> CheckpointInfo | None:
+def load_hf_into_titan(model: nn.Module, path: str | Path, cfg: ModelConfig, *,
+                       validate: bool = True) -> CheckpointInfo | None:
     """Validate `path` against `cfg`, then copy its weights into a (non-sharded) TorchTitan Qwen3.
 
     Values are cast to each parameter's dtype by `load_state_dict`'s in-place copy, so a bf16
     checkpoint loads into an fp32 model (and vice versa) without a second copy of the weights.
     For FSDP/TP-sharded models use `load_hf_into_sharded_titan`.
     """
-    from rlexp.models.titan import load_hf_state_dict
-
     info = validate_checkpoint(path, cfg) if validate else None
     sd = read_hf_state_dict(path)
     if cfg.arch.tie_embeddings:
@@ -349,7 +349,6 @@ def load_hf_into_sharded_titan(model: nn.Module, path: str | Path, cfg: ModelCon
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    from rlexp.models.titan import hf_to_titan
 
     validate_checkpoint(path, cfg)
     sd = read_hf_state_dict(path)
@@ -372,7 +371,8 @@ def load_hf_into_sharded_titan(model: nn.Module, path: str | Path, cfg: ModelCon
                               f"unexpected {unexpected[:5]}")
 
 
-def titan_full_hf_state_dict(model: nn.Module, cfg: ModelConfig, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+def titan_full_hf_state_dict(model: nn.Module, cfg: ModelConfig,
+                             dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The model's weights in HF naming as full (unsharded) CPU tensors.
 
     DTensor parameters are gathered with `full_tensor()` (a collective: every rank of the mesh
@@ -380,7 +380,6 @@ def titan_full_hf_state_dict(model: nn.Module, cfg: ModelConfig, dtype: torch.dt
     """
     from torch.distributed.tensor import DTensor
 
-    from rlexp.models.titan import titan_to_hf
 
     sd: dict[str, torch.Tensor] = {}
     for k, v in model.state_dict().items():
@@ -419,8 +418,9 @@ def write_hf_state_dict(sd: dict[str, torch.Tensor], out_dir: Path, *, max_shard
         save_file(shard, str(out_dir / name), metadata={"format": "pt"})
         weight_map.update({k: name for k in shard})
     total = sum(v.numel() * v.element_size() for v in sd.values())
-    (out_dir / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    return names + [INDEX_FILE]
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    return [*names, INDEX_FILE]
 
 
 def save_titan_as_hf(model: nn.Module, out_dir: str | Path, cfg: ModelConfig, *, dtype: torch.dtype | None = None,
@@ -449,7 +449,6 @@ def save_titan_as_hf(model: nn.Module, out_dir: str | Path, cfg: ModelConfig, *,
 def _hf_config_for(cfg: ModelConfig, source_dir: str | Path | None) -> dict:
     if source_dir is not None and (Path(source_dir) / "config.json").exists():
         return json.loads((Path(source_dir) / "config.json").read_text())
-    from rlexp.models.tiny import hf_config_dict
 
     return hf_config_dict(cfg)
 

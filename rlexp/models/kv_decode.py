@@ -17,7 +17,7 @@ Two paths, for two reasons:
 
 Cached attention rounds differently from a full forward (logits agree to ~1e-6, not bit for bit). Use it
 to *choose* tokens; where exact agreement with the trainer matters, recompute logprobs with
-`rlexp.actors.policy.sequence_logprobs`, as the titan backend does.
+`rlexp.models.policy.sequence_logprobs`, as the titan backend does.
 """
 from __future__ import annotations
 
@@ -26,7 +26,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torchtitan.models.common.attention import FusedQKVLinear, GQAttention, ScaledDotProductAttention
+from torchtitan.models.common.attention import (
+    FusedQKVLinear,
+    GQAttention,
+    ScaledDotProductAttention,
+)
 from torchtitan.models.common.rope import CosSinRoPE
 
 _Norm = tuple[torch.Tensor | None, float | None]  # (weight, eps) of an RMSNorm

@@ -10,25 +10,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlexp.config.paths import CONF_DIR
 from rlexp.models.planner import DEFAULT_HEADROOM, PlanError, plan_memory
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config_name: str = "train") -> Any:
-    """Compose `conf/<config_name>.yaml` with Hydra's compose API (no working-dir change, no logging)."""
+    """Compose `<config_dir>/<config_name>.yaml` (default rlexp/conf/train.yaml) with Hydra's compose API
+    (no working-dir change, no logging)."""
     from hydra import compose, initialize_config_dir
 
-    import importlib
+    from rlexp.config.schema import register_configs
 
-    for mod in ("rlexp.config.schema", "rlexp.config"):  # register the typed schemas (train_schema, ...)
-        try:
-            register = getattr(importlib.import_module(mod), "register_configs", None)
-        except ImportError:
-            continue
-        if callable(register):
-            register()
-            break
+    register_configs()  # the typed schemas (train_schema, ...) the YAML defaults lists extend
     if not (Path(config_dir) / f"{config_name}.yaml").exists():
         raise FileNotFoundError(f"{Path(config_dir) / (config_name + '.yaml')} not found")
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):

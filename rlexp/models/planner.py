@@ -38,8 +38,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rlexp.config.model import ArchConfig
 from rlexp.models.catalog import layer_param_count, param_count
-from rlexp.models.config import ArchConfig
 
 GiB = 2**30
 DEFAULT_HEADROOM = 0.10
@@ -50,7 +50,7 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 class PlanError(RuntimeError):
     """The layout cannot fit; `.report` holds the numbers, the message says what to change."""
 
-    def __init__(self, message: str, report: "PlanReport") -> None:
+    def __init__(self, message: str, report: PlanReport) -> None:
         super().__init__(message)
         self.report = report
 
@@ -128,7 +128,8 @@ class PlanReport:
         lines = [f"memory plan for model={self.model} ({param_count(self.arch) / 1e9:.2f}B parameters)"]
         if self.gpu_memory_gib:
             lines.append(f"cluster: {self.gpus_available} GPUs x {self.gpu_memory_gib:g} GiB, usable "
-                         f"{self.gpu_memory_gib * (1 - self.headroom):.1f} GiB each after {self.headroom:.0%} headroom; "
+                         f"{self.gpu_memory_gib * (1 - self.headroom):.1f} GiB each after "
+                         f"{self.headroom:.0%} headroom; "
                          f"this layout uses {self.gpus_needed}")
         else:
             lines.append("cluster: no GPU memory limit configured (cluster.gpu_memory_gb unset): sizes only")
@@ -213,7 +214,8 @@ def generator_plan(arch: ArchConfig, g: GeneratorSetup, capacity_bytes: float | 
         Item(f"weights ({g.dtype})", n * b / g.tp, f"{n:,} x {b} B / tp {g.tp}"),
         Item("KV cache", 2 * arch.n_layers * kv_heads * arch.head_dim * b * tokens,
              f"2 x {arch.n_layers} x {kv_heads} kv heads x {arch.head_dim} x {b} B x {seqs} seqs x {g.seq_len} tok"),
-        Item("sampler logits (fp32)", seqs * arch.vocab_size * 4 / g.tp, f"{seqs} seqs x {arch.vocab_size} x 4 B / tp {g.tp}"),
+        Item("sampler logits (fp32)", seqs * arch.vocab_size * 4 / g.tp,
+             f"{seqs} seqs x {arch.vocab_size} x 4 B / tp {g.tp}"),
         Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, graphs, activations"),
     ]
     layout = (f"{g.replicas} replica(s) x TP {g.tp}, {seqs} sequences per replica "
@@ -243,8 +245,9 @@ def _get(cfg: Any, dotted: str, default: Any = ...) -> Any:
 def setups_from_cfg(cfg: Any) -> tuple[ArchConfig, TrainerSetup, GeneratorSetup]:
     """Read exactly the fields listed in `PLAN_FIELDS` (the contract with the run config)."""
     m = _get(cfg, "model")
-    a = _get(m, "arch")
-    arch = a if isinstance(a, ArchConfig) else ArchConfig(**{k: a[k] for k in ArchConfig.__dataclass_fields__ if k in a})
+    arch = _get(m, "arch")
+    if not isinstance(arch, ArchConfig):
+        arch = ArchConfig(**{k: arch[k] for k in ArchConfig.__dataclass_fields__ if k in arch})
     seq_len = int(_get(cfg, "algorithm.max_prompt_tokens")) + int(_get(cfg, "algorithm.max_tokens"))
     dtype = str(_get(m, "dtype", "bfloat16"))
     t = TrainerSetup(
@@ -257,9 +260,10 @@ def setups_from_cfg(cfg: Any) -> tuple[ArchConfig, TrainerSetup, GeneratorSetup]
         dtype=dtype,
         reference_model=float(_get(cfg, "algorithm.kl_coef", 0.0)) > 0,
     )
+    # The effective layout: `generator.*` (which defaults to the model's layout) wins when present.
     g = GeneratorSetup(
-        tp=int(_get(m, "parallelism.generator_tp", 1)),
-        replicas=int(_get(m, "parallelism.generator_replicas", 1)),
+        tp=int(_get(cfg, "generator.tp", None) or _get(m, "parallelism.generator_tp", 1)),
+        replicas=int(_get(cfg, "generator.replicas", None) or _get(m, "parallelism.generator_replicas", 1)),
         seqs_per_step=int(_get(cfg, "algorithm.prompts_per_step")) * int(_get(cfg, "algorithm.group_size")),
         seq_len=seq_len,
         dtype="bfloat16" if dtype == "float32" and bool(_get(cfg, "trainer.mixed_precision", True)) else dtype,
@@ -269,7 +273,7 @@ def setups_from_cfg(cfg: Any) -> tuple[ArchConfig, TrainerSetup, GeneratorSetup]
 
 PLAN_FIELDS = (
     "model.name", "model.dtype", "model.arch.*", "model.parallelism.trainer_fsdp", "model.parallelism.trainer_tp",
-    "model.parallelism.generator_tp", "model.parallelism.generator_replicas",
+    "generator.tp and generator.replicas (optional, default model.parallelism.generator_tp / generator_replicas)",
     "cluster.gpu_memory_gb", "cluster.gpus_per_host", "cluster.hosts",
     "trainer.micro_batch_size", "trainer.activation_checkpointing", "trainer.mixed_precision",
     "algorithm.max_prompt_tokens", "algorithm.max_tokens", "algorithm.group_size", "algorithm.prompts_per_step",

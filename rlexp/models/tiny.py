@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from rlexp.models.config import ModelConfig
+from rlexp.config.model import ModelConfig
 from rlexp.models.tokenizer import copy_char_tokenizer
 
 DEFAULT_CACHE = Path(os.environ.get("RLEXP_CACHE", Path.home() / ".cache" / "rlexp"))

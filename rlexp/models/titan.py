@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from rlexp.models.config import ArchConfig, ModelConfig
+from rlexp.config.model import ArchConfig, ModelConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -53,10 +53,6 @@ class CharTokenizer:
                 out.append(self.chars[j])
         return "".join(out)
 
-    def token_text(self, i: int) -> str:
-        j = i - self._offset
-        return self.chars[j] if 0 <= j < len(self.chars) else self.specials[i] if i < len(self.specials) else f"<{i}>"
-
 
 class HFTokenizer:
     """Wraps a Hugging Face tokenizer found in the checkpoint folder."""
@@ -87,3 +83,19 @@ def load_tokenizer(model_dir: str | Path) -> Tokenizer:
 
 def copy_char_tokenizer(model_dir: Path) -> None:
     shutil.copyfile(ASSET, Path(model_dir) / CHAR_TOKENIZER_FILE)
+
+
+def yes_no_ids(tok: Tokenizer) -> tuple[list[int], list[int]]:
+    """Every vocabulary token that reads as "yes" / "no", whatever its case and surrounding spaces (a BPE
+    judge writes "Yes", " Yes" or "yes", each its own token). A vocabulary without whole-word tokens (the
+    character tokenizer) falls back to the first letters, "Y"/"y" and "N"/"n"."""
+    words: dict[str, list[int]] = {"yes": [], "no": [], "y": [], "n": []}
+    for i in range(tok.vocab_size):
+        if i in (tok.eos_id, tok.pad_id):
+            continue
+        text = tok.decode([i]).strip().lower()
+        if text in words:
+            words[text].append(i)
+    if words["yes"] and words["no"]:
+        return words["yes"], words["no"]
+    return words["yes"] + words["y"], words["no"] + words["n"]

@@ -6,9 +6,10 @@ Weaver cannot read a gold label even by mistake: the isolation is structural, no
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
-from rlexp.rewards.config import RewardConfig
+from rlexp.config.reward import RewardConfig
 from rlexp.types import Problem, RewardOutput, Sample
 
 # Meta keys that would smuggle a gold label past the Problem/Sample split. Environments must not put the
@@ -80,10 +81,6 @@ def strip_gold(samples: Sequence[Sample | Problem]) -> list[Problem]:
     return problems
 
 
-def group_slices(n: int, group_size: int) -> list[slice]:
-    return [slice(g, g + group_size) for g in range(0, n, group_size)]
-
-
 # --- registry ---------------------------------------------------------------------------------------
 _REGISTRY: dict[str, type[Reward]] = {}
 
@@ -106,7 +103,7 @@ def reward_names() -> list[str]:
 def reward_class(name: str) -> type[Reward]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward {name!r}; choose one of {reward_names()} (or add a module that uses "
-                         f"@register_reward and a YAML file in conf/reward/)")
+                         f"@register_reward and a YAML file in rlexp/conf/reward/)")
     return _REGISTRY[name]
 
 

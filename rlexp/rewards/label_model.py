@@ -41,7 +41,7 @@ class LabelModelParams:
                 "loglik": float(self.loglik), "iters": int(self.iters), "init": self.init}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "LabelModelParams":
+    def from_dict(cls, d: dict[str, Any]) -> LabelModelParams:
         return cls(prior=float(d["prior"]), tpr=np.asarray(d["tpr"], dtype=np.float64),
                    fpr=np.asarray(d["fpr"], dtype=np.float64), loglik=float(d.get("loglik", float("nan"))),
                    iters=int(d.get("iters", 0)), init=str(d.get("init", "")))
@@ -65,7 +65,8 @@ class BinaryLabelModel:
         votes = _as_votes(votes)
         n, m = votes.shape
         if n == 0 or m == 0:
-            raise ValueError(f"label model: need at least one sample and one verifier, got votes of shape {votes.shape}")
+            raise ValueError("label model: need at least one sample and one verifier, "
+                             f"got votes of shape {votes.shape}")
         pats, counts = np.unique(votes, axis=0, return_counts=True)
         counts = counts.astype(np.float64)
         starts = [("moments", self._moment_init(votes, pats, counts))]
@@ -124,7 +125,7 @@ class BinaryLabelModel:
                              tpr=self._clip(np.asarray(start.tpr, dtype=np.float64)),
                              fpr=self._clip(np.asarray(start.fpr, dtype=np.float64)))
         it = 0
-        for it in range(1, self.max_iter + 1):
+        for it in range(1, self.max_iter + 1):  # noqa: B007 - read after the loop (p.iters)
             l1, l0 = self._joint(pats, p)
             q = _sigmoid(l1 - l0) * counts  # expected number of correct responses per pattern
             r = counts - q

@@ -1,15 +1,15 @@
 """Imports every built-in reward so that `@register_reward` runs, and builds one from its config.
 
 Add a new reward with one module (a `Reward` subclass under `@register_reward("name")`), an import line
-here and a YAML file in conf/reward/.
+here and a YAML file in rlexp/conf/reward/.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from rlexp.config.reward import RewardConfig
 from rlexp.rewards import annotated, rule, single_rm, weaver  # noqa: F401  (registration side effects)
 from rlexp.rewards.base import Reward, register_reward, reward_class, reward_names
-from rlexp.rewards.config import RewardConfig
 
 __all__ = ["build_reward", "register_reward", "reward_names"]
 

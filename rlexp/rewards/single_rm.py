@@ -8,13 +8,15 @@ Select it with `options.kind` plus that kind's options, e.g. `{kind: rule, rule:
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.rewards.base import Reward, plain, register_reward
-from rlexp.rewards.config import RewardConfig, VerifierConfig
-from rlexp.rewards.verifiers import Verifier, build_verifier
+from rlexp.rewards.verifiers.base import Verifier
+from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.types import Problem, RewardOutput
 
 # Reward-level options; everything else in `options` belongs to the verifier.

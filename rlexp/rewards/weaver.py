@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.rewards.base import Reward, plain, register_reward
-from rlexp.rewards.config import RewardConfig, VerifierConfig
 from rlexp.rewards.label_model import BinaryLabelModel, LabelModelParams
-from rlexp.rewards.verifiers import Verifier, build_verifier
+from rlexp.rewards.verifiers.base import Verifier
+from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.types import Problem, RewardOutput
 
 log = logging.getLogger(__name__)
@@ -46,7 +48,7 @@ class WeaverOptions:
     tol: float = 1e-7
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "WeaverOptions":
+    def from_options(cls, options: dict[str, Any]) -> WeaverOptions:
         known = {f.name for f in fields(cls)}
         unknown = set(options) - known
         if unknown:
@@ -54,7 +56,8 @@ class WeaverOptions:
         o = cls(**options)
         o.drop_band = tuple(float(x) for x in o.drop_band)  # type: ignore[assignment]
         if len(o.drop_band) != 2 or not 0.0 <= o.drop_band[0] < o.drop_band[1] <= 1.0:
-            raise ValueError(f"reward=weaver: drop_band must be (low, high) with 0 <= low < high <= 1, got {o.drop_band}")
+            raise ValueError("reward=weaver: drop_band must be (low, high) with 0 <= low < high <= 1, "
+                             f"got {o.drop_band}")
         if o.window_groups < 1:
             raise ValueError(f"reward=weaver: window_groups must be >= 1, got {o.window_groups}")
         return o
@@ -70,7 +73,7 @@ class WeaverReward(Reward):
         vcfgs = [VerifierConfig(**v) if isinstance(v, dict) else v for v in (plain(cfg.verifiers) or [])]
         if not vcfgs:
             raise ValueError("reward=weaver needs at least one entry in `verifiers` (kind: rule | reward_model | "
-                             "lm_judge); see conf/reward/weaver.yaml")
+                             "lm_judge); see rlexp/conf/reward/weaver.yaml")
         self.verifiers: list[Verifier] = [build_verifier(v) for v in vcfgs]
         self.names = [v.name for v in self.verifiers]
         dup = {n for n in self.names if self.names.count(n) > 1}

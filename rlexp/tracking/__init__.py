@@ -2,12 +2,13 @@
 `rlexp compare` and `rlexp reproduce`. See base.py for the launcher-facing API."""
 from typing import Any
 
-from .base import JsonlTracker, Tracker, Trackers, build_trackers, truncate_metrics
+from .base import JsonlTracker, Tracker, Trackers
 from .manifest import fingerprint_examples, finish_manifest, hash_files, write_start_manifest
+from .registry import build_trackers
 
 __all__ = [
     "JsonlTracker", "Tracker", "Trackers", "build_trackers", "compare_metrics", "fingerprint_examples",
-    "finish_manifest", "hash_files", "truncate_metrics", "write_start_manifest",
+    "finish_manifest", "hash_files", "write_start_manifest",
 ]
 
 

@@ -3,16 +3,13 @@
 Launcher usage (the whole API):
 
     manifest = write_start_manifest(run_dir, cfg, sys.argv, seeds, extra)
-    with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:   # starts every tracker
+    with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:   # rlexp.tracking.registry
         trackers.log({"reward/mean": 0.3, "loss": 1.2}, step)             # -> metrics.jsonl (+ W&B/MLflow)
         trackers.log_table("rollouts", rows)                              # rows: list[dict]
         trackers.log_artifact(eval_results_path)                          # hashed into the manifest too
         trackers.final_metrics["eval/accuracy"] = acc                     # optional; default = last values
     # on exit: status from the exception (none -> completed, KeyboardInterrupt/SIGTERM exit -> interrupted,
     # anything else -> failed), finish_manifest(...), manifest + git.diff uploaded, every tracker finished.
-
-Resume (lead-owned) helper: `truncate_metrics(run_dir, last_step)` before re-entering the loop, so the
-appended metrics.jsonl has each step once.
 
 Why a composite: the failure mode users hit is tracker runs left "running" or merged across multirun jobs.
 One object that owns start/finish ordering (and always finishes in `__exit__`, even when one tracker's finish
@@ -35,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from .manifest import GIT_DIFF_NAME, MANIFEST_NAME, finish_manifest
 
@@ -91,7 +88,7 @@ class JsonlTracker(Tracker):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Append: a resumed run continues the same history file.
-        self._f = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")
+        self._f = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._f is None:
@@ -118,29 +115,6 @@ class JsonlTracker(Tracker):
         if self._f is not None:
             self._f.close()
             self._f = None
-
-
-def truncate_metrics(run_dir: str | os.PathLike[str], last_step: int) -> int:
-    """Drop rows with step > last_step (atomically) and return how many were dropped. For resume: steps logged
-    after the checkpoint being resumed from will be logged again, and duplicates would break compare_metrics."""
-    from .manifest import atomic_write_text
-
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return 0
-    keep, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by the crash
-            dropped += 1
-            continue
-        if int(row.get("step", 0)) > last_step:
-            dropped += 1
-        else:
-            keep.append(line)
-    atomic_write_text(path, "".join(f"{x}\n" for x in keep))
-    return dropped
 
 
 def safe_name(name: str) -> str:
@@ -269,7 +243,7 @@ class Trackers:
         if self.manage_manifest and self.run_dir is not None:
             try:
                 self.manifest.update(finish_manifest(self.run_dir, status, self.final_metrics, self.artifacts))
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 errors.append(e)
             for p in (self.run_dir / MANIFEST_NAME, self.run_dir / GIT_DIFF_NAME):
                 if p.exists():
@@ -278,45 +252,7 @@ class Trackers:
         for t in reversed(self._started):
             try:
                 self._call(t, "finish", status)
-            except Exception as e:  # noqa: BLE001 - JSONL: keep finishing the others first
+            except Exception as e:  # JSONL: keep finishing the others first
                 errors.append(e)
         if errors:
             raise errors[0]
-
-
-def _section(logger_cfg: Any, key: str) -> Any:
-    if logger_cfg is None:
-        return None
-    if isinstance(logger_cfg, DictConfig):
-        return OmegaConf.select(logger_cfg, key)
-    if isinstance(logger_cfg, Mapping):
-        return logger_cfg.get(key)
-    return getattr(logger_cfg, key, None)
-
-
-def build_trackers(
-    logger_cfg: Any,
-    cfg: DictConfig | Mapping[str, Any],
-    run_dir: str | os.PathLike[str],
-    manifest: dict[str, Any],
-) -> Trackers:
-    """Trackers for the `logger` config group (JSONL always first). Nothing is started until `with`/`start()`,
-    so building is cheap and config errors surface before any run is created remotely."""
-    trackers: list[Tracker] = [JsonlTracker()]
-    wb = _section(logger_cfg, "wandb")
-    if wb is not None and _section(wb, "enabled"):
-        from .wandb_tracker import WandbTracker
-
-        trackers.append(WandbTracker.from_config(wb))
-    ml = _section(logger_cfg, "mlflow")
-    if ml is not None and _section(ml, "enabled"):
-        from .mlflow_tracker import MlflowTracker
-
-        trackers.append(MlflowTracker.from_config(ml, runs_root=_section(logger_cfg, "runs_root")))
-    every = _section(logger_cfg, "log_every_n_steps")
-    samples = _section(logger_cfg, "rollout_samples")
-    return Trackers(
-        trackers, cfg, run_dir, manifest,
-        log_every_n_steps=int(every) if every is not None else 1,
-        rollout_samples=int(samples) if samples is not None else None,
-    )

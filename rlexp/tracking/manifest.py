@@ -18,12 +18,20 @@ Design notes:
   manifest that is already there.
 - `config_sha256` hashes the resolved config without run-local keys (paths, run dirs, logger settings), so two
   runs with the same experiment config get the same hash wherever and however they were logged.
-- Secrets: config keys, override keys and env var names that look like credentials are redacted before
-  anything is written or hashed. The match is made per name *segment* (`api_key`, `HF_TOKEN`, `apiKey`,
-  `db_password`) rather than as a raw substring, so `max_tokens` or `tokenizer` are kept.
+- Secrets are redacted before anything is written or hashed, by name and by value (see `redact`):
+  * by name: config keys, override keys, `--flags` and env var names that say credential. The match is made
+    per name *segment* (`api_key`, `HF_TOKEN`, `apiKey`, `db_password`, `api_keys`, `hf_tokens`,
+    `authorization`, `passphrase`, `cookies`) rather than as a raw substring, so `max_tokens`, `tokenizer`,
+    `token_ids`, `kv_cache_gb` or `max_num_batched_tokens` are kept;
+  * by value: URL userinfo (`https://user:pass@host` -> `https://***REDACTED***@host`), `Bearer ...`, provider
+    token shapes (`hf_`, `sk-`, `ghp_`, `xoxb-`, `AKIA`, JWTs, PEM private keys) and `name=value` pairs with a
+    secret name, anywhere in a string: config values, overrides, argv/command, env values, hydra info, extra.
+  Hydra's own copies (`run_dir/.hydra/*.yaml`, the sweep's `multirun.yaml`) are rewritten redacted when the
+  start manifest is written. `git.diff` holds tracked changes only; untracked files are listed by name.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import importlib.metadata
@@ -58,49 +66,209 @@ ENV_PREFIXES = (
     "CUDA_", "CUBLAS_", "NCCL_", "TORCH", "PYTORCH_", "VLLM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "OMP_",
     "MKL_", "PYTHONHASHSEED", "WANDB_", "MLFLOW_", "HYDRA_", "MONARCH_", "SLURM_JOB_ID", "RLEXP_",
 )
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "credentials")
 _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
-_MAX_UNTRACKED_DIFF_BYTES = 1 << 20
 
 
 # --------------------------------------------------------------------------------------------- secrets
-def is_secret_name(name: str) -> bool:
-    """True for names like api_key, WANDB_API_KEY, hfToken, client-secret, db_password (not max_tokens)."""
+# Redaction works on two axes, applied to everything the manifest records (config, overrides, argv, command,
+# env, hydra info, extra), to the `.hydra/` copies Hydra writes, and again by every tracker before upload:
+#   by name  - the value of a key / env var / override / `--flag` whose *name* says credential;
+#   by value - token-shaped substrings of any string (URL userinfo, Bearer, hf_/sk-/ghp_/xoxb-/AKIA/JWT...,
+#              `name=value` pairs inside a string whose name says credential).
+# Names are split into lowercase segments (`WANDB_API_KEY`, `apiKey`, `client-secret`, `reward.hf_token`).
+# Words that always mean a credential, anywhere in a name (also as a segment suffix: `dbpassword`, plural).
+_STRONG_WORDS = ("password", "passwd", "passphrase", "secret", "credential", "creds", "bearer", "cookie")
+# Words that mean a credential when they are the name's last segment (the noun): `hf_token` is a secret,
+# `token_ids` and `tokenizer` are not. Matched as a suffix too (`apikey`, `hftoken`, `oauth`).
+_HEAD_WORDS = ("key", "token", "auth", "authorization", "session", "sessionid")
+# ...unless the qualifier just before says tokenizer token / lookup key (`eos_token`, `sort_key`).
+_BENIGN_QUALIFIERS = frozenset({
+    "eos", "bos", "pad", "unk", "sep", "cls", "mask", "stop", "special", "start", "end", "eot", "think", "image",
+    "vision", "audio", "video", "placeholder", "sort", "metric", "primary", "foreign", "cache", "dict", "group",
+    "label", "answer", "prompt", "text", "input", "output", "column", "field", "lookup", "hash", "partition",
+    "shard", "rng", "prng", "random", "seed", "index", "reward", "dataset", "data", "sample", "batch", "kv",
+})
+# Plural `tokens` / `keys` usually count things (`max_tokens`, `max_num_batched_tokens`, `num_keys`); they are
+# credentials only behind a qualifier naming an issuer or kind of credential (`api_keys`, `hf_tokens`).
+_CREDENTIAL_QUALIFIERS = frozenset({
+    "api", "access", "auth", "oauth", "bearer", "hf", "huggingface", "hub", "gh", "github", "gitlab", "wandb",
+    "wb", "mlflow", "openai", "anthropic", "cohere", "mistral", "groq", "together", "replicate", "kaggle",
+    "refresh", "id", "session", "private", "client", "service", "bot", "app", "user", "personal", "pat",
+    "deploy", "signing", "encryption", "ssh", "gpg", "pgp", "aws", "gcp", "azure", "slack", "discord", "secret",
+    "master", "admin", "root", "webhook", "hmac", "license", "jwt", "csrf", "xsrf", "login", "cloud",
+})
+
+
+def _name_parts(name: str) -> list[str]:
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name))
-    parts = [p for p in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if p]
-    return any(p.endswith(w) for p in parts for w in _SECRET_WORDS)
+    return [p for p in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if p]
 
 
-def redact(obj: Any) -> Any:
-    """Copy of a JSON-like tree with the values of secret-looking keys replaced (any depth)."""
+def is_secret_name(name: str) -> bool:
+    """True for names like api_key, WANDB_API_KEY, hfToken, client-secret, db_password, api_keys, hf_tokens,
+    authorization, passphrase, cookies, session; False for max_tokens, tokenizer, token_ids, n_tokens,
+    kv_cache_gb, max_num_batched_tokens, eos_token, sort_key, num_keys_total."""
+    parts = _name_parts(name)
+    if not parts:
+        return False
+    if any(p.endswith((w, w + "s")) for p in parts for w in _STRONG_WORDS):
+        return True
+    head, prev = parts[-1], (parts[-2] if len(parts) > 1 else "")
+    if head == "id" and prev in ("session", "sessionid"):
+        return True
+    for w in _HEAD_WORDS:
+        if head.endswith(w):  # singular: a credential unless qualified as a tokenizer token / lookup key
+            return prev not in _BENIGN_QUALIFIERS or head != w
+        if head.endswith(w + "s"):  # plural: a credential only when qualified as one
+            stem = head[: -len(w) - 1]
+            return stem in _CREDENTIAL_QUALIFIERS if stem else prev in _CREDENTIAL_QUALIFIERS
+    return False
+
+
+_TOKEN_CHARS = r"A-Za-z0-9._~+/=\-"
+# High-confidence token shapes: safe to apply to any text (also to added lines of a code diff).
+_TOKEN_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?-----END \1PRIVATE KEY-----", re.DOTALL), REDACTED),
+    # scheme://user:pass@host -> scheme://***REDACTED***@host (any userinfo: `https://<token>@github.com` too)
+    # (Hydra writes overrides escaped: `https\://user\:pass@host`, `Bearer\ tok`; both forms are matched.)
+    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*\\?://)[^/\s?#'\"<>]+@"), rf"\1{REDACTED}@"),
+    (re.compile(rf"(?i)\b(bearer)((?:\\?[ \t])+)(?=[{_TOKEN_CHARS}]*\d)[{_TOKEN_CHARS}]{{16,}}"), rf"\1\2{REDACTED}"),
+    (re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}"), REDACTED),                     # Hugging Face
+    (re.compile(r"(?<![\w-])sk-(?=[\w-]*\d)[\w-]{20,}"), REDACTED),                   # OpenAI / Anthropic
+    (re.compile(r"(?<![\w-])[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"), REDACTED),          # Stripe
+    (re.compile(r"(?<![\w-])gh[pousr]_[A-Za-z0-9]{30,}"), REDACTED),                    # GitHub
+    (re.compile(r"(?<![\w-])github_pat_[A-Za-z0-9_]{40,}"), REDACTED),
+    (re.compile(r"(?<![\w-])glpat-[A-Za-z0-9_\-]{20,}"), REDACTED),                    # GitLab
+    (re.compile(r"(?<![\w-])xox[abposre]-[A-Za-z0-9\-]{10,}"), REDACTED),               # Slack
+    (re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"), REDACTED),  # AWS access key id
+    (re.compile(r"(?<![\w-])AIza[0-9A-Za-z_\-]{35}"), REDACTED),                        # Google API key
+    (re.compile(r"(?<![\w-])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), REDACTED),  # JWT
+)
+# `name=value`, `name: value`, `"name": "value"`, `Authorization: Bearer value` inside a string, where the name
+# says credential (also catches a W&B 40-hex key as `WANDB_API_KEY=<hex>`, `?token=...&` in a URL query).
+_SP = r"(?:\\?[ \t])"  # a blank, or a Hydra-escaped one
+_ASSIGNMENT = re.compile(
+    rf"(?P<name>[A-Za-z_][\w.\-]*)(?P<sep>[\"']?{_SP}*\\?[=:]{_SP}*[\"']?)"
+    rf"(?P<scheme>(?i:bearer|basic|token|digest){_SP}+)?(?!\$\{{)(?P<val>(?:\\.|[^\s\"',;&?#}}\]\\])+)"
+)
+# `--api-key value` inside a command string.
+_FLAG = re.compile(rf"(?<![\w-])(?P<flag>--?[A-Za-z][\w\-]*)(?P<sp>{_SP}+)(?P<val>[^\s\"'\-\\][^\s\"']*)")
+
+
+def redact_tokens(text: str) -> str:
+    """Replace token-shaped substrings (URL userinfo, Bearer, provider token prefixes, JWTs, PEM keys)."""
+    for pattern, repl in _TOKEN_PATTERNS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _assignment_sub(m: re.Match[str]) -> str:
+    if not is_secret_name(m.group("name")):
+        return m.group(0)
+    return f"{m.group('name')}{m.group('sep')}{m.group('scheme') or ''}{REDACTED}"
+
+
+def _flag_sub(m: re.Match[str]) -> str:
+    if not is_secret_name(m.group("flag").lstrip("-")):
+        return m.group(0)
+    return f"{m.group('flag')}{m.group('sp')}{REDACTED}"
+
+
+def redact_text(text: str) -> str:
+    """Redaction by value of one string: token shapes, then `name=value` / `--name value` with a secret name."""
+    if not isinstance(text, str) or not text:
+        return text
+    text = redact_tokens(text)
+    if "=" in text or ":" in text:
+        text = _ASSIGNMENT.sub(_assignment_sub, text)
+    if "-" in text:
+        text = _FLAG.sub(_flag_sub, text)
+    return text
+
+
+_INTERPOLATION = re.compile(r"^\$\{[^{}]*\}$")
+
+
+def _keep_under_secret_name(v: Any, keep_interpolations: bool) -> bool:
+    """A secret-named key keeps values that cannot be a credential: null, booleans (`use_auth_token: true`),
+    empty strings, and (in unresolved Hydra files) a bare `${oc.env:HF_TOKEN}` interpolation."""
+    if v is None or isinstance(v, bool) or v == "":
+        return True
+    return keep_interpolations and isinstance(v, str) and bool(_INTERPOLATION.match(v))
+
+
+def redact(obj: Any, *, keep_interpolations: bool = False) -> Any:
+    """Copy of a JSON-like tree, redacted by name (values of secret-looking keys, any depth) and by value
+    (token shapes in every string). Idempotent."""
     if isinstance(obj, Mapping):
-        return {k: (REDACTED if is_secret_name(str(k)) and v is not None else redact(v)) for k, v in obj.items()}
+        return {
+            k: (REDACTED if is_secret_name(str(k)) and not _keep_under_secret_name(v, keep_interpolations)
+                else redact(v, keep_interpolations=keep_interpolations))
+            for k, v in obj.items()
+        }
     if isinstance(obj, (list, tuple)):
-        return [redact(v) for v in obj]
+        return [redact(v, keep_interpolations=keep_interpolations) for v in obj]
+    if isinstance(obj, str):
+        return redact_text(obj)
     return obj
 
 
 def redact_override(arg: str) -> str:
-    """`+wandb.api_key=abc` -> `+wandb.api_key=***REDACTED***`; other arguments are returned unchanged."""
-    m = re.match(r"^([~+]{0,2}[-\w./@:]+)=(.*)$", arg, flags=re.S)
-    if m and is_secret_name(m.group(1).lstrip("-~+").split("@")[0]):
+    """`+wandb.api_key=abc` -> `+wandb.api_key=***REDACTED***`; values are scanned for token shapes
+    (`x.uri=https://u:p@h` -> `x.uri=https://***REDACTED***@h`)."""
+    arg = str(arg)
+    m = re.match(r"^([~+]{0,2}[-\w./@:]+)=(.*)$", arg, flags=re.DOTALL)
+    if m and is_secret_name(m.group(1).lstrip("-~+").split("@")[0]) and m.group(2) != "":
         return f"{m.group(1)}={REDACTED}"
-    return arg
+    return redact_text(arg)
 
 
-def _redact_argv(argv: Sequence[str]) -> list[str]:
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """Command line with secret overrides, `--secret-flag VALUE` pairs and token-shaped values redacted."""
     out: list[str] = []
     hide_next = False
     for a in map(str, argv):
         if hide_next:
             out.append(REDACTED)
             hide_next = False
-        elif a.startswith("--") and "=" not in a and is_secret_name(a[2:]):
+        elif re.match(r"^--?[A-Za-z]", a) and "=" not in a and is_secret_name(a.lstrip("-")):
             out.append(a)
             hide_next = True
         else:
             out.append(redact_override(a))
     return out
+
+
+def redact_yaml_file(path: Path) -> bool:
+    """Rewrite a YAML file (a Hydra `.hydra/*.yaml` copy, `multirun.yaml`) redacted, atomically; untouched when
+    there is nothing to redact. Interpolations are kept unresolved. Returns True when the file was rewritten."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError:
+        return False
+    try:
+        loaded = OmegaConf.create(text)  # OmegaConf's YAML loader: the types Hydra wrote (1e-5 is a float)
+        data = OmegaConf.to_container(loaded, resolve=False, throw_on_missing=False)
+        clean = redact(data, keep_interpolations=True)
+        if clean == data:
+            return False
+        new = OmegaConf.to_yaml(OmegaConf.create(clean))
+    except Exception:  # not YAML OmegaConf can read: still strip token shapes line by line
+        new = redact_text(text)
+        if new == text:
+            return False
+    atomic_write_text(path, new)
+    return True
+
+
+def redact_hydra_files(run_dir: Path, sweep_dir: str | os.PathLike[str] | None = None) -> list[str]:
+    """Redact the copies Hydra wrote with raw values: `run_dir/.hydra/*.yaml` and the sweep's `multirun.yaml`."""
+    run_dir = Path(run_dir)
+    files = sorted((run_dir / ".hydra").glob("*.yaml")) if (run_dir / ".hydra").is_dir() else []
+    if sweep_dir is not None and (Path(sweep_dir) / "multirun.yaml").is_file():
+        files.append(Path(sweep_dir) / "multirun.yaml")
+    return [str(p) for p in files if redact_yaml_file(p)]
 
 
 # --------------------------------------------------------------------------------------------- hashing
@@ -156,7 +324,8 @@ def _strip_run_local(tree: Any, top: bool = True) -> Any:
 
 
 def config_hash(cfg: DictConfig | Mapping[str, Any]) -> str:
-    """sha256 of the resolved, redacted config minus run-local keys: equal hash <=> same experiment."""
+    """sha256 of the resolved, redacted config minus run-local keys: equal hash <=> same experiment (a rotated
+    token or a different password in a URL does not change it)."""
     return _sha256_json(_strip_run_local(redact(config_to_container(cfg))))
 
 
@@ -182,7 +351,7 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
 
 
 # --------------------------------------------------------------------------------------------- probes
@@ -197,8 +366,13 @@ def _git(repo: Path, *args: str, ok_codes: tuple[int, ...] = (0,)) -> str | None
 
 
 def git_info(repo_dir: Path, diff_path: Path | None) -> dict[str, Any]:
-    """Commit + dirty flag; the uncommitted diff (tracked changes and small untracked files) goes to
-    `diff_path` because a dirty commit hash alone cannot reproduce anything."""
+    """Commit + dirty flag; the uncommitted diff of *tracked* files (staged and unstaged, against HEAD) goes to
+    `diff_path` because a dirty commit hash alone cannot reproduce anything.
+
+    Untracked files are listed by name only (`untracked`), never their contents: an untracked, non-ignored file
+    is as likely to be a `.env` as a new module, and the diff is uploaded to every tracker. Added lines of the
+    diff are scanned for token shapes (`redact_tokens`), so a token pasted into code is not uploaded either
+    (`diff_redacted` counts the lines changed; the diff still applies onto the commit)."""
     top = _git(repo_dir, "rev-parse", "--show-toplevel")
     if top is None:
         return {"repo": None, "commit": None, "dirty": None, "diff_file": None}
@@ -207,20 +381,8 @@ def git_info(repo_dir: Path, diff_path: Path | None) -> dict[str, Any]:
     commit = commit.strip() if commit else None
     status = _git(root, "status", "--porcelain") or ""
     diff = _git(root, "diff", "--binary", commit or _EMPTY_TREE) or ""
+    diff, n_redacted = _redact_diff(diff)
     untracked = [p for p in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0") if p]
-    budget = _MAX_UNTRACKED_DIFF_BYTES
-    skipped: list[str] = []
-    for rel in untracked:
-        try:
-            size = (root / rel).stat().st_size
-        except OSError:
-            continue
-        if size > budget:
-            skipped.append(rel)
-            continue
-        part = _git(root, "diff", "--binary", "--no-index", "--", "/dev/null", rel, ok_codes=(0, 1)) or ""
-        budget -= size
-        diff += part
     branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
     info: dict[str, Any] = {
         "repo": str(root),
@@ -228,15 +390,28 @@ def git_info(repo_dir: Path, diff_path: Path | None) -> dict[str, Any]:
         "branch": branch.strip() if branch else None,
         "dirty": bool(status.strip()),
         "untracked": untracked,
-        "untracked_not_in_diff": skipped,
         "diff_file": None,
         "diff_sha256": None,
+        "diff_redacted": n_redacted,
     }
     if diff and diff_path is not None:
         atomic_write_text(diff_path, diff)
         info["diff_file"] = diff_path.name
         info["diff_sha256"] = hashlib.sha256(diff.encode("utf-8")).hexdigest()
     return info
+
+
+def _redact_diff(diff: str) -> tuple[str, int]:
+    """Token shapes on added lines only: context and removed lines must match the commit for `git apply`."""
+    lines = diff.splitlines(keepends=True)
+    n = 0
+    for i, line in enumerate(lines):
+        if line.startswith("+") and not line.startswith("+++"):
+            clean = redact_tokens(line)
+            if clean != line:
+                lines[i] = clean
+                n += 1
+    return ("".join(lines) if n else diff), n
 
 
 def package_versions(names: Iterable[str] = KEY_PACKAGES) -> dict[str, str | None]:
@@ -282,7 +457,7 @@ def gpu_info() -> dict[str, Any]:
                 "cuda": torch.version.cuda,
                 "cudnn": torch.backends.cudnn.version(),
             }
-    except Exception:  # noqa: BLE001 - a probe must never break the run
+    except Exception:  # a probe must never break the run
         pass
     return {"count": 0, "models": [], "cuda": None, "cudnn": None}
 
@@ -301,8 +476,10 @@ def system_info() -> dict[str, Any]:
 
 
 def relevant_env() -> dict[str, str]:
+    """Env vars under ENV_PREFIXES; secret names hidden, token-shaped values (a `MLFLOW_TRACKING_URI` with
+    `user:pass@`) redacted in place."""
     return {
-        k: (REDACTED if is_secret_name(k) else v)
+        k: (REDACTED if is_secret_name(k) and v else redact_text(v))
         for k, v in sorted(os.environ.items())
         if k.startswith(ENV_PREFIXES)
     }
@@ -322,7 +499,7 @@ def hydra_info(run_dir: Path) -> dict[str, Any]:
 
         if HydraConfig.initialized():
             hc = HydraConfig.get()
-    except Exception:  # noqa: BLE001
+    except Exception:
         hc = None
     if hc is None:
         hydra_yaml = run_dir / ".hydra" / "hydra.yaml"
@@ -350,6 +527,8 @@ def hydra_info(run_dir: Path) -> dict[str, Any]:
     ov = run_dir / ".hydra" / "overrides.yaml"
     if ov.exists():  # the file is the ground truth Hydra itself wrote for this job
         info["overrides"] = [str(x) for x in (OmegaConf.load(ov) or [])]
+    # Overrides are redacted by name and value here; the rest (paths, choices) by value in write_start_manifest,
+    # after the raw paths have been used to find the files to redact and to name the run.
     info["overrides"] = [redact_override(o) for o in info["overrides"]]
     return info
 
@@ -399,7 +578,8 @@ def write_start_manifest(
     run = Path(run_dir).resolve()
     run.mkdir(parents=True, exist_ok=True)
     resolved = redact(config_to_container(cfg))
-    hyd = hydra_info(run)
+    hyd = hydra_info(run)  # reads run/.hydra/ before the copies there are redacted below
+    argv_clean = redact_argv(list(argv))
     repo = Path(repo_dir) if repo_dir is not None else Path(__file__).resolve().parents[2]
     manifest: dict[str, Any] = {
         "schema": 1,
@@ -407,8 +587,8 @@ def write_start_manifest(
         "start_time": _now(),
         "end_time": None,
         "run_dir": str(run),
-        "command": shlex.join(_redact_argv(list(argv))),
-        "argv": _redact_argv(list(argv)),
+        "command": shlex.join(argv_clean),
+        "argv": argv_clean,
         "overrides": hyd["overrides"],
         "choices": hyd["choices"],
         "hydra": hyd,
@@ -428,6 +608,12 @@ def write_start_manifest(
     }
     for k, v in redact(dict(extra or {})).items():
         manifest[k] = v
+    # Hydra wrote run/.hydra/{config,overrides,hydra}.yaml (and multirun.yaml in the sweep dir) with the raw
+    # values: redact those copies too, so every file of the run (and every upload of it) is clean.
+    manifest["hydra"]["redacted_files"] = redact_hydra_files(run, hyd.get("sweep_dir"))
+    # Last pass over everything stored (hydra info, identity, paths): a value only changes here when it holds a
+    # token shape, e.g. a job dir named by `hydra.job.override_dirname` after a secret override.
+    manifest = redact(manifest)
     atomic_write_json(run / MANIFEST_NAME, manifest)
     return manifest
 
@@ -436,10 +622,8 @@ def artifact_entry(path: str | os.PathLike[str], run_dir: Path | None = None) ->
     p = Path(path)
     entry: dict[str, Any] = {"path": str(p), "exists": p.exists(), "sha256": None, "bytes": None}
     if run_dir is not None:
-        try:
+        with contextlib.suppress(ValueError):  # outside run_dir: keep the path as given
             entry["path"] = p.resolve().relative_to(run_dir).as_posix()
-        except ValueError:
-            pass
     if p.is_file():
         entry.update(sha256=sha256_file(p), bytes=p.stat().st_size)
     elif p.is_dir():

@@ -9,6 +9,8 @@
   (`mlflow.parentRunId`). The parent is set RUNNING while a child runs and, when no child is running, to the
   worst child status (FAILED > KILLED > FINISHED), so the sweep's status in the UI is honest.
 - Every run ends in `finish()` with FINISHED / FAILED / KILLED from the rlexp status.
+- Secrets: params and tags come from the redacted manifest, passed through `redact` once more (never from the
+  raw `cfg`); the tracking URI itself (it may carry `user:pass@`) is only used to connect, never recorded.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker, safe_name
-from .manifest import group_tags
+from .manifest import group_tags, redact, redact_text
 from .runs import flatten
 
 STATUS_MAP = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -107,9 +109,10 @@ class MlflowTracker(Tracker):
                 raise
             return exp.experiment_id
 
-    def _find_or_create_parent(self, ident: Mapping[str, Any], base_tags: dict[str, str]) -> str:
+    def _find_or_create_parent(self, ident: Mapping[str, Any], base_tags: dict[str, str],
+                               lock_dir: Path | None = None) -> str:
         sweep_dir = str(ident["sweep_dir"])
-        with file_lock(Path(sweep_dir) / ".mlflow_parent.lock"):
+        with file_lock(Path(lock_dir or sweep_dir) / ".mlflow_parent.lock"):
             found = self.client.search_runs(
                 [self.experiment_id],
                 filter_string=f"tags.`rlexp.sweep_dir` = {_quote(sweep_dir)} and tags.`rlexp.role` = 'parent'",
@@ -118,7 +121,8 @@ class MlflowTracker(Tracker):
             if found:
                 return found[0].info.run_id
             tags = {k: v for k, v in base_tags.items() if not k.startswith("choice.")}
-            tags.update({"rlexp.role": "parent", "rlexp.sweep_dir": sweep_dir, "rlexp.sweep_id": str(ident.get("sweep_id"))})
+            tags.update({"rlexp.role": "parent", "rlexp.sweep_dir": sweep_dir,
+                         "rlexp.sweep_id": str(ident.get("sweep_id"))})
             run = self.client.create_run(self.experiment_id, run_name=str(ident.get("sweep_id") or "sweep"), tags=tags)
             return run.info.run_id
 
@@ -128,6 +132,8 @@ class MlflowTracker(Tracker):
 
         run_dir = Path(run_dir)
         self.uri, mlruns = self._resolve_store(run_dir, manifest)
+        raw_sweep_dir = (manifest.get("identity") or {}).get("sweep_dir")  # a real path, for the lock only
+        manifest = redact(manifest)  # already redacted when built by write_start_manifest: belt and braces
         lock = file_lock(mlruns / ".init.lock") if mlruns else contextlib.nullcontext()
         with lock:  # two processes creating the same SQLite schema/experiment at once would collide
             self.client = MlflowClient(tracking_uri=self.uri)
@@ -141,14 +147,14 @@ class MlflowTracker(Tracker):
             "mlflow.source.name": str((manifest.get("argv") or ["rlexp"])[0]),
             "rlexp.git_dirty": str(git.get("dirty")),
             "rlexp.config_sha256": str(manifest.get("config_sha256")),
-            "rlexp.run_dir": str(run_dir.resolve()),
+            "rlexp.run_dir": redact_text(str(run_dir.resolve())),
             "rlexp.status": "running",
         }
         for t in group_tags(manifest.get("choices") or {}):
             k, v = t.split("=", 1)
             tags[f"choice.{k}"] = v
         if ident.get("sweep_dir"):
-            self.parent_id = self._find_or_create_parent(ident, tags)
+            self.parent_id = self._find_or_create_parent(ident, tags, lock_dir=Path(raw_sweep_dir))
             self.client.update_run(self.parent_id, status="RUNNING")
             tags.update({
                 "mlflow.parentRunId": self.parent_id,
@@ -162,7 +168,8 @@ class MlflowTracker(Tracker):
         params += [Param(f"seed.{k}", str(v)) for k, v in (manifest.get("seeds") or {}).items()]
         for i in range(0, len(params), 100):  # MLflow caps a batch at 100 params
             self.client.log_batch(self.run_id, params=params[i : i + 100])
-        self.client.log_batch(self.run_id, tags=[RunTag("rlexp.overrides", _param_str(manifest.get("overrides") or []))])
+        overrides = _param_str(manifest.get("overrides") or [])
+        self.client.log_batch(self.run_id, tags=[RunTag("rlexp.overrides", overrides)])
 
     # ----------------------------------------------------------------------------------------- logging
     def log(self, metrics: dict[str, float], step: int) -> None:

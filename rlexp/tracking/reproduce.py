@@ -44,7 +44,8 @@ class MetricDiff:
     b: Any
 
     def __str__(self) -> str:
-        return f"first difference at line {self.line}, step {self.step}, metric {self.metric!r}: {self.a!r} != {self.b!r}"
+        return (f"first difference at line {self.line}, step {self.step}, metric {self.metric!r}: "
+                f"{self.a!r} != {self.b!r}")
 
 
 def _same(x: Any, y: Any) -> bool:
@@ -93,7 +94,8 @@ def _override_key(o: str) -> str:
 
 def build_command(manifest: dict[str, Any], new_dir: Path, extra: Sequence[str] = ()) -> list[str]:
     """The train command that re-creates the run. Raises ValueError when a needed value was redacted."""
-    overrides = [o for o in manifest.get("overrides") or [] if _override_key(o) not in ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")]
+    run_local = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
+    overrides = [o for o in manifest.get("overrides") or [] if _override_key(o) not in run_local]
     extra_keys = {_override_key(e) for e in extra}
     overrides = [o for o in overrides if _override_key(o) not in extra_keys] + list(extra)
     redacted = [o for o in overrides if REDACTED in o]
@@ -129,8 +131,10 @@ def _warn_code_drift(manifest: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None) -> int:
     """`runner(cmd, cwd=...) -> returncode` is injectable so the command logic is testable without training."""
-    ap = argparse.ArgumentParser(prog="rlexp reproduce", description="Re-run a run from its manifest and diff metrics.")
-    ap.add_argument("run_dir", type=Path)
+    ap = argparse.ArgumentParser(prog="rlexp reproduce", description="Re-run a run from its manifest and diff metrics.",
+                                 epilog="exit codes: 0 identical metrics, 1 metrics differ (first difference printed), "
+                                        "2 the re-run failed or could not be built")
+    ap.add_argument("run_dir", type=Path, help="a finished run folder (holds manifest.json and metrics.jsonl)")
     ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
     ap.add_argument("extra", nargs="*", help="overrides appended after `--` (replace same-key ones)")
     args = ap.parse_args(argv)

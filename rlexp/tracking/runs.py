@@ -123,7 +123,7 @@ def load_run_dir(run_dir: str | os.PathLike[str], name: str | None = None) -> Ru
         loaded = OmegaConf.load(hydra_cfg)
         try:
             config = OmegaConf.to_container(loaded, resolve=True)
-        except Exception:  # noqa: BLE001 - ${hydra:...} resolvers only work inside a Hydra app
+        except Exception:  # ${hydra:...} resolvers only work inside a Hydra app
             config = OmegaConf.to_container(loaded, resolve=False)
         config = redact(config)
     history = read_jsonl(p / METRICS_FILE)

@@ -7,11 +7,16 @@
 - group = the sweep id (shared by a multirun's jobs), name = the job's run name, tags = Hydra group choices;
   all from `manifest["identity"]` / `manifest["choices"]` so every tracker names runs the same way.
 - The W&B folder lives in the run folder (`<run_dir>/wandb/`), next to the rest of the run.
+- Secrets: everything uploaded comes from the redacted manifest (config, overrides, tags), passed through
+  `redact` once more; W&B's own metadata records `sys.argv`, so `wandb.init` runs with the manifest's redacted
+  argv in its place; git capture is off (a remote URL can carry a token). The raw `cfg` is never read here.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker, safe_name
-from .manifest import group_tags
+from .manifest import group_tags, redact, redact_argv, redact_text
 
 _EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
@@ -51,30 +56,33 @@ class WandbTracker(Tracker):
     def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None:
         import wandb
 
+        manifest = redact(manifest)  # redacted already when built by write_start_manifest: belt and braces
         ident = manifest.get("identity") or {}
-        config = dict(manifest.get("config") or {})  # already resolved and redacted
-        config["rlexp_meta"] = {
+        config = dict(manifest.get("config") or {})
+        config["rlexp_meta"] = redact({
             "config_sha256": manifest.get("config_sha256"),
             "git_commit": (manifest.get("git") or {}).get("commit"),
             "git_dirty": (manifest.get("git") or {}).get("dirty"),
             "overrides": manifest.get("overrides"),
             "run_dir": str(run_dir),
             "seeds": manifest.get("seeds"),
-        }
+        })
         tags = [t[:64] for t in group_tags(manifest.get("choices") or {})]
-        self.run = wandb.init(
-            project=self.project,
-            entity=self.entity,
-            group=(ident.get("group") or None),
-            name=ident.get("run_name") or Path(run_dir).name,
-            job_type="train",
-            tags=tags,
-            config=config,
-            dir=str(run_dir),
-            mode=resolve_mode(self.mode),  # type: ignore[arg-type]
-            reinit="create_new",
-            settings=wandb.Settings(silent=True, x_disable_stats=True, disable_git=True),
-        )
+        argv = manifest.get("argv") or redact_argv(sys.argv)
+        with _argv_as(redact_argv(argv)):
+            self.run = wandb.init(
+                project=self.project,
+                entity=self.entity,
+                group=(ident.get("group") or None),
+                name=ident.get("run_name") or redact_text(Path(run_dir).name),
+                job_type="train",
+                tags=tags,
+                config=config,
+                dir=str(run_dir),
+                mode=resolve_mode(self.mode),  # type: ignore[arg-type]
+                reinit="create_new",
+                settings=wandb.Settings(silent=True, x_disable_stats=True, disable_git=True),
+            )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.run is not None:
@@ -115,6 +123,17 @@ class WandbTracker(Tracker):
         # a reader right after the run (compare, the next job, a test) then sees an empty run. teardown() waits
         # for the flush, and the next multirun job starts from a clean service (about a second).
         wandb.teardown()
+
+
+@contextlib.contextmanager
+def _argv_as(argv: Sequence[str]) -> Iterator[None]:
+    """W&B records `sys.argv[1:]` as the run's args when it starts: let it see the redacted command line."""
+    saved = sys.argv
+    sys.argv = [str(a) for a in argv]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def _cell(v: Any) -> Any:

@@ -5,6 +5,7 @@
 through TorchStore's Monarch storage volumes, for trainer and generators on different hosts.
 `check_transport(name)` runs in the launcher before anything spawns.
 """
-from rlexp.transport.base import TransportError, WeightTransport, build_transport, check_transport
+from rlexp.transport.base import TransportError, WeightTransport
+from rlexp.transport.registry import build_transport, check_transport
 
 __all__ = ["TransportError", "WeightTransport", "build_transport", "check_transport"]

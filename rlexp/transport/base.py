@@ -35,33 +35,5 @@ class WeightTransport(ABC):
         """A local folder of HF safetensors for `location` (what vLLM reloads from)."""
         return Path(location)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a transport with nothing to release keeps this no-op
         """Release everything this transport published (trainer side, at teardown)."""
-
-
-def check_transport(name: str, *, hosts: int = 1) -> None:
-    """Raise `TransportError` now if `name` cannot work here, with what to do instead.
-
-    `hosts` is the number of hosts the trainer and generators span: shm cannot cross hosts.
-    """
-    if name == "shm":
-        from rlexp.transport.shm import check_shm
-
-        check_shm(hosts=hosts)
-    elif name == "torchstore":
-        from rlexp.transport.torchstore import check_torchstore
-
-        check_torchstore()
-    else:
-        raise TransportError(f"unknown weight transport {name!r}; choose one of {TRANSPORTS}")
-
-
-def build_transport(name: str, run_name: str, **options) -> WeightTransport:
-    check_transport(name, hosts=options.pop("hosts", 1))
-    if name == "shm":
-        from rlexp.transport.shm import ShmTransport
-
-        return ShmTransport(run_name, **options)
-    from rlexp.transport.torchstore import TorchStoreTransport
-
-    return TorchStoreTransport(run_name, **options)

@@ -21,6 +21,11 @@ from pathlib import Path
 
 import torch
 
+from rlexp.models.hf import (
+    read_hf_state_dict,
+    read_hf_state_dict_into,
+    write_hf_state_dict,
+)
 from rlexp.transport.base import TransportError, WeightTransport
 
 SHM = Path("/dev/shm")
@@ -75,8 +80,6 @@ class ShmTransport(WeightTransport):
         return sorted(out)
 
     def publish(self, version: int, hf_state_dict: dict[str, torch.Tensor]) -> str:
-        from rlexp.models.hf import write_hf_state_dict
-
         need = sum(t.numel() * t.element_size() for t in hf_state_dict.values())
         free = shutil.disk_usage(self.dir).free
         if need > free:
@@ -117,8 +120,6 @@ class ShmTransport(WeightTransport):
             shutil.rmtree(self.version_dir(v), ignore_errors=True)
 
     def fetch(self, location: str) -> dict[str, torch.Tensor]:
-        from rlexp.models.hf import read_hf_state_dict
-
         p = Path(location)
         if not p.is_dir():
             raise TransportError(f"sync=shm: {p} does not exist (garbage-collected? raise `keep`)")
@@ -127,8 +128,6 @@ class ShmTransport(WeightTransport):
     def fetch_into(self, location: str, dest: dict[str, torch.Tensor]) -> set[str]:
         """Read `location` straight into existing tensors (the titan backend's parameters, in HF naming):
         about one memcpy instead of mmap-fault + copy. Returns the keys written."""
-        from rlexp.models.hf import read_hf_state_dict_into
-
         p = Path(location)
         if not p.is_dir():
             raise TransportError(f"sync=shm: {p} does not exist (garbage-collected? raise `keep`)")

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
+from rlexp.models.hf import write_hf_state_dict
 from rlexp.transport.base import TransportError, WeightTransport
+from rlexp.transport.shm import default_root
 
 URI = "torchstore://"
 IGNORE_PIN_ENV = "RLEXP_TORCHSTORE_IGNORE_PIN"
@@ -47,7 +49,7 @@ def _install_hint(monarch: str | None) -> str:
 def check_torchstore() -> None:
     monarch = _version("torchmonarch")
     try:
-        import torchstore  # noqa: F401
+        import torchstore
     except ImportError as e:
         raise TransportError(f"sync=torchstore: TorchStore is not installed ({e}). {_install_hint(monarch)}") from None
     ts_ver = _version("torchstore") or getattr(torchstore, "__version__", "unknown")
@@ -138,10 +140,10 @@ class TorchStoreTransport(WeightTransport):
 
     def materialize(self, location: str, local_dir: str | Path | None = None) -> Path:
         """Fetch and write HF safetensors into a local (shm) folder for vLLM's `reload_weights`."""
-        from rlexp.models.hf import write_hf_state_dict
-        from rlexp.transport.shm import default_root
-
-        out = Path(local_dir) if local_dir else default_root() / self.prefix.replace("/", "_") / location.rsplit("/", 1)[-1]
+        if local_dir:
+            out = Path(local_dir)
+        else:
+            out = default_root() / self.prefix.replace("/", "_") / location.rsplit("/", 1)[-1]
         write_hf_state_dict(self.fetch(location), out)
         return out
 

@@ -1,4 +1,4 @@
-"""Verifiers: label-free scorers of (problem, response) that `single_rm` and `weaver` combine."""
-from rlexp.rewards.verifiers.base import Verifier, build_verifier, register_rule, rule_names
+"""Verifiers: label-free scorers of (problem, response) that `single_rm` and `weaver` combine.
 
-__all__ = ["Verifier", "build_verifier", "register_rule", "rule_names"]
+The interface is in `base`; building one from config is in `registry`. Nothing is re-exported here, so
+importing one implementation does not import the others."""

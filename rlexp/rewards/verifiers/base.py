@@ -3,21 +3,19 @@
 A verifier maps (Problem, response) to a float, higher meaning "more likely correct". It never sees a
 `Sample`, so it has no gold answer to consult. Rule verifiers are small classes registered by name with
 `@register_rule`; `VerifierConfig(kind="rule", options={"rule": <name>, ...})` selects one, and the other
-options (except the reward-level keys in `RESERVED_OPTIONS`) are passed to its constructor.
+options (except the reward-level keys in `registry.RESERVED_OPTIONS`) are passed to its constructor.
+
+Building from config lives in `registry`, which imports the implementations; this module imports none, so
+implementations can import it without a cycle.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 import numpy as np
 
-from rlexp.rewards.base import plain
-from rlexp.rewards.config import VerifierConfig
 from rlexp.types import Problem
-
-# Options read by the reward that combines verifiers (Weaver's per-verifier threshold), not by the verifier.
-RESERVED_OPTIONS = frozenset({"threshold"})
-VERIFIER_KINDS = ("rule", "reward_model", "lm_judge")
 
 
 class Verifier:
@@ -52,15 +50,6 @@ def register_rule(name: str) -> Callable[[type[Rule]], type[Rule]]:
     return deco
 
 
-def rule_names() -> list[str]:
-    _import_builtin_rules()
-    return sorted(_RULES)
-
-
-def _import_builtin_rules() -> None:
-    from rlexp.rewards.verifiers import arithmetic  # noqa: F401  (registers the arithmetic rules)
-
-
 class RuleVerifier(Verifier):
     kind = "rule"
 
@@ -70,40 +59,3 @@ class RuleVerifier(Verifier):
 
     def score(self, problems: list[Problem], texts: list[str]) -> np.ndarray:
         return np.array([float(self.rule.check(p, t)) for p, t in zip(problems, texts)], dtype=np.float64)
-
-
-def build_rule(options: dict[str, Any], who: str) -> Rule:
-    _import_builtin_rules()
-    options = {k: v for k, v in options.items() if k not in RESERVED_OPTIONS}
-    rule_name = options.pop("rule", None)
-    if rule_name is None:
-        raise ValueError(f"{who}: a rule verifier needs options.rule; choose one of {rule_names()}")
-    if rule_name not in _RULES:
-        raise ValueError(f"{who}: unknown rule {rule_name!r}; choose one of {rule_names()}")
-    try:
-        return _RULES[rule_name](**options)
-    except TypeError as e:
-        raise ValueError(f"{who}: bad options {options} for rule {rule_name!r}: {e}") from e
-
-
-def build_verifier(cfg: VerifierConfig | dict[str, Any]) -> Verifier:
-    """Build one verifier from its config (a dataclass, an OmegaConf node or a plain dict)."""
-    cfg = plain(cfg)
-    if isinstance(cfg, dict):
-        cfg = VerifierConfig(**cfg)
-    options = dict(plain(cfg.options) or {})
-    kind = cfg.kind
-    if kind == "rule":
-        name = cfg.name or str(options.get("rule", "rule"))
-        return RuleVerifier(name, build_rule(options, f"verifier {name!r}"))
-    if kind == "reward_model":
-        from rlexp.rewards.verifiers.reward_model import RewardModelVerifier
-
-        name = cfg.name or "reward_model"
-        return RewardModelVerifier(name, {k: v for k, v in options.items() if k not in RESERVED_OPTIONS})
-    if kind == "lm_judge":
-        from rlexp.rewards.verifiers.lm_judge import LMJudgeVerifier
-
-        name = cfg.name or "lm_judge"
-        return LMJudgeVerifier(name, {k: v for k, v in options.items() if k not in RESERVED_OPTIONS})
-    raise ValueError(f"verifier {cfg.name!r}: unknown kind {kind!r}; choose one of {list(VERIFIER_KINDS)}")

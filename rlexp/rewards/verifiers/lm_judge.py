@@ -8,7 +8,8 @@ any other verifier, so the scale does not matter.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -17,10 +18,6 @@ from rlexp.types import Problem
 
 DEFAULT_TEMPLATE = ("Problem:\n{prompt}\n\nProposed answer:\n{response}\n\n"
                     "Is the proposed answer correct? Answer Yes or No.")
-
-
-class JudgeHandle(Protocol):
-    def __call__(self, judge_prompts: list[str]) -> list[float]: ...
 
 
 class LMJudgeVerifier(Verifier):

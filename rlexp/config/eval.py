@@ -1,0 +1,20 @@
+"""Schema of evaluation during training (`eval.*`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EvalConfig:
+    every_n_steps: int = 50
+    # Held-out split of the training environment is always evaluated; these are extra benchmarks
+    # (names of files in rlexp/conf/benchmark/, e.g. ["gsm8k"]).
+    benchmarks: list[str] = field(default_factory=list)
+    max_samples: int | None = None
+    temperature: float = 0.0
+    k: int = 1
+    # Generation budget per response (per turn for multi-turn environments).
+    max_tokens: int = 256
+    # Same sampling seed at every evaluation, so changes between steps come from the policy, not the dice.
+    seed: int = 0
+    batch_size: int = 64

@@ -1,0 +1,34 @@
+"""Schema of the `logger` config group. The JSONL metrics file is always written."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+# auto: offline unless WANDB_API_KEY is set.
+WandbMode = StrEnum("WandbMode", {v: v for v in ("auto", "offline", "online", "disabled")})
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False
+    mode: WandbMode = WandbMode.auto
+    project: str = "rlexp"
+    entity: str | None = None
+
+
+@dataclass
+class MlflowConfig:
+    enabled: bool = False
+    tracking_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else a file store under the runs folder
+    experiment: str = "rlexp"
+
+
+@dataclass
+class LoggerConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    log_every_n_steps: int = 1
+    rollout_samples: int = 8
+    # Where the default MLflow store lives (<runs_root>/mlruns). None: the folder holding the run dir (single
+    # runs) or the sweep dir (multiruns), so a sweep's jobs share one store without any setting.
+    runs_root: str | None = None

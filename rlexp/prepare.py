@@ -1,0 +1,87 @@
+"""Everything that can be checked without spawning a process, done before anything is spawned.
+
+Config values, the memory plan, transport pairing, model files, datasets and reward construction are
+all checked here, so a bad input costs seconds, not an engine start. Nothing here holds a process.
+"""
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlexp.config.schema import TrainConfig
+from rlexp.config.validate import ConfigError, validate
+from rlexp.envs.base import Environment
+from rlexp.envs.registry import build_env
+from rlexp.evals.benchmarks import load_benchmarks
+from rlexp.models.hf import check_model_files
+from rlexp.models.planner import check_plan
+from rlexp.models.tiny import ensure_tiny_checkpoint
+from rlexp.rewards.registry import build_reward
+from rlexp.seeding import DETERMINISM_ENV, apply_process_determinism, component_seeds
+from rlexp.tracking.manifest import fingerprint_examples, hash_files
+from rlexp.transport import check_transport
+
+
+@dataclass
+class Prepared:
+    """What validation produced."""
+
+    cfg: TrainConfig
+    env: Environment
+    model_dir: str
+    seeds: dict[str, int]
+    extra: dict[str, Any]  # manifest entries: determinism flags, dataset and model fingerprints
+    benchmarks: dict[str, tuple[Environment, int]]  # eval.benchmarks: name -> (environment, max_tokens)
+
+
+def prepare(cfg: DictConfig) -> Prepared:
+    """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
+    t: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    validate(t, check_weights=check_model_files)
+    if t.model.flavor != "tiny":
+        check_plan(cfg)
+    check_transport(t.cluster.transport, hosts=t.cluster.hosts)
+    try:
+        env = build_env(t.environment)
+        train, held = env.train_samples(), env.eval_samples()
+        benchmarks = load_benchmarks(list(t.eval.benchmarks))
+        build_reward(t.reward, env)  # unknown verifiers, missing RM checkpoints: fail now, not in an actor
+    except (ValueError, FileNotFoundError) as e:  # bad environment/reward/benchmark input: one clear line
+        raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
+    if type(env).step is not Environment.step:
+        raise ConfigError(f"environment={t.environment.name} is multi-turn (tool calls); the training loop samples "
+                          f"single-turn episodes only, so tool output would be trained on as if the policy wrote it. "
+                          f"Evaluate it with `rlexp eval`, or train on a single-turn environment")
+    model_dir = str(resolve_model(t.model))
+    seeds = component_seeds(t.seed, t.generator.replicas)
+    extra = {
+        "determinism": apply_determinism(t.determinism, t.seed),
+        "datasets": {f"{t.environment.name}/train": {"n": len(train), "sha256": fingerprint_examples(
+            [(s.id, s.problem.prompt, s.answer) for s in train])},
+            f"{t.environment.name}/eval": {"n": len(held), "sha256": fingerprint_examples(
+                [(s.id, s.problem.prompt, s.answer) for s in held])}},
+        "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
+                  "path": model_dir, "sha256": hash_files(model_dir)},
+    }
+    return Prepared(t, env, model_dir, seeds, extra, benchmarks)
+
+
+def resolve_model(model_cfg: Any) -> Path:
+    if model_cfg.flavor == "tiny" and not model_cfg.path:
+        return ensure_tiny_checkpoint(model_cfg)
+    return Path(check_model_files(model_cfg).path)
+
+
+def apply_determinism(mode: str, seed: int) -> dict[str, Any]:
+    """Set the switches in this process and, through the environment, in every actor process spawned later
+    (`CUBLAS_WORKSPACE_CONFIG` must precede CUDA initialisation, so it cannot wait for the actor)."""
+    random.seed(seed)
+    os.environ[DETERMINISM_ENV] = mode
+    if mode == "full":
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    return apply_process_determinism()

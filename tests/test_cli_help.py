@@ -1,0 +1,92 @@
+"""`rlexp --help` and every subcommand's `--help`/`-h`: exit 0, no traceback, the command's options named.
+
+Run in subprocesses because that is how users meet them: a help flag that reaches Hydra's override parser,
+or a module that crashes on import, only shows up through the real entry point. Help must also stay cheap,
+so it may not import torch or Monarch.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlexp.cli import COMMANDS
+from rlexp.config.paths import CONF_DIR
+
+FLAGS = ("--help", "-h")
+
+
+def _eval_expected() -> list[str]:
+    eval_keys = [f"{k}=" for k in OmegaConf.load(CONF_DIR / "eval.yaml") if k != "defaults"]
+    benchmarks = [p.stem for p in (CONF_DIR / "benchmark").glob("*.yaml")]
+    backends = [str(OmegaConf.load(p).backend) for p in (CONF_DIR / "generator").glob("*.yaml")]
+    return ["--out", "--config-dir", "math500", "gpqa_diamond", "mmlu_pro", "titan", "vllm", "backend=titan",
+            *eval_keys, *benchmarks, *backends]
+
+
+EXPECTED: dict[str, list[str]] = {
+    "train": ["algorithm:", "benchmark:", "environment:", "generator:", "model:", "reward:", "sync:"],
+    "eval": _eval_expected(),
+    "plan": ["overrides", "--headroom", "--config-dir", "--config-name"],
+    "compare": ["paths", "--out", "--tracking-uri", "--metrics"],
+    "reproduce": ["run_dir", "--dry-run", "extra"],
+    "bench": ["--sync-mb", "--reps", "--batch", "--prompt-len", "--max-tokens", "--backends", "--skip-sync",
+              "--skip-gen", "--out"],
+}
+
+
+def _rlexp(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlexp", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_every_command_has_expected_options():
+    assert set(EXPECTED) == set(COMMANDS), "a new command needs its help checked here"
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_top_level_help_lists_commands(flag: str):
+    proc = _rlexp(flag)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    for name in COMMANDS:
+        assert name in proc.stdout
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+@pytest.mark.parametrize("command", list(EXPECTED))
+def test_command_help(command: str, flag: str):
+    proc = _rlexp(command, flag)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "Traceback" not in out
+    missing = [word for word in EXPECTED[command] if word not in proc.stdout]
+    assert not missing, f"`rlexp {command} {flag}` does not mention {missing}:\n{proc.stdout}"
+
+
+def test_eval_help_reads_the_given_config_dir(tmp_path):
+    (tmp_path / "benchmark").mkdir()
+    (tmp_path / "eval.yaml").write_text("defaults:\n  - benchmark: mine\n  - _self_\n"
+                                        "backend: titan\nfancy: 3  # a key\n")
+    (tmp_path / "benchmark" / "mine.yaml").write_text("mine:\n  environment:\n    name: gsm8k\n  max_tokens: 7\n")
+    proc = _rlexp("eval", "--config-dir", str(tmp_path), "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "mine" in proc.stdout and "max_tokens 7" in proc.stdout and "fancy=3" in proc.stdout
+    assert "math500" not in proc.stdout
+    proc = _rlexp("eval", "--config-dir", str(tmp_path / "nowhere"), "-h")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "not found" in proc.stderr
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_help_imports_neither_torch_nor_monarch(command: str):
+    code = ("import sys\n"
+            "from rlexp.cli import main\n"
+            "try:\n"
+            "    main(sys.argv[1:])\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'monarch'})\n"
+            "print('HEAVY', heavy, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code, command, "--help"], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in proc.stderr, f"`rlexp {command} --help` imports {proc.stderr.splitlines()[-1:]}"

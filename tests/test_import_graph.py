@@ -1,0 +1,145 @@
+"""scripts/import_graph.py: the import-direction guard on the real tree, and its graph logic on a toy package."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+import textwrap
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "import_graph.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ig = _load()
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_no_import_cycle_through_orchestration():
+    """Entry points -> orchestration -> components -> types: no cycle may run through the focus set."""
+    proc = run_script("--check")
+    focus = proc.stdout[proc.stdout.find("## Focus set"):proc.stdout.find("## Edges out")]
+    assert proc.returncode == 0, focus + proc.stderr
+
+
+def write_pkg(root: Path, files: dict[str, str]) -> Path:
+    for rel, src in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(src))
+    return root
+
+
+@pytest.fixture
+def toy(tmp_path: Path) -> Path:
+    return write_pkg(tmp_path, {
+        "rlexp/__init__.py": "",
+        "rlexp/types.py": "X = 1\n",
+        "rlexp/launcher.py": """
+            from rlexp.core import engine            # submodule named in a from-import
+            from .types import X                     # relative import
+            def run():
+                from rlexp import controller         # function-level: still a coupling
+                return controller
+        """,
+        "rlexp/controller.py": """
+            import rlexp.launcher
+        """,
+        "rlexp/core/__init__.py": "from .engine import Engine\n",
+        "rlexp/core/engine.py": """
+            from typing import TYPE_CHECKING
+            from ..types import X
+            if TYPE_CHECKING:
+                from rlexp.core.plugins import Plugin   # type-only: not a cycle
+            else:
+                import json
+            class Engine:
+                from . import plugins                  # class body runs at import: top level
+        """,
+        "rlexp/core/plugins.py": """
+            from rlexp.core.engine import Engine
+            import os, rlexp.core
+        """,
+        "rlexp/leaf.py": "import numpy\n",
+    })
+
+
+def test_edges_resolve_relative_submodule_and_kind(toy: Path):
+    g = ig.build_graph(toy)
+    assert set(g.modules) == {"rlexp", "rlexp.types", "rlexp.launcher", "rlexp.controller", "rlexp.core",
+                              "rlexp.core.engine", "rlexp.core.plugins", "rlexp.leaf"}
+    assert g.edges == {
+        ("rlexp.launcher", "rlexp.core.engine"): "top",
+        ("rlexp.launcher", "rlexp.types"): "top",
+        ("rlexp.launcher", "rlexp.controller"): "function",
+        ("rlexp.controller", "rlexp.launcher"): "top",
+        ("rlexp.core", "rlexp.core.engine"): "top",
+        ("rlexp.core.engine", "rlexp.types"): "top",
+        ("rlexp.core.engine", "rlexp.core.plugins"): "top",
+        ("rlexp.core.plugins", "rlexp.core.engine"): "top",
+        ("rlexp.core.plugins", "rlexp.core"): "top",
+    }
+    assert ig.package_of("rlexp.core.engine") == "rlexp.core" and ig.package_of("rlexp") == "rlexp"
+
+
+def test_type_checking_import_is_kept_but_not_a_cycle(tmp_path: Path):
+    root = write_pkg(tmp_path, {
+        "rlexp/__init__.py": "",
+        "rlexp/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from rlexp.b import B\n",
+        "rlexp/b.py": "import rlexp.a\n",
+    })
+    g = ig.build_graph(root)
+    assert g.edges[("rlexp.a", "rlexp.b")] == "type"
+    assert ig.cycles(g.coupling()) == []
+    assert ig.cycles(g.coupling(include_type=True)) == [["rlexp.a", "rlexp.b"]]
+
+
+def test_cycles_and_example_path(toy: Path):
+    g = ig.build_graph(toy)
+    adj = g.coupling()
+    comps = ig.cycles(adj)
+    # launcher <-> controller only through a function-level import, still a cycle; engine <-> plugins;
+    # core/__init__ -> engine -> plugins -> core closes a third loop into the same component.
+    assert comps == [["rlexp.core", "rlexp.core.engine", "rlexp.core.plugins"], ["rlexp.controller", "rlexp.launcher"]]
+    path = ig.example_cycle(adj, comps[1])
+    assert path == ["rlexp.controller", "rlexp.launcher", "rlexp.controller"]
+    for comp in comps:
+        path = ig.example_cycle(adj, comp)
+        assert path[0] == path[-1] and len(path) > 2
+        assert all(b in adj[a] for a, b in pairwise(path))
+
+
+def test_tarjan_on_plain_graph():
+    adj = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": {"d"}, "f": set(), "g": {"g"}}
+    assert ig.cycles(adj) == [["a", "b", "c"], ["d", "e"]]
+    assert ig.example_cycle(adj, ["a", "b", "c"]) == ["a", "b", "c", "a"]
+
+
+def test_check_exit_code_follows_focus(toy: Path, tmp_path: Path):
+    bad = run_script("--root", str(toy), "--check", "--focus", "rlexp.launcher")
+    assert bad.returncode == 1, bad.stdout
+    assert "rlexp.controller -[top]-> rlexp.launcher -[function]-> rlexp.controller" in bad.stdout
+    assert "- rlexp.launcher -> rlexp.controller (function)" not in bad.stdout  # controller is outside the focus
+    # `rlexp.core` stands for the package: its modules are in a cycle too.
+    assert run_script("--root", str(toy), "--check", "--focus", "rlexp.core").returncode == 1
+    ok = run_script("--root", str(toy), "--check", "--focus", "rlexp.types", "rlexp.leaf",
+                    "--dot", str(tmp_path / "g.dot"))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "- modules: 8 in 6 packages" in ok.stdout
+    dot = (tmp_path / "g.dot").read_text()
+    assert dot.startswith("digraph") and '"rlexp.launcher" -> "rlexp.core"' in dot
+    assert '"rlexp.controller" -> "rlexp.launcher" [style=solid, label="1", color=red]' in dot
