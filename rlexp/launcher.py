@@ -20,8 +20,9 @@ from omegaconf import DictConfig
 from rlexp import checkpoints
 from rlexp.actors.buffer import ReplayBuffer
 from rlexp.actors.generator import Generator
-from rlexp.actors.reward import RewardService, judge_names
+from rlexp.actors.reward import RewardService
 from rlexp.actors.trainer import Reference, Trainer
+from rlexp.actors.verifier import VerifierService
 from rlexp.config.layout import assign_gpus
 from rlexp.controller import Controller
 from rlexp.models.tokenizer import load_tokenizer
@@ -82,23 +83,30 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc, world, port,
                          c.cluster.device, tp, gpus.get("trainer"), c.trainer.mixed_precision, mesh=g.mesh("trainer"))
                  if c.algorithm.kl_coef > 0 else None)
+    # Each model verifier gets processes of its own: scaled and placed apart from the policy and the reward.
+    verifiers = {v.name: g.spawn(f"verifier_{v.name}", VerifierService, v, c.environment, c.cluster.threads_per_proc,
+                                 c.cluster.device, gpus.get(f"verifier_{v.name}"), procs=v.replicas)
+                 for v in p.served_verifiers}
     reward = g.spawn("reward", RewardService, c.reward, c.environment, procs=c.reward.replicas)
     # The buffer is light: it shares the first reward process instead of paying for a process of its own.
     buffer = g.spawn("buffer", ReplayBuffer, p.seeds["buffer"], c.sync.policy_age, mesh=g.meshes[-1][1].slice(procs=0))
+    verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}  # load while the policy loads
     setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
     times = [f.get() for f in setup]
     n_params = next(iter(times[-1].values()))  # rank 0's answer
+    verifier_s = {name: max(f.get().values()) for name, f in verifier_setup.items()}
     if reference is not None:  # after the trainer: it joins the trainer's process group
         reference.setup.call().get()
     rewards = [reward.slice(procs=i) for i in range(c.reward.replicas)]
-    if judge_names(c.reward):  # LM judges are served by the generators
-        for i, r in enumerate(rewards):
-            r.attach_judges.call_one(gens[i % len(gens)], p.model_dir).get()
+    replicas = {v.name: [verifiers[v.name].slice(procs=j) for j in range(v.replicas)] for v in p.served_verifiers}
+    for i, r in enumerate(rewards):
+        r.attach_verifiers.call_one(replicas).get()
+        r.attach_judges.call_one(gens[i % len(gens)], p.model_dir).get()  # judges that are the policy itself
     g.services = Services(generators=Service("generators", gens), trainer=Collective("trainer", trainer),
                           rewards=Service("rewards", rewards), buffer=Service("buffer", [buffer]),
                           reference=Collective("reference", reference) if reference is not None else None,
                           generator_seeds=gen_seeds)
-    g.placement = describe_placement(g, c, n_params, times[:-1])
+    g.placement = describe_placement(g, c, n_params, times[:-1], p, verifier_s)
     return g
 
 
@@ -109,7 +117,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]) -> list[str]:
+def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float], p: Prepared,
+                       verifier_s: dict[str, float]) -> list[str]:
     lines = [f"actor graph ({c.cluster.name}, {c.cluster.device}, {c.cluster.hosts} host):"]
     gpus = assign_gpus(c)
     par = c.model.parallelism
@@ -122,13 +131,18 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
                            + (", bf16 mixed precision" if c.trainer.mixed_precision else "")
                            + ("; reference model (frozen initial policy, KL) on the same procs"
                               if c.algorithm.kl_coef > 0 else ""),
-                "reward": f"reward={c.reward.name} verifiers; replay buffer (max_policy_age="
-                          f"{c.sync.policy_age}) on its first proc",
+                "reward": f"reward={c.reward.name}"
+                          + (f" over {len(c.reward.verifiers)} verifiers" if c.reward.verifiers else "")
+                          + f"; replay buffer (max_policy_age={c.sync.policy_age}) on its first proc",
+                "verifier": "",
                 }
         key = next(k for k in role if name.startswith(k))
         desc = role[key]
         if key == "generator":
             desc = desc.format(gen_setup_s[int(name.removeprefix("generator") or 0)])
+        if key == "verifier":
+            v = next(v for v in p.served_verifiers if f"verifier_{v.name}" == name)
+            desc = f"{v.kind} {v.options.get('path')}, ready in {verifier_s[v.name]:.1f}s"
         where = f"GPUs {'|'.join(gpus[name])}" if name in gpus else "this host"
         lines.append(f"  {name:<11} proc mesh {dict(mesh.extent)} on {where}: {desc}")
     lines.append("  controller  this process: GRPO loop (rlexp/loop.py), data order, evaluation, checkpoints")

@@ -7,21 +7,24 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError, validate
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env
 from rlexp.evals.benchmarks import load_benchmarks
-from rlexp.models.hf import check_model_files
+from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.planner import check_plan
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.rewards.registry import build_reward
+from rlexp.rewards.verifiers.base import ServedVerifier
+from rlexp.rewards.verifiers.registry import verifier_checkpoint
 from rlexp.seeding import DETERMINISM_ENV, apply_process_determinism, component_seeds
 from rlexp.tracking.manifest import fingerprint_examples, hash_files
 from rlexp.transport import check_transport
@@ -37,6 +40,8 @@ class Prepared:
     seeds: dict[str, int]
     extra: dict[str, Any]  # manifest entries: determinism flags, dataset and model fingerprints
     benchmarks: dict[str, tuple[Environment, int]]  # eval.benchmarks: name -> (environment, max_tokens)
+    # Model verifiers the reward scores with, each given a service of its own, checkpoints resolved.
+    served_verifiers: list[VerifierConfig] = field(default_factory=list)
 
 
 def prepare(cfg: DictConfig) -> Prepared:
@@ -50,7 +55,21 @@ def prepare(cfg: DictConfig) -> Prepared:
         env = build_env(t.environment)
         train, held = env.train_samples(), env.eval_samples()
         benchmarks = load_benchmarks(list(t.eval.benchmarks))
-        build_reward(t.reward, env)  # unknown verifiers, missing RM checkpoints: fail now, not in an actor
+        t.reward.verifiers = list(t.reward.verifiers) or list(t.verifier_set.members)
+        reward = build_reward(t.reward, env)  # unknown verifiers, bad options: fail now, not in an actor
+        used = {v.name for v in reward.verifiers}
+        t.reward.verifiers = [v for v in t.reward.verifiers if v.name in used]
+        check_verifier_kinds(t, env)
+        # Every model the reward scores with, its own list's or one given inline (single_rm options.kind).
+        served, missing = [], []
+        for v in reward.verifiers:
+            if isinstance(v, ServedVerifier):
+                try:
+                    served.append(verifier_checkpoint(v.cfg))
+                except CheckpointError as e:
+                    missing.append(str(e))
+        if missing:  # every missing checkpoint at once, each with its download command
+            raise CheckpointError("\n  - ".join(["missing verifier checkpoints:", *missing]))
     except (ValueError, FileNotFoundError) as e:  # bad environment/reward/benchmark input: one clear line
         raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
     if type(env).step is not Environment.step:
@@ -68,7 +87,20 @@ def prepare(cfg: DictConfig) -> Prepared:
         "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
                   "path": model_dir, "sha256": hash_files(model_dir)},
     }
-    return Prepared(t, env, model_dir, seeds, extra, benchmarks)
+    extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
+                                   "sha256": hash_files(v.options["path"])} for v in served}
+    return Prepared(t, env, model_dir, seeds, extra, benchmarks, served)
+
+
+def check_verifier_kinds(t: TrainConfig, env: Environment) -> None:
+    """Every verifier the reward uses must be of a kind the environment supports."""
+    for v in t.reward.verifiers:
+        if str(v.kind) not in env.verifier_kinds:
+            raise ConfigError(
+                f"verifier_set={t.verifier_set.name or '?'}: verifier {v.name!r} (kind {v.kind}) cannot score "
+                f"environment={env.name}, which supports the kinds {sorted(env.verifier_kinds)}. Use the set made for "
+                f"it (verifier_set={env.name}, the default when the file rlexp/conf/verifier_set/{env.name}.yaml "
+                f"exists) or list verifiers of those kinds")
 
 
 def resolve_model(model_cfg: Any) -> Path:

@@ -22,8 +22,14 @@ def _eval_expected() -> list[str]:
     eval_keys = [f"{k}=" for k in OmegaConf.load(CONF_DIR / "eval.yaml") if k != "defaults"]
     benchmarks = [p.stem for p in (CONF_DIR / "benchmark").glob("*.yaml")]
     backends = [str(OmegaConf.load(p).backend) for p in (CONF_DIR / "generator").glob("*.yaml")]
+    from rlexp.evals.selection import MODES
+
+    sets = [p.stem for p in (CONF_DIR / "verifier_set").glob("*.yaml")]
     return ["--out", "--config-dir", "math500", "gpqa_diamond", "mmlu_pro", "titan", "vllm", "backend=titan",
-            *eval_keys, *benchmarks, *backends]
+            *eval_keys, *benchmarks, *backends,
+            # test-time selection: every mode, and the verifier sets it scores with
+            "selection=none", "selection=[MODE,...]", "none", "weaver", "majority", "best_verifier", "mean",
+            "oracle choice", *MODES, "verifier_set=NAME", *sets]
 
 
 EXPECTED: dict[str, list[str]] = {

@@ -10,7 +10,8 @@ from rlexp.config.validate import ConfigError, validate
 from tests.conftest import REPO, rlexp
 
 CONF = REPO / "rlexp" / "conf"
-GROUPS = ["model", "environment", "reward", "algorithm", "generator", "trainer", "sync", "cluster", "logger"]
+GROUPS = ["model", "environment", "reward", "verifier_set", "algorithm", "generator", "trainer", "sync", "cluster",
+          "logger"]
 register_configs()
 
 

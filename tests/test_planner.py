@@ -150,3 +150,54 @@ def test_plan_cli_on_the_real_run_config(capsys):
     assert "FSDP 4 x TP 1" in capsys.readouterr().out
     assert plan_cli.main(["model=qwen3_32b", "cluster=gpu_node", "trainer=large"]) == 1
     assert "needs 24 GPUs" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Served model verifiers: one GPU per replica, each sized by its verifier_set entry's memory_gb
+# ----------------------------------------------------------------------------------------------------
+
+RM = {"name": "rm", "kind": "reward_model", "options": {"hf_repo": "org/rm", "revision": "a" * 40},
+      "replicas": 2, "memory_gb": 24}
+JUDGE = {"name": "judge", "kind": "lm_judge", "options": {"path": "/models/judge"}, "memory_gb": 90}
+POLICY_JUDGE = {"name": "policy_judge", "kind": "lm_judge", "options": {"policy": True}}  # the generators serve it
+MAJORITY = {"name": "majority", "kind": "majority"}
+
+
+def with_verifiers(cfg, *members, reward: str = "weaver", **options):
+    cfg.reward = {"name": reward, "verifiers": [], "options": options}
+    cfg.verifier_set = {"name": "test", "members": list(members)}
+    return cfg
+
+
+def test_verifiers_are_counted_sized_and_printed():
+    r = plan_memory(with_verifiers(run_cfg("qwen3_8b", hosts=2), RM, JUDGE, POLICY_JUDGE, MAJORITY))
+    assert [(v.name, v.kind, v.replicas) for v in r.verifiers] == [("rm", "reward_model", 2), ("judge", "lm_judge", 1)]
+    assert r.gpus_needed == 4 + 4 + 2 + 1  # trainer + generators + one GPU per verifier replica
+    assert r.verifiers[0].bytes_per_gpu == 24 * GiB and r.verifiers[0].fits
+    assert not r.verifiers[1].fits  # 90 GiB on a GPU with 72 usable
+    assert any("verifier 'judge'" in p and "90.0 GiB" in p for p in r.problems)
+    table = r.table()
+    assert "verifiers: 3 GPU(s), 2 served model verifier(s) of reward=weaver (verifier_set=test)" in table
+    assert f"org/rm@{'a' * 40}" in table and "/models/judge" in table and "DOES NOT FIT" in table
+    assert "policy_judge" not in table and "majority" not in table
+
+
+def test_single_rm_serves_one_verifier_and_rule_none():
+    cfg = with_verifiers(run_cfg("qwen3_8b", hosts=2), JUDGE, RM, reward="single_rm")
+    assert [v.name for v in plan_memory(cfg).verifiers] == ["rm"]  # the first reward model
+    cfg = with_verifiers(run_cfg("qwen3_8b", hosts=2), JUDGE, RM, reward="single_rm", verifier="judge")
+    assert [v.name for v in plan_memory(cfg).verifiers] == ["judge"]
+    r = plan_memory(with_verifiers(run_cfg("qwen3_8b", hosts=2), JUDGE, RM, reward="rule"))
+    assert r.verifiers == [] and r.gpus_needed == 8
+
+
+def test_verifier_gpus_beyond_the_host_are_refused_with_advice():
+    one = dict(RM, replicas=1)
+    r = plan_memory(with_verifiers(run_cfg("qwen3_8b"), one))
+    assert any("needs 9 GPUs (trainer 4x1 + generators 4x1 + verifiers 1)" in p for p in r.problems)
+    # three replicas still hold the step's 256 sequences (86 each: 48.4 GiB of KV), and free one GPU
+    assert "(verifiers) lower model.parallelism.generator_replicas to 3" in "\n".join(r.fixes)
+    r = plan_memory(with_verifiers(run_cfg("qwen3_8b"), dict(RM, replicas=3)))
+    fixes = "\n".join(r.fixes)
+    assert "generator_replicas to" not in fixes.split("(verifiers)", 1)[1]  # two replicas' KV would not fit
+    assert "at most 1 fit beside the trainer (4) and 3 generator replica(s)" in fixes

@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlexp.config.environment import EnvConfig
-from rlexp.config.reward import RewardConfig
+from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.envs.registry import build_env
 from rlexp.rewards.base import Reward, register_reward, strip_gold
 from rlexp.rewards.registry import build_reward, reward_names
@@ -21,6 +21,20 @@ from rlexp.rewards.verifiers.registry import build_verifier, rule_names
 from rlexp.types import Problem, RewardOutput, Sample
 
 CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "reward"
+SETS = CONF.parent / "verifier_set"
+
+
+def reward_cfg(name: str, verifier_set: str = "arithmetic_rules", **options: object) -> RewardConfig:
+    """A reward YAML on the schema with a verifier set's members, as a run composes them (single_rm picks
+    mod5 from the rule set: the most accurate single check that never rejects a right answer)."""
+    raw = OmegaConf.load(CONF / f"{name}.yaml")
+    parts = [OmegaConf.load(CONF / f"{d}.yaml") for d in raw.get("defaults", [])] + [raw]
+    cfg = OmegaConf.merge(OmegaConf.structured(RewardConfig), *[{k: v for k, v in x.items() if k != "defaults"}
+                                                                 for x in parts])
+    cfg = OmegaConf.merge(cfg, {"verifiers": OmegaConf.load(SETS / f"{verifier_set}.yaml").members})
+    if name == "single_rm" and verifier_set.startswith("arithmetic_rules") and "verifier" not in options:
+        options["verifier"] = "mod5"
+    return OmegaConf.merge(cfg, {"options": options})
 
 
 @pytest.fixture(scope="module")
@@ -183,12 +197,10 @@ def test_arithmetic_verifiers_read_only_the_prompt():
     s = arithmetic_sample(1, 1, 0, 0, 1, 0, 0, 0, 0)
     lying = Sample(s.problem, answer="9")
     texts = [str(d) for d in range(10)]
-    for r in ["weaver", "single_rm"]:
-        reward = build_reward(OmegaConf.merge(OmegaConf.structured(RewardConfig), OmegaConf.load(CONF / f"{r}.yaml")),
-                              None)
-        a = reward.score([s] * 10, texts, 10)
-        b = build_reward(OmegaConf.merge(OmegaConf.structured(RewardConfig), OmegaConf.load(CONF / f"{r}.yaml")),
-                         None).score([lying] * 10, texts, 10)
+    env = build_env(EnvConfig(name="arithmetic"))
+    for r in ["weaver", "single_rm", "verifier_mean", "verifier_vote"]:
+        a = build_reward(reward_cfg(r), env).score([s] * 10, texts, 10)
+        b = build_reward(reward_cfg(r), env).score([lying] * 10, texts, 10)
         assert a.rewards == b.rewards
 
 
@@ -222,14 +234,17 @@ def test_single_rm_with_one_weak_rule_verifier(env):
     out = r.score([s] * 4, ["2", "7", "3", "oops"], group_size=4)
     assert out.rewards == [1.0, 1.0, 0.0, 0.0]
     assert out.metrics["reward/mean"] == 0.5 and out.metrics["single_rm/positive_frac"] == 0.5
-    with pytest.raises(ValueError, match=r"needs options\.kind"):
-        build_reward(RewardConfig(name="single_rm"), env)
+    with pytest.raises(ValueError, match=r"has no reward_model"):
+        build_reward(RewardConfig(name="single_rm", verifiers=[VerifierConfig(name="a", kind="format"),
+                                                               VerifierConfig(name="b", kind="majority")]), env)
+    with pytest.raises(ValueError, match=r"options.verifier='nope' is not in the verifier set"):
+        build_reward(reward_cfg("single_rm", verifier="nope"), env)
 
 
 # --- rlexp/conf/reward YAMLs --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["rule", "annotated", "single_rm", "weaver"])
 def test_yaml_composes_into_schema_and_scores_arithmetic(env, name):
-    cfg = OmegaConf.merge(OmegaConf.structured(RewardConfig), OmegaConf.load(CONF / f"{name}.yaml"))
+    cfg = reward_cfg(name)
     assert cfg.name == name
     reward = build_reward(cfg, env)
     rng = random.Random(0)
@@ -250,8 +265,7 @@ def test_default_weaver_yaml_selects_better_than_single_rm_default(env):
     """The CPU-replication claim in miniature: on arithmetic, with a policy right 30% of the time and
     uniformly wrong otherwise, Weaver's top-1 pick per group beats single_rm's (mod5) pick."""
     def load(name):
-        return build_reward(OmegaConf.merge(OmegaConf.structured(RewardConfig),
-                                            OmegaConf.load(CONF / f"{name}.yaml")), env)
+        return build_reward(reward_cfg(name), env)
 
     weaver, single = load("weaver"), load("single_rm")
     rng, nrng, group = random.Random(1), np.random.default_rng(1), 16
@@ -274,8 +288,7 @@ def test_default_weaver_yaml_selects_better_than_single_rm_default(env):
 def test_default_weaver_estimates_track_truth_on_arithmetic(env, p):
     """The default verifiers are close enough to conditionally independent that the label-free fit tracks
     each one's true accuracy (and the class prior) over a policy's whole course, from 10% to 90% right."""
-    reward = build_reward(OmegaConf.merge(OmegaConf.structured(RewardConfig), OmegaConf.load(CONF / "weaver.yaml")),
-                          env)
+    reward = build_reward(reward_cfg("weaver"), env)
     rng = random.Random(2)
     for _ in range(3):  # 3 steps x 64 groups x 16: the window (128 groups) holds the last two
         samples = [s for s in env.sample_batch(64, rng) for _ in range(16)]

@@ -50,7 +50,7 @@ def batch():
 
 def test_single_rm_scores_with_hf_sequence_classifier(rm_path):
     cfg = RewardConfig(name="single_rm", options={"kind": "reward_model", "path": rm_path, "batch_size": 3})
-    reward = build_reward(cfg, env=None)
+    reward = build_reward(cfg, env=None, served=False)
     samples, texts = batch()
     out = reward.score(samples, texts, group_size=4)
     rewards = np.array(out.rewards)
@@ -68,7 +68,7 @@ def test_single_rm_scores_with_hf_sequence_classifier(rm_path):
 def test_two_label_classifier_scores_log_odds_of_the_correct_label(tmp_path):
     path = write_tiny_rm(tmp_path / "rm2", num_labels=2)
     reward = build_reward(RewardConfig(name="single_rm", verifiers=[
-        VerifierConfig(name="rm2", kind="reward_model", options={"path": path, "label": 1})]), env=None)
+        VerifierConfig(name="rm2", kind="reward_model", options={"path": path, "label": 1})]), env=None, served=False)
     samples, texts = batch()
     out = reward.score(samples, texts, group_size=4)
     model = reward.verifier.model
@@ -83,20 +83,22 @@ def test_two_label_classifier_scores_log_odds_of_the_correct_label(tmp_path):
 def test_missing_checkpoint_names_the_path_and_the_fix(tmp_path):
     missing = tmp_path / "no_such_rm"
     with pytest.raises(FileNotFoundError) as e:
-        build_reward(RewardConfig(name="single_rm", options={"kind": "reward_model", "path": str(missing)}), None)
+        build_reward(RewardConfig(name="single_rm", options={"kind": "reward_model", "path": str(missing)}), None,
+                     served=False)
     msg = str(e.value)
     assert str(missing) in msg and "huggingface-cli download" in msg and "HF_HUB_OFFLINE" in msg
     with pytest.raises(FileNotFoundError, match="not a local folder"):
-        build_reward(RewardConfig(name="single_rm", options={"kind": "reward_model"}), None)
+        build_reward(RewardConfig(name="single_rm", options={"kind": "reward_model"}), None, served=False)
     with pytest.raises(ValueError, match="bad reward_model options"):
         build_reward(RewardConfig(name="single_rm", options={"kind": "reward_model", "path": str(tmp_path),
-                                                            "temperature": 2}), None)
+                                                            "temperature": 2}), None, served=False)
 
 
 def test_weaver_combines_a_reward_model_with_rule_verifiers(rm_path):
     verifiers = [VerifierConfig(name="rm", kind="reward_model", options={"path": rm_path, "threshold": 0.5})] + [
         VerifierConfig(name=r, kind="rule", options={"rule": f"arithmetic_{r}"}) for r in ["parity", "mod5"]]
-    reward = build_reward(RewardConfig(name="weaver", verifiers=verifiers, options={"min_active": 2}), env=None)
+    reward = build_reward(RewardConfig(name="weaver", verifiers=verifiers, options={"min_active": 2}), env=None,
+                          served=False)
     samples = [Sample(Problem(id=t, prompt=f"{t}="), answer=str(sum(map(int, t.split("+")))))
                for t in ["1+0+1+1+0+0+1+0+1", "0+0+0+0+0+0+0+0+1", "1+1+1+1+1+1+1+1+0", "0+1+0+1+0+1+0+1+0"]
                for _ in range(4)]
@@ -107,3 +109,13 @@ def test_weaver_combines_a_reward_model_with_rule_verifiers(rm_path):
     # min-max over the window, then the threshold: votes are exactly the upper half of the score range.
     assert (votes == ((scores - scores.min()) / np.ptp(scores) >= 0.5)).all()
     assert np.isfinite(out.rewards).all()
+
+
+def test_truncation_is_counted_and_reported(rm_path, caplog):
+    reward = build_reward(RewardConfig(name="single_rm", options={"kind": "reward_model", "path": rm_path,
+                                                                  "max_length": 6}), env=None, served=False)
+    samples, texts = batch()
+    with caplog.at_level("WARNING"):
+        reward.score(samples, texts, group_size=4)
+    assert reward.verifier.truncated > 0
+    assert "were truncated" in caplog.text and "max_length=6" in caplog.text

@@ -169,9 +169,37 @@ def test_readme_custom_loop_example_runs(tag: str) -> None:
 
 def test_weaver_with_an_lm_judge_served_by_the_generator(tmp_path: Path, tag: str) -> None:
     run = tmp_path / "run"
-    rlexp("train", "reward=weaver_judge", "steps=2", "eval.every_n_steps=0", "algorithm.prompts_per_step=8",
-          f"hydra.run.dir={run}", tag=tag)
+    rlexp("train", "reward=weaver", "verifier_set=arithmetic_rules_judge", "steps=2", "eval.every_n_steps=0",
+          "algorithm.prompts_per_step=8", f"hydra.run.dir={run}", tag=tag)
     rows = metrics(run)
     assert "weaver/policy_judge/pos_rate_batch" in rows[1]  # the judge scored every response
     assert "weaver/mod5/pos_rate_batch" in rows[1]
+    assert wait_no_orphans(tag) == []
+
+
+def test_weaver_over_learned_verifiers_each_in_its_own_service(tmp_path: Path, tag: str) -> None:
+    """The default arithmetic verifier set: tiny reward models and LM judges, each model in a service of
+    its own (its proc mesh is printed), majority and format computed in the reward service."""
+    run = tmp_path / "run"
+    p = rlexp("train", "reward=weaver", "steps=2", "eval.every_n_steps=0", "algorithm.prompts_per_step=8",
+              "+environment.options.verifier_frac=0.25", f"hydra.run.dir={run}", tag=tag)
+    for name in ("rm_large", "rm_small", "rm_noisy", "rm_overfit", "judge_small", "judge_medium"):
+        assert f"verifier_{name}" in p.stdout
+        assert f"weaver/{name}/pos_rate_batch" in metrics(run)[1]
+    assert "weaver/majority/pos_rate_batch" in metrics(run)[1]
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert set(manifest["verifiers"]) == {"rm_large", "rm_small", "rm_noisy", "rm_overfit", "judge_small",
+                                          "judge_medium"}
+    assert wait_no_orphans(tag) == []
+
+
+def test_gpqa_weaver_end_to_end_with_stand_in_verifiers(tmp_path: Path, tag: str) -> None:
+    """`rlexp train environment=gpqa reward=weaver steps=2` runs end to end; the public verifiers of the gpqa
+    set are not on this machine, so the stand-in set (tiny reward models, majority, format) scores it."""
+    run = tmp_path / "run"
+    rlexp("train", "environment=gpqa", f"environment.dataset={REPO / 'tests/fixtures/gpqa_diamond.csv'}",
+          "reward=weaver", "verifier_set=tiny", "steps=2", "eval.every_n_steps=0", "algorithm.prompts_per_step=4",
+          "algorithm.max_tokens=8", f"hydra.run.dir={run}", tag=tag)
+    rows = metrics(run)
+    assert {"weaver/rm_large/pos_rate_batch", "weaver/majority/pos_rate_batch"} <= set(rows[1])
     assert wait_no_orphans(tag) == []

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import numpy as np
 import pytest
 
 from rlexp.config.reward import RewardConfig, VerifierConfig
+from rlexp.models.tokenizer import CharTokenizer
 from rlexp.rewards.base import Reward
 from rlexp.rewards.label_model import BinaryLabelModel, LabelModelParams, triplet_weights
 from rlexp.rewards.registry import build_reward
@@ -252,28 +254,40 @@ def test_weaver_never_sees_gold():
     assert seen and all(type(p) is Problem for p in seen)
 
 
-def test_lm_judge_interface():
+def test_policy_judge_is_scored_by_yes_over_yes_and_no():
+    """A judge served by the policy: the reward service attaches a next-token-logprob function and the
+    policy's tokenizer. Here that function is a stand-in for the policy model (named so), sure of "Y" for
+    one response and of "n" for the others: the score is P(yes-like) / (P(yes-like) + P(no-like))."""
     cfg = RewardConfig(name="weaver", verifiers=[
-        VerifierConfig(name="judge", kind="lm_judge", options={"template": "Q: {prompt} A: {response}"}),
+        VerifierConfig(name="judge", kind="lm_judge",
+                       options={"policy": True, "template": "Q: {prompt} A: {response}"}),
         VerifierConfig(name="v0", kind="rule", options={"rule": "test_vote", "index": 0}),
         VerifierConfig(name="v1", kind="rule", options={"rule": "test_vote", "index": 1})])
     reward = build_reward(cfg, env=None)
     samples = [Sample(Problem(id="p", prompt="2+2="), answer="4")] * 4
     texts = ["10", "01", "11", "00"]
-    with pytest.raises(RuntimeError, match="attach_judge"):
+    with pytest.raises(RuntimeError, match="has no model"):
         reward.score(samples, texts, 4)
-    calls = []
+    tok = CharTokenizer()
+    seen: list[str] = []
 
-    def judge(prompts: list[str]) -> list[float]:
-        calls.append(prompts)
-        return [float(p.endswith("A: 11")) for p in prompts]
+    def fake_policy_next_logprobs(prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]:
+        rows = []
+        for ids in prompt_ids:
+            text = tok.decode(ids)
+            seen.append(text)
+            yes = text.endswith("A: 11")
+            rows.append([(-0.1 if yes else -5.0) if tok.decode([t]).lower() == "y" else (-5.0 if yes else -0.1)
+                         for t in token_ids])
+        return rows
 
-    reward.attach_judge("judge", judge)
+    judge = next(v for v in reward.verifiers if v.name == "judge")
+    judge.attach(fake_policy_next_logprobs, tok)
     out = reward.score(samples, texts, 4)
-    assert calls[0][0] == "Q: 2+2= A: 10"
+    assert seen[0] == "Q: 2+2= A: 10"
+    assert [round(d["scores"]["judge"], 3) for d in out.details] == [round(1 / (1 + math.exp(4.9)), 3)] * 2 + [
+        round(1 / (1 + math.exp(-4.9)), 3), round(1 / (1 + math.exp(4.9)), 3)]
     assert [d["votes"]["judge"] for d in out.details] == [0, 0, 1, 0]
-    with pytest.raises(ValueError, match="no lm_judge verifier named 'v0'"):
-        reward.attach_judge("v0", judge)
 
 
 def test_weaver_config_errors():

@@ -46,6 +46,12 @@ class Generator(Actor):
         return self.backend.generate(prompt_ids, n, max_tokens, temperature, seed, stop)
 
     @endpoint
+    async def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]:
+        """For an LM judge served by the policy (`lm_judge` with `options.policy=true`)."""
+        assert self.backend is not None, "Generator.setup() was not awaited"
+        return self.backend.next_token_logprobs(prompt_ids, token_ids)
+
+    @endpoint
     async def update_weights(self, version: int, location: str) -> float:
         t = time.perf_counter()
         assert self.backend is not None

@@ -1,30 +1,24 @@
-"""Reward service actor: verifiers run here, in their own processes, scaled apart from generators.
+"""Reward service actor: combines verifiers in processes of its own, apart from the generators.
 
-LM-judge verifiers are served by a generator (the policy's own replicas, through the same `generate`
-endpoint the rollouts use): the launcher hands this actor the generator handles after spawn, and the
-judge's score for a response is P("Y") of the judge's first token under greedy decoding.
+Model verifiers are not loaded here: each has a verifier service of its own (rlexp.actors.verifier), and
+the launcher attaches them after spawn (`attach_verifiers`). An LM judge that is the policy itself
+(`lm_judge` with `options.policy=true`) asks the policy's generators (`attach_judges`).
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from monarch.actor import Actor, endpoint
 
+from rlexp.actors.verifier import served_scorer
 from rlexp.config.environment import EnvConfig
 from rlexp.config.reward import RewardConfig
 from rlexp.envs.registry import build_env
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.rewards.registry import build_reward
+from rlexp.rewards.verifiers.base import ServedVerifier
+from rlexp.rewards.verifiers.lm_judge import LMJudgeVerifier
 from rlexp.types import RewardOutput, Sample
-
-
-def judge_names(cfg: RewardConfig) -> list[str]:
-    """Names of the `lm_judge` verifiers a reward config declares (Weaver's list, or single_rm's one)."""
-    names = [v.name for v in cfg.verifiers if v.kind == "lm_judge"]
-    if cfg.options.get("kind") == "lm_judge":
-        names.append(str(cfg.options.get("name", "")))
-    return names
 
 
 class RewardService(Actor):
@@ -33,22 +27,33 @@ class RewardService(Actor):
         self.env = build_env(env_cfg)
         self.reward = build_reward(reward_cfg, self.env)
 
-    # Synchronous endpoints: a judge call waits on another actor's reply, which an event-loop endpoint must not.
+    # Synchronous endpoints: a verifier call waits on another actor's reply, which an event-loop endpoint must not.
+    @endpoint
+    def attach_verifiers(self, services: dict[str, list[Any]]) -> list[str]:
+        """Score each served model verifier through its service (`services`: name -> replica handles)."""
+        attached = []
+        for v in self.reward.verifiers:
+            if isinstance(v, ServedVerifier):
+                if v.name not in services:
+                    raise RuntimeError(f"verifier {v.name!r} has no service; the launcher spawned {sorted(services)}")
+                v.attach(served_scorer(services[v.name]))
+                attached.append(v.name)
+        return attached
+
     @endpoint
     def attach_judges(self, generator: Any, model_dir: str) -> list[str]:
-        """Serve every `lm_judge` verifier with `generator` (a Generator actor handle)."""
+        """Serve every policy judge with `generator` (a Generator actor handle) and the policy's tokenizer."""
+        judges = [v for v in self.reward.verifiers if isinstance(v, LMJudgeVerifier) and v.opts.policy]
+        if not judges:
+            return []
         tok = load_tokenizer(model_dir)
-        yes = tok.encode("Y")[0] if tok.encode("Y") else None
 
-        def judge(prompts: list[str]) -> list[float]:
-            outs = generator.generate.call_one([tok.encode(p) for p in prompts], 1, 1, 0.0, 0).get()
-            return [(math.exp(o.logprobs[0]) if o.token_ids[0] == yes else 1.0 - math.exp(o.logprobs[0]))
-                    if o.token_ids else 0.0 for o in outs]
+        def next_logprobs(prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]:
+            return generator.next_token_logprobs.call_one(prompt_ids, token_ids).get()
 
-        names = judge_names(self.cfg)
-        for name in names:
-            self.reward.attach_judge(name, judge)
-        return names
+        for v in judges:
+            v.attach(next_logprobs, tok)
+        return [v.name for v in judges]
 
     @endpoint
     def score(self, samples: list[Sample], texts: list[str], group_size: int) -> RewardOutput:
@@ -61,3 +66,4 @@ class RewardService(Actor):
     @endpoint
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reward.load_state_dict(state)
+

@@ -19,7 +19,7 @@ from rlexp.config.environment import EnvConfig
 from rlexp.config.eval import EvalConfig
 from rlexp.config.logger import LoggerConfig
 from rlexp.config.model import ModelConfig
-from rlexp.config.reward import RewardConfig
+from rlexp.config.reward import RewardConfig, VerifierSetConfig
 
 
 def _choices(name: str, *values: str) -> Any:
@@ -130,6 +130,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     environment: EnvConfig = field(default_factory=EnvConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    verifier_set: VerifierSetConfig = field(default_factory=VerifierSetConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -19,10 +19,13 @@ from rlexp.envs.base import Check, Environment, register_env
 from rlexp.types import Problem, Sample
 
 _SPLIT_SEED = 20261129  # the split is a fixed function of the task, not of the run seed
+_VERIFIER_SPLIT_SEED = 20270113  # likewise the verifier split
 
 
 @register_env("arithmetic")
 class Arithmetic(Environment):
+    verifier_kinds = Environment.verifier_kinds | {"rule"}  # the arithmetic checks in rewards/verifiers/arithmetic.py
+
     def _terms(self) -> tuple[int, int]:
         n = int(self.cfg.options.get("n_terms", 9))
         hi = int(self.cfg.options.get("max_term", 1))
@@ -32,6 +35,32 @@ class Arithmetic(Environment):
         return n, hi
 
     def _split(self) -> tuple[dict[int, list[tuple[int, ...]]], list[tuple[int, ...]]]:
+        """(training sequences by sum, held-out sequences); with `options.verifier_frac` the verifier split
+        (`verifier_sequences`) is taken out of training, so the policy never trains on a problem its weak
+        verifiers learned from."""
+        train, held = self._base_split()
+        frac = float(self.cfg.options.get("verifier_frac", 0.0))
+        if frac > 0:
+            taken = set(self.verifier_sequences(frac))
+            train = {s: [t for t in seqs if t not in taken] for s, seqs in train.items()}
+        return train, held
+
+    def verifier_sequences(self, frac: float) -> list[tuple[int, ...]]:
+        """The sequences weak verifiers learn from (rlexp/rewards/verifiers/tiny.py): a fixed `frac` of the
+        training sequences of each sum, never a held-out one. Each sum keeps at least one sequence for the
+        policy (the task draws a sum first); the choice is nested, a larger `frac` keeps a smaller one's."""
+        if not 0.0 <= frac < 1.0:
+            raise ValueError(f"environment.options.verifier_frac must be in [0, 1), got {frac}")
+        n, hi = self._terms()
+        train, _ = self._base_split()
+        out: list[tuple[int, ...]] = []
+        for s in sorted(train):
+            seqs = sorted(train[s])  # only the set matters, not the split's shuffle order
+            random.Random(f"{_VERIFIER_SPLIT_SEED}:{n}:{hi}:{s}").shuffle(seqs)
+            out += seqs[:min(int(frac * len(seqs) + 0.5), len(seqs) - 1)]
+        return out
+
+    def _base_split(self) -> tuple[dict[int, list[tuple[int, ...]]], list[tuple[int, ...]]]:
         n, hi = self._terms()
         by_sum: dict[int, list[tuple[int, ...]]] = {}
         for t in itertools.product(range(hi + 1), repeat=n):
@@ -62,6 +91,10 @@ class Arithmetic(Environment):
             train, _ = self._split()
             self._by_sum = [[self._sample(t) for t in train[s]] for s in sorted(train)]
         return [rng.choice(self._by_sum[rng.randrange(len(self._by_sum))]) for _ in range(n)]
+
+    def extract(self, problem: Problem, response: str) -> str | None:
+        text = response.strip()
+        return text if len(text) == 1 and text.isdigit() else None
 
     def check(self, sample: Sample, response: str) -> Check:
         text = response.strip()

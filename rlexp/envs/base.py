@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from rlexp.config.environment import EnvConfig
-from rlexp.types import Sample
+from rlexp.types import Problem, Sample
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,10 @@ class Environment:
     name: ClassVar[str] = ""
     # Tokens after which generation stops (e.g. "\n"); the generator also stops at EOS.
     stop: ClassVar[tuple[str, ...]] = ()
+    # Verifier kinds a label-free reward may score this environment with (checked before anything spawns).
+    verifier_kinds: ClassVar[frozenset[str]] = frozenset({"format", "majority", "reward_model", "lm_judge"})
+    # Which LM-judge template fits its answers: free_form (a number, an expression) or multiple_choice.
+    answer_format: ClassVar[str] = "free_form"
 
     def __init__(self, cfg: EnvConfig) -> None:
         self.cfg = cfg
@@ -60,6 +64,12 @@ class Environment:
     # --- scoring ----------------------------------------------------------------------------------
     def check(self, sample: Sample, response: str) -> Check:
         raise NotImplementedError
+
+    def extract(self, problem: Problem, response: str) -> str | None:
+        """The answer a response gives, normalised so that equal answers compare equal, or None when it gives
+        none. Reads no gold label: label-free verifiers (`format`, `majority`) are built on it."""
+        raise NotImplementedError(f"environment {self.name!r} does not extract answers, so the format and "
+                                  f"majority verifiers cannot score it")
 
     # --- multi-turn -------------------------------------------------------------------------------
     def step(self, sample: Sample, transcript: str, response: str) -> str | None:

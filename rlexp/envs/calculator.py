@@ -29,6 +29,7 @@ import re
 from rlexp.envs.answers import boxed_contents, check_number, strip_thinking
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.envs.data import is_local_path, read_local
+from rlexp.envs.gsm8k import numeric_answer
 from rlexp.types import Problem, Sample
 
 TEMPLATE = ("Compute {question}. You may use a calculator: write <calc>expression</calc> and the result will "
@@ -142,6 +143,9 @@ class Calculator(Environment):
             return None
         close = "" if response.rstrip().endswith(CALL_CLOSE) else CALL_CLOSE
         return f"{close}<result>{safe_eval(expr)}</result>"
+
+    def extract(self, problem: Problem, response: str) -> str | None:
+        return numeric_answer(re.sub(r"<result>.*?</result>", "", response, flags=re.DOTALL))
 
     def check(self, sample: Sample, response: str) -> Check:
         text = re.sub(r"<result>.*?</result>", "", response, flags=re.DOTALL)  # tool output is not an answer

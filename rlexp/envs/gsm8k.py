@@ -16,7 +16,7 @@ a rational ("18", "18.00", "$18" all equal 18), so formatting never costs a corr
 """
 from __future__ import annotations
 
-from rlexp.envs.answers import check_number
+from rlexp.envs.answers import check_number, extract_number, parse_number
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.envs.data import DatasetMissing, is_local_path, load_hf, package_file, read_local
 from rlexp.types import Problem, Sample
@@ -53,6 +53,16 @@ class GSM8K(Environment):
             for i, r in enumerate(self._records(split))
         ]
 
+    def extract(self, problem: Problem, response: str) -> str | None:
+        return numeric_answer(response)
+
     def check(self, sample: Sample, response: str) -> Check:
         r = check_number(sample.answer, response)
         return Check(correct=r.correct, parseable=r.parseable, extracted=r.extracted)
+
+
+def numeric_answer(response: str) -> str | None:
+    """The response's number as an exact fraction's text ("18", "18.0" and "$18" are all "18")."""
+    found = extract_number(response)
+    value = None if found is None else parse_number(found)
+    return None if value is None else str(value)

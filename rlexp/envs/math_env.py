@@ -16,7 +16,7 @@ Scoring: the last `\boxed{...}` after thinking blocks are removed, compared with
 """
 from __future__ import annotations
 
-from rlexp.envs.answers import check_math_batch
+from rlexp.envs.answers import check_math_batch, last_boxed
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.envs.data import DatasetMissing, is_local_path, load_hf, read_local
 from rlexp.types import Problem, Sample
@@ -49,6 +49,11 @@ class MathEnv(Environment):
                                       prompt=template.format(question=r[question_key]), meta=meta),
                               answer=str(r[answer_key])))
         return out
+
+    def extract(self, problem: Problem, response: str) -> str | None:
+        """The last boxed answer, spaces removed (majority voting compares text; `check` compares math)."""
+        boxed = last_boxed(response)
+        return None if boxed is None else "".join(boxed.split())
 
     def check(self, sample: Sample, response: str) -> Check:
         return self.check_batch([sample], [response])[0]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import string
 
-from rlexp.envs.answers import check_choice
+from rlexp.envs.answers import check_choice, extract_choice
 from rlexp.envs.base import Check, Environment
 from rlexp.types import Problem, Sample
 
@@ -80,6 +80,8 @@ def make_sample(qid: str, question: str, choices: list[str], correct_index: int,
 class MultipleChoiceEnv(Environment):
     """Scores the chosen letter; the number of valid letters comes from the sample's choices."""
 
+    answer_format = "multiple_choice"
+
     def __init__(self, cfg) -> None:  # EnvConfig, kept loose for subclasses
         super().__init__(cfg)
         self._perms: dict[str, list[int]] = {}
@@ -87,6 +89,12 @@ class MultipleChoiceEnv(Environment):
     def orders_by_text(self) -> bool:
         """Whether choices are shown in `text_order` (then every copy of the gold text scores, see above)."""
         return True
+
+    def extract(self, problem: Problem, response: str) -> str | None:
+        """The chosen option's text (two letters showing the same text are the same answer)."""
+        choices = problem.meta["choices"]
+        letter = extract_choice(response, len(choices))
+        return None if letter is None else choices[letter]
 
     def check(self, sample: Sample, response: str) -> Check:
         choices = sample.problem.meta["choices"]

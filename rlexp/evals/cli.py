@@ -2,6 +2,7 @@
 
     rlexp eval model=qwen3_8b benchmark=all [n=4 temperature=0.6] [--out results/my-eval]
     rlexp eval run_dir=runs/2026-11-29/12-00-00 benchmark=gsm8k
+    rlexp eval model=qwen3_8b benchmark=gsm8k n=8 temperature=0.6 selection=[weaver,majority,mean,best_verifier]
 
 Arguments are Hydra overrides of rlexp/conf/eval.yaml (groups `model` and `benchmark`); `--out PATH` is a
 shortcut for `out=PATH`, `--config-dir DIR` composes from another conf folder; `--help` lists benchmarks,
@@ -11,6 +12,11 @@ from rlexp's dispatcher and from tests without Hydra taking over the working dir
 
 Writes to the output folder: `samples_<benchmark>.jsonl` (one line per response), `results.md` and
 `results.csv` (one row per benchmark) and `manifest.json` (config, versions, dataset fingerprints, model hash).
+
+`selection=MODE` or `selection=[MODE,...]` (with n >= 2) also picks one response per problem with weak
+verifiers (the benchmark's environment's verifier set, or `verifier_set=NAME`) and reports each mode's
+selection accuracy beside pass@n and accuracy@1, and each verifier's Weaver-estimated TPR/FPR beside the
+measured ones (rlexp/evals/selection.py).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from rlexp.envs.base import Environment
 from rlexp.envs.data import DatasetMissing
 from rlexp.evals.benchmarks import benchmark_envs
 from rlexp.evals.runner import BenchmarkResult, run_benchmark
+from rlexp.evals.selection import MODES, SelectionError, Selector
 
 log = logging.getLogger("rlexp.eval")
 
@@ -120,6 +127,13 @@ def help_text(config_dir: str | Path = DEFAULT_CONF) -> str:
     if models:
         out += ["", f"models (model=NAME; default {_group_default(defaults, 'model')}; or run_dir=PATH):"]
         out += textwrap.wrap(", ".join(models), width=100, initial_indent="  ", subsequent_indent="  ")
+    out += section(f"selection modes (selection=MODE or selection=[MODE,...] with n>=2; default "
+                   f"{_yaml_value(cfg.get('selection'))})", [("none", "no selection"), *MODES.items()])
+    sets = [p.stem for p in sorted((conf / "verifier_set").glob("*.yaml"))]
+    out += ["", "verifier sets for selection (verifier_set=NAME; default: the set named after each benchmark's "
+                "environment):"]
+    out += textwrap.wrap(", ".join(sets) or "(none in this conf folder)", width=100, initial_indent="  ",
+                         subsequent_indent="  ")
     comments: dict[str, str] = {}
     for line in eval_yaml.read_text().splitlines():
         m = re.match(r"([A-Za-z_]\w*):.*?\s#\s?(.*)$", line)
@@ -167,7 +181,7 @@ def make_generate_fn(backend: Any, stop: tuple[str, ...]):
 
 
 def _manifest_start(out: Path, cfg: DictConfig, argv: list[str], envs: dict[str, tuple[Environment, int]],
-                    model_dir: Path) -> None:
+                    model_dir: Path, selectors: dict[str, Selector] | None = None) -> None:
     from rlexp.tracking.manifest import (
         fingerprint_examples,
         hash_files,
@@ -180,22 +194,62 @@ def _manifest_start(out: Path, cfg: DictConfig, argv: list[str], envs: dict[str,
         datasets[name] = {"environment": env.name, "dataset": env.cfg.dataset, "revision": env.cfg.revision,
                           "split": env.cfg.eval_split, "n": len(samples),
                           "sha256": fingerprint_examples([(s.id, s.problem.prompt, s.answer) for s in samples])}
-    write_start_manifest(out, cfg, ["rlexp", "eval", *argv], seeds={"eval": int(cfg.seed)},
-                         extra={"kind": "eval", "datasets": datasets,
-                                "model": {"dir": str(model_dir), "sha256": hash_files(model_dir)}})
+    extra: dict[str, Any] = {"kind": "eval", "datasets": datasets,
+                             "model": {"dir": str(model_dir), "sha256": hash_files(model_dir)}}
+    if selectors:
+        extra["selection"] = {}
+        for name, selector in selectors.items():
+            d = selector.describe()
+            for v in d["verifiers"]:
+                path = v["options"].get("path")
+                v["sha256"] = hash_files(path) if path else None
+            extra["selection"][name] = d
+    write_start_manifest(out, cfg, ["rlexp", "eval", *argv], seeds={"eval": int(cfg.seed)}, extra=extra)
 
 
-def run(cfg: DictConfig, argv: list[str]) -> list[BenchmarkResult]:
+def build_selectors(cfg: DictConfig, envs: dict[str, tuple[Environment, int]],
+                    config_dir: str | Path = DEFAULT_CONF) -> dict[str, Selector]:
+    """One selector per benchmark for `selection=...` (none: {}). Verifiers load here, before any generation,
+    so a bad verifier set fails in seconds."""
+    from rlexp.evals import selection as sel
+
+    modes = sel.parse_modes(cfg.get("selection"))
+    if not modes:
+        return {}
+    if int(cfg.n) < 2:
+        raise SelectionError(f"selection={modes} picks one of n responses per problem: set n>=2 (n={cfg.n})")
+    if float(cfg.temperature) == 0.0:
+        log.warning("selection with temperature=0: greedy decoding gives n identical responses, so every mode "
+                    "picks the same; set temperature>0")
+    given = cfg.get("selection_options")
+    options = {**sel.default_options(config_dir),
+               **(OmegaConf.to_container(given, resolve=True) if OmegaConf.is_config(given) else dict(given or {}))}
+    out = {}
+    for name, (env, _) in envs.items():
+        vset = None
+        if sel.needs_verifiers(modes) and cfg.get("verifier_set") is not None:  # verifier_set=NAME (a group)
+            vset = sel.verifier_set_config(cfg.verifier_set, str(cfg.verifier_set.get("name") or "(given)"))
+        elif sel.needs_verifiers(modes):  # the set made for the benchmark's environment, read by path
+            vset = sel.load_verifier_set(env.name, config_dir, why=f" for benchmark {name} (environment "
+                                         f"{env.name}; the default set is named after it)")
+        n_problems = len(env.eval_samples()[: cfg.max_samples or None])
+        out[name] = Selector(modes, env, n_problems, vset, options)
+    return out
+
+
+def run(cfg: DictConfig, argv: list[str], config_dir: str | Path = DEFAULT_CONF) -> list[BenchmarkResult]:
     from rlexp.evals.results import write_samples, write_tables
+    from rlexp.evals.selection import apply as apply_selection
     from rlexp.tracking.manifest import finish_manifest
 
     envs = benchmark_envs(cfg)
     for env, _ in envs.values():  # load every dataset before any model work: fail fast on missing data
         env.eval_samples()
+    selectors = build_selectors(cfg, envs, config_dir)
     model_dir, label = model_dir_of(cfg)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"results/eval-{label}-{'+'.join(envs)}-{stamp}")
-    _manifest_start(out, cfg, argv, envs, model_dir)
+    _manifest_start(out, cfg, argv, envs, model_dir, selectors)
     results: list[BenchmarkResult] = []
     status = "failed"
     try:
@@ -206,10 +260,17 @@ def run(cfg: DictConfig, argv: list[str]) -> list[BenchmarkResult]:
 
         tokenizer = load_tokenizer(model_dir)
         backend = build_backend(str(cfg.backend), str(model_dir), tokenizer, int(cfg.seed))
+        for selector in selectors.values():
+            selector.attach_policy(backend, tokenizer)
         for name, (env, max_tokens) in envs.items():
             res = run_benchmark(name, env, make_generate_fn(backend, env.stop), tokenizer, n=int(cfg.n),
                                 max_tokens=max_tokens, temperature=float(cfg.temperature), seed=int(cfg.seed),
                                 max_samples=cfg.max_samples, batch_size=int(cfg.batch_size))
+            if name in selectors:
+                report = apply_selection(res, selectors[name], int(cfg.n))
+                log.info("%s: selection of one in %d: %s (pass@%d %.4f)", name, report.n,
+                         ", ".join(f"{m} {report.metrics[f'select/{m}@{report.n}']:.4f}" for m in report.modes),
+                         report.n, res.metrics.get(f"pass@{report.n}", float("nan")))
             write_samples(out / f"samples_{name}.jsonl", res.records)
             results.append(res)
             log.info("%s: accuracy %.4f [%.4f, %.4f], unparseable %.4f, %d problems in %.1fs", name,
@@ -262,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlexp eval: {e}", file=sys.stderr)
         return 2
     try:
-        run(cfg, argv)
-    except (DatasetMissing, FileNotFoundError, _checkpoint_error()) as e:
+        run(cfg, argv, args.config_dir)
+    except (DatasetMissing, FileNotFoundError, SelectionError, _checkpoint_error()) as e:
         print(f"rlexp eval: {e}", file=sys.stderr)
         return 2
     return 0

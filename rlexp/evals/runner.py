@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from rlexp.config.eval import EvalConfig
 from rlexp.envs.base import Check, Environment
 from rlexp.evals.metrics import summarize
-from rlexp.types import Completion, Sample
+from rlexp.types import Completion, Problem, Sample
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,10 @@ class BenchmarkResult:
     metrics: dict[str, float]
     records: list[SampleRecord]
     seconds: float = 0.0
+    # The problems scored, in order (`records` holds `n` responses per problem, consecutively).
+    problems: list[Problem] = field(default_factory=list)
+    # Test-time selection measured on these responses (rlexp.evals.selection.SelectionReport), when asked for.
+    selection: Any = None
 
 
 def apply_stop(text: str, stops: tuple[str, ...]) -> str:
@@ -146,7 +150,7 @@ def run_benchmark(name: str, env: Environment, generate_fn: GenerateFn, tokenize
     groups = [records[i * n: (i + 1) * n] for i in range(len(samples))]
     metrics = summarize([[r.correct for r in g] for g in groups], [[r.parseable for r in g] for g in groups],
                         [[r.extracted for r in g] for g in groups], k=n)
-    return BenchmarkResult(name, metrics, records, time.perf_counter() - t0)
+    return BenchmarkResult(name, metrics, records, time.perf_counter() - t0, problems=[s.problem for s in samples])
 
 
 def metric_names(result: BenchmarkResult, prefix: str) -> dict[str, float]:

@@ -14,6 +14,7 @@ replica and the step), so sampling is reproducible regardless of how calls are r
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ import torch
 from rlexp.config.model import ModelConfig
 from rlexp.models.hf import model_config_from_dir, read_hf_state_dict
 from rlexp.models.kv_decode import KVDecoder
-from rlexp.models.policy import load_policy, sequence_logprobs
+from rlexp.models.policy import load_policy, pad_sequences, sequence_logprobs
 from rlexp.models.titan import load_hf_state_dict
 from rlexp.models.tokenizer import Tokenizer, load_tokenizer
 from rlexp.types import Completion
@@ -33,6 +34,8 @@ class GeneratorBackend(Protocol):
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                  stop: list[str] | None = None) -> list[Completion]: ...
+
+    def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]: ...
 
     def update_weights(self, version: int, location: str) -> None: ...
 
@@ -168,6 +171,14 @@ class TitanBackend:
             out[i] = list(rows.get((tuple(p), tuple(r)), []))
         return out
 
+    @torch.no_grad()
+    def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]:
+        """Logprobs of `token_ids` as the next token after each prompt (an LM judge's yes and no)."""
+        tokens = pad_sequences(prompt_ids, self.tok.pad_id).to(self.device)
+        last = torch.tensor([len(p) - 1 for p in prompt_ids], device=self.device)
+        logits = self.model(tokens)[torch.arange(len(prompt_ids), device=self.device), last].float()
+        return torch.log_softmax(logits, dim=-1)[:, token_ids].cpu().tolist()
+
     def update_weights(self, version: int, location: str) -> None:
         if not os.path.isdir(location):
             raise FileNotFoundError(f"generator: weights for version {version} are not at {location}")
@@ -176,6 +187,9 @@ class TitanBackend:
 
     def close(self) -> None:
         pass
+
+
+_JUDGE_TOP_K = 20  # vLLM's default cap on logprobs per position
 
 
 class VLLMBackend:
@@ -219,6 +233,20 @@ class VLLMBackend:
                 result.append(Completion(prompt_ids=p, token_ids=ids, logprobs=lps, text=text,
                                          policy_version=self.policy_version, finish_reason=str(c.finish_reason)))
         return result
+
+    def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]:
+        """Logprobs of `token_ids` as the next token; vLLM reports the top `_JUDGE_TOP_K` per position, so a
+        token outside them counts as -inf (it carries less mass than every one reported)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(n=1, max_tokens=1, temperature=0.0, logprobs=_JUDGE_TOP_K, detokenize=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
+        rows = []
+        for o in outs:
+            top = (o.outputs[0].logprobs or [{}])[0]
+            rows.append([float(top[t].logprob) if t in top else -math.inf for t in token_ids])
+        return rows
 
     def update_weights(self, version: int, location: str) -> None:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": location})

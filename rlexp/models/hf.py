@@ -246,8 +246,10 @@ def model_config_from_dir(model_dir: str | Path) -> ModelConfig:
     c = json.loads((Path(model_dir) / "config.json").read_text())
     c.setdefault("head_dim", c["hidden_size"] // c["num_attention_heads"])
     c.setdefault("tie_word_embeddings", False)
+    # transformers 5 writes rope_theta inside rope_parameters; older versions at the top level.
+    rope_theta = c.get("rope_theta", (c.get("rope_parameters") or {}).get("rope_theta", 1e6))
     arch = ArchConfig(**{field_name: c[key] for key, field_name in _HF_ARCH_KEYS.items()},
-                      max_seq_len=c.get("max_position_embeddings", 4096), rope_theta=c.get("rope_theta", 1e6))
+                      max_seq_len=c.get("max_position_embeddings", 4096), rope_theta=rope_theta)
     dtype = str(c.get("torch_dtype") or c.get("dtype") or "float32")
     return ModelConfig(name=Path(str(model_dir).rstrip("/")).name, path=str(model_dir), dtype=dtype, arch=arch)
 

@@ -1,6 +1,10 @@
 """`rlexp plan model=qwen3_8b cluster=...`: print the per-GPU memory plan of a run config and say
 whether it fits, without starting anything. Takes the same overrides as `rlexp train`.
 
+Counts every mesh the run spawns on GPUs: the trainer, the generators, and the model verifiers the reward
+serves (reward=weaver / verifier_mean / verifier_vote: every reward_model and lm_judge of `verifier_set`;
+single_rm: the one it picks), one GPU per verifier replica at the set's `memory_gb`.
+
 Exit codes: 0 fits, 1 does not fit (the table ends with what to change), 2 config error.
 """
 from __future__ import annotations

@@ -31,6 +31,10 @@ Generator replica, per GPU (vLLM, TP = generator_tp):
     = ceil(prompts_per_step * group_size / generator_replicas), each max_prompt_tokens + max_tokens
     long: 2 (K and V) * n_layers * max(1, n_kv_heads / TP) * head_dim * bytes * tokens.
   sampler logits: sequences * vocab * 4 B (fp32), plus the runtime overhead (CUDA graphs, activations).
+Model verifiers (reward models and LM judges the reward serves, `rlexp.config.layout.reward_verifiers`), per GPU:
+  each replica has a GPU of its own and needs the verifier's `memory_gb` (read as GiB, like
+  `cluster.gpu_memory_gb`; the verifier_set files size it as bf16 weights + headroom). These are the
+  verifier set's numbers, not derived here: a verifier can be any architecture.
 """
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from rlexp.config.layout import reward_verifiers
 from rlexp.config.model import ArchConfig
 from rlexp.models.catalog import layer_param_count, param_count
 
@@ -108,6 +113,41 @@ class GeneratorSetup:
 
 
 @dataclass
+class VerifierPlan:
+    """One served model verifier: its own mesh of `replicas` processes, one GPU each."""
+
+    name: str
+    kind: str
+    replicas: int
+    bytes_per_gpu: float  # memory_gb as GiB; 0 = not given (a stand-in, or an unsized checkpoint)
+    checkpoint: str  # hf_repo@revision, the local path, or tiny:<name>
+    capacity_bytes: float | None
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity_bytes is None or self.bytes_per_gpu <= self.capacity_bytes
+
+
+def verifier_checkpoint_name(options: dict[str, Any]) -> str:
+    if options.get("hf_repo"):
+        return f"{options['hf_repo']}@{options.get('revision', 'main')}"
+    if options.get("tiny"):
+        return f"tiny:{options['tiny']}"
+    return str(options.get("path") or "?")
+
+
+def verifier_plans(cfg: Any, capacity_bytes: float | None = None) -> list[VerifierPlan]:
+    """The served model verifiers of the run's reward (none for reward=rule/annotated)."""
+    return [VerifierPlan(v.name, str(v.kind), int(v.replicas), float(v.memory_gb or 0.0) * GiB,
+                         verifier_checkpoint_name(dict(v.options or {})), capacity_bytes)
+            for v in reward_verifiers(cfg)]
+
+
+@dataclass
 class PlanReport:
     model: str
     arch: ArchConfig
@@ -119,6 +159,12 @@ class PlanReport:
     headroom: float
     problems: list[str] = field(default_factory=list)
     fixes: list[str] = field(default_factory=list)
+    verifiers: list[VerifierPlan] = field(default_factory=list)
+    reward: str = ""  # reward.name, and the verifier set the verifiers come from, for the table
+
+    @property
+    def verifier_gpus(self) -> int:
+        return sum(v.gpus for v in self.verifiers)
 
     @property
     def ok(self) -> bool:
@@ -142,6 +188,17 @@ class PlanReport:
             cap = f" of {rp.capacity_bytes / GiB:.1f}" if rp.capacity_bytes else ""
             verdict = "" if rp.capacity_bytes is None else ("  fits" if rp.fits else "  DOES NOT FIT")
             lines.append(f"  {'total':<28}{rp.total_bytes / GiB:>10.2f}{cap}{verdict}")
+        if self.verifiers:
+            lines.append("")
+            lines.append(f"verifiers: {self.verifier_gpus} GPU(s), {len(self.verifiers)} served model verifier(s) of "
+                         f"{self.reward}, one mesh each, one GPU per replica")
+            w = max(20, *(len(v.name) + 2 for v in self.verifiers))
+            lines.append(f"  {'name':<{w}}{'kind':<14}{'replicas':>8}{'GiB/GPU':>10}  checkpoint")
+            for v in self.verifiers:
+                gib = f"{v.bytes_per_gpu / GiB:>10.2f}" if v.bytes_per_gpu else f"{'?':>10}"
+                verdict = "" if v.capacity_bytes is None or not v.bytes_per_gpu else (
+                    "  fits" if v.fits else "  DOES NOT FIT")
+                lines.append(f"  {v.name:<{w}}{v.kind:<14}{v.replicas:>8}{gib}  {v.checkpoint}{verdict}")
         if self.problems:
             lines.append("")
             lines.extend(f"problem: {p}" for p in self.problems)
@@ -278,6 +335,8 @@ PLAN_FIELDS = (
     "trainer.micro_batch_size", "trainer.activation_checkpointing", "trainer.mixed_precision",
     "algorithm.max_prompt_tokens", "algorithm.max_tokens", "algorithm.group_size", "algorithm.prompts_per_step",
     "algorithm.kl_coef (optional, default 0)",
+    "reward.name, reward.options, reward.verifiers, verifier_set.name, verifier_set.members (optional: the served "
+    "model verifiers, their replicas, memory_gb and options.hf_repo/revision/path/tiny)",
 )
 
 
@@ -289,11 +348,14 @@ def plan_memory(cfg: Any, headroom: float = DEFAULT_HEADROOM) -> PlanReport:
     hosts = _get(cfg, "cluster.hosts", 1)
     available = int(per_host) * int(hosts) if per_host else None
     cap = gib * GiB * (1 - headroom) if gib else None
+    verifiers = verifier_plans(cfg, cap)
+    set_name = _get(cfg, "verifier_set.name", None)
     report = PlanReport(
         model=str(_get(cfg, "model.name", "?")), arch=arch,
         trainer=trainer_plan(arch, t, cap), generator=generator_plan(arch, g, cap),
-        gpus_needed=t.fsdp * t.tp + g.tp * g.replicas, gpus_available=available,
-        gpu_memory_gib=gib, headroom=headroom,
+        gpus_needed=t.fsdp * t.tp + g.tp * g.replicas + sum(v.gpus for v in verifiers), gpus_available=available,
+        gpu_memory_gib=gib, headroom=headroom, verifiers=verifiers,
+        reward=f"reward={_get(cfg, 'reward.name', '?')}" + (f" (verifier_set={set_name})" if set_name else ""),
     )
     _diagnose(report, arch, t, g, cap, per_host and int(per_host), available)
     return report
@@ -317,10 +379,20 @@ def _diagnose(r: PlanReport, arch: ArchConfig, t: TrainerSetup, g: GeneratorSetu
             r.problems.append(f"model.parallelism.{role}={tp} spans hosts (cluster.gpus_per_host={per_host}); "
                               f"tensor parallelism needs NVLink, keep it within one host")
     if available is not None and r.gpus_needed > available:
+        served = (f" + verifiers {'+'.join(str(v.replicas) for v in r.verifiers)}" if r.verifiers else "")
         r.problems.append(f"the layout needs {r.gpus_needed} GPUs (trainer {t.fsdp}x{t.tp} + generators "
-                          f"{g.replicas}x{g.tp}) but the cluster has {available} "
+                          f"{g.replicas}x{g.tp}{served}) but the cluster has {available} "
                           f"(cluster.hosts x cluster.gpus_per_host)")
         r.fixes.append("raise cluster.hosts, or lower trainer_fsdp / generator_replicas")
+        if r.verifiers:
+            r.fixes.extend(_verifier_gpu_fixes(r, arch, t, g, cap, available))
+    if cap is not None:
+        for v in r.verifiers:
+            if not v.fits:
+                r.problems.append(f"verifier {v.name!r} ({v.checkpoint}) needs {v.bytes_per_gpu / GiB:.1f} GiB per "
+                                  f"GPU, {cap / GiB:.1f} GiB usable")
+                r.fixes.append(f"(verifier {v.name}) a smaller checkpoint for it, or GPUs with more memory "
+                               f"(a verifier replica holds the whole model on one GPU)")
     if cap is None:
         return
     max_gpus = available or 1024
@@ -332,6 +404,23 @@ def _diagnose(r: PlanReport, arch: ArchConfig, t: TrainerSetup, g: GeneratorSetu
         r.problems.append(f"each generator GPU needs {r.generator.total_bytes / GiB:.1f} GiB, "
                           f"{cap / GiB:.1f} GiB usable")
         r.fixes.extend(_generator_fixes(arch, g, cap, per_host or 8))
+
+
+def _verifier_gpu_fixes(r: PlanReport, arch: ArchConfig, t: TrainerSetup, g: GeneratorSetup, cap: float | None,
+                        available: int) -> list[str]:
+    """Ways to make room for the verifiers' GPUs beside the trainer and the generators."""
+    fits = lambda reps: cap is None or generator_plan(arch, replace(g, replicas=reps), cap).fits  # noqa: E731
+    fewest = next((n for n in range(1, g.replicas + 1) if fits(n)), g.replicas)  # fewest replicas whose KV fits
+    reps = (available - t.fsdp * t.tp - r.verifier_gpus) // g.tp
+    if fewest <= reps < g.replicas:
+        return [f"(verifiers) lower model.parallelism.generator_replicas to {reps}: the {r.verifier_gpus} verifier "
+                f"GPU(s) then fit beside the trainer and the generators"]
+    room = max(available - t.fsdp * t.tp - fewest * g.tp, 0)
+    single = "" if r.reward.startswith("reward=single_rm") else ", or reward=single_rm (one reward model)"
+    return [f"(verifiers) serve fewer of them: the {len(r.verifiers)} served take {r.verifier_gpus} GPU(s), and at "
+            f"most {room} fit beside the trainer ({t.fsdp * t.tp}) and {fewest} generator replica(s) (the fewest whose "
+            f"KV cache fits; model.parallelism.generator_replicas={fewest}): a verifier_set with fewer reward_model / "
+            f"lm_judge members or replicas{single}"]
 
 
 def _trainer_fixes(arch: ArchConfig, t: TrainerSetup, cap: float, max_gpus: int, per_host: int) -> list[str]:

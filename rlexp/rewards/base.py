@@ -28,10 +28,17 @@ class Reward:
     name: ClassVar[str] = ""
     # True only for rewards that read gold labels (rule checks, the annotated oracle).
     needs_gold: ClassVar[bool] = True
+    # The verifiers a label-free reward scores with; model verifiers among them get their model attached by
+    # the reward service (rlexp.actors.reward) once their services are up.
+    verifiers: list[Any]
 
-    def __init__(self, cfg: RewardConfig, env: Any) -> None:
+    def __init__(self, cfg: RewardConfig, env: Any, served: bool = True) -> None:
+        """`served`: model verifiers are scored by services of their own (inside a run), or loaded into this
+        process (`rlexp eval`, tests)."""
         self.cfg = cfg
         self.env = env
+        self.served = served
+        self.verifiers = []
 
     # --- public API -------------------------------------------------------------------------------
     def score(self, samples: Sequence[Sample], texts: Sequence[str], group_size: int) -> RewardOutput:
@@ -60,10 +67,6 @@ class Reward:
         if state:
             raise ValueError(f"reward {self.name!r} is stateless but the checkpoint holds reward state "
                              f"{sorted(state)}; was the run saved with a different reward?")
-
-    def attach_judge(self, verifier_name: str, handle: Callable[[list[str]], list[float]]) -> None:
-        """Give an `lm_judge` verifier its model handle (injected by the reward service after spawn)."""
-        raise ValueError(f"reward {self.name!r} has no lm_judge verifier named {verifier_name!r}")
 
 
 def strip_gold(samples: Sequence[Sample | Problem]) -> list[Problem]:

@@ -14,6 +14,7 @@ from rlexp.rewards.base import Reward, register_reward, reward_class, reward_nam
 __all__ = ["build_reward", "register_reward", "reward_names"]
 
 
-def build_reward(cfg: RewardConfig, env: Any) -> Reward:
-    """Construct the reward named by `cfg.name`; unknown names fail listing the registered choices."""
-    return reward_class(cfg.name)(cfg, env)
+def build_reward(cfg: RewardConfig, env: Any, served: bool = True) -> Reward:
+    """Construct the reward named by `cfg.name`; unknown names fail listing the registered choices.
+    `served=False` loads model verifiers into this process instead of expecting services (see `Reward`)."""
+    return reward_class(cfg.name)(cfg, env, served)

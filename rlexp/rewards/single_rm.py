@@ -8,7 +8,6 @@ Select it with `options.kind` plus that kind's options, e.g. `{kind: rule, rule:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,7 +19,7 @@ from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.types import Problem, RewardOutput
 
 # Reward-level options; everything else in `options` belongs to the verifier.
-_OWN_OPTIONS = {"kind", "name", "transform"}
+_OWN_OPTIONS = {"kind", "name", "transform", "verifier"}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -31,37 +30,36 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 class SingleRMReward(Reward):
     needs_gold = False
 
-    def __init__(self, cfg: RewardConfig, env: Any) -> None:
-        super().__init__(cfg, env)
+    def __init__(self, cfg: RewardConfig, env: Any, served: bool = True) -> None:
+        super().__init__(cfg, env, served)
         options = dict(plain(cfg.options) or {})
-        verifiers = list(plain(cfg.verifiers) or [])
-        if verifiers and "kind" in options:
-            raise ValueError("reward=single_rm: give the verifier either in `verifiers` (one entry) or via "
-                             "`options.kind`, not both")
-        if verifiers:
-            if len(verifiers) != 1:
-                raise ValueError(f"reward=single_rm scores with exactly one verifier, got {len(verifiers)}; "
-                                 f"use reward=weaver to combine several")
-            vcfg = verifiers[0]
-        else:
-            if "kind" not in options:
-                raise ValueError("reward=single_rm needs options.kind (reward_model | rule | lm_judge) and its "
-                                 "options, e.g. {kind: rule, rule: arithmetic_mod5} or "
-                                 "{kind: reward_model, path: /path/to/rm}")
+        verifiers = [v if isinstance(v, VerifierConfig) else VerifierConfig(**v) for v in plain(cfg.verifiers) or []]
+        names = [v.name for v in verifiers]
+        if "kind" in options:  # a verifier of its own, given inline
             vcfg = VerifierConfig(name=str(options.get("name", "")), kind=str(options["kind"]),
                                   options={k: v for k, v in options.items() if k not in _OWN_OPTIONS})
-        self.verifier: Verifier = build_verifier(vcfg)
+        elif "verifier" in options:  # one member of the verifier set, by name
+            match = [v for v in verifiers if v.name == options["verifier"]]
+            if not match:
+                raise ValueError(f"reward=single_rm: options.verifier={options['verifier']!r} is not in the verifier "
+                                 f"set {names}; choose one of them")
+            vcfg = match[0]
+        elif len(verifiers) == 1:
+            vcfg = verifiers[0]
+        else:  # "the single reward model": the set's first reward model
+            rms = [v for v in verifiers if str(v.kind) == "reward_model"]
+            if not rms:
+                raise ValueError(f"reward=single_rm: the verifier set {names} has no reward_model; choose one member "
+                                 f"with reward.options.verifier=NAME, or give options.kind and its options")
+            vcfg = rms[0]
+        self.verifier: Verifier = build_verifier(vcfg, env, served=served)
+        self.verifiers = [self.verifier]
         # A reward model's logit is unbounded; squash it so reward/mean reads as a probability-like number.
         # Rule checks already give 0/1. (GRPO normalises advantages within a group, so neither changes ranks.)
         default = "sigmoid" if self.verifier.kind == "reward_model" else "raw"
         self.transform = str(options.get("transform", default))
         if self.transform not in {"sigmoid", "raw"}:
             raise ValueError(f"reward=single_rm: transform must be sigmoid|raw, got {self.transform!r}")
-
-    def attach_judge(self, verifier_name: str, handle: Callable[[list[str]], list[float]]) -> None:
-        if self.verifier.kind != "lm_judge" or self.verifier.name != verifier_name:
-            super().attach_judge(verifier_name, handle)
-        self.verifier.attach(handle)  # type: ignore[attr-defined]
 
     def _score(self, problems: list[Problem], texts: list[str], group_size: int) -> RewardOutput:
         raw = self.verifier.score(problems, texts)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.rewards.base import Reward, plain, register_reward
 from rlexp.rewards.label_model import BinaryLabelModel, LabelModelParams
-from rlexp.rewards.verifiers.base import Verifier
+from rlexp.rewards.verifiers.base import ServedVerifier, Verifier
 from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.types import Problem, RewardOutput
 
@@ -41,6 +40,10 @@ class WeaverOptions:
     threshold: float = 0.5
     # Below three informative verifiers the latent-class model is not identifiable; fall back to mean vote.
     min_active: int = 3
+    # How the active verifiers' votes become a reward: label_model (Weaver: P(correct | votes) from the
+    # latent-class model), mean (unweighted average of the normalised scores), vote (majority of the votes:
+    # 1, 0.5 on a tie, 0). mean and vote are the baselines Weaver must beat, on the same verifiers.
+    combine: str = "label_model"
     # Label model numerics (see BinaryLabelModel).
     eps: float = 1e-3
     smoothing: float = 0.5
@@ -58,6 +61,8 @@ class WeaverOptions:
         if len(o.drop_band) != 2 or not 0.0 <= o.drop_band[0] < o.drop_band[1] <= 1.0:
             raise ValueError("reward=weaver: drop_band must be (low, high) with 0 <= low < high <= 1, "
                              f"got {o.drop_band}")
+        if o.combine not in ("label_model", "mean", "vote"):
+            raise ValueError(f"reward=weaver: options.combine must be label_model|mean|vote, got {o.combine!r}")
         if o.window_groups < 1:
             raise ValueError(f"reward=weaver: window_groups must be >= 1, got {o.window_groups}")
         return o
@@ -67,14 +72,14 @@ class WeaverOptions:
 class WeaverReward(Reward):
     needs_gold = False
 
-    def __init__(self, cfg: RewardConfig, env: Any) -> None:
-        super().__init__(cfg, env)
+    def __init__(self, cfg: RewardConfig, env: Any, served: bool = True) -> None:
+        super().__init__(cfg, env, served)
         self.opts = WeaverOptions.from_options(dict(plain(cfg.options) or {}))
         vcfgs = [VerifierConfig(**v) if isinstance(v, dict) else v for v in (plain(cfg.verifiers) or [])]
         if not vcfgs:
             raise ValueError("reward=weaver needs at least one entry in `verifiers` (kind: rule | reward_model | "
                              "lm_judge); see rlexp/conf/reward/weaver.yaml")
-        self.verifiers: list[Verifier] = [build_verifier(v) for v in vcfgs]
+        self.verifiers: list[Verifier] = [build_verifier(v, env, served=served) for v in vcfgs]
         self.names = [v.name for v in self.verifiers]
         dup = {n for n in self.names if self.names.count(n) > 1}
         if dup:
@@ -91,13 +96,6 @@ class WeaverReward(Reward):
         self.dropped: dict[str, str] = {}
         self.steps = 0
 
-    def attach_judge(self, verifier_name: str, handle: Callable[[list[str]], list[float]]) -> None:
-        for v in self.verifiers:
-            if v.name == verifier_name and v.kind == "lm_judge":
-                v.attach(handle)  # type: ignore[attr-defined]
-                return
-        super().attach_judge(verifier_name, handle)
-
     # --- scoring -----------------------------------------------------------------------------------
     def _score(self, problems: list[Problem], texts: list[str], group_size: int) -> RewardOutput:
         raw = self._verifier_scores(problems, texts)
@@ -111,7 +109,14 @@ class WeaverReward(Reward):
         act = np.array([n in self.active for n in self.names], dtype=bool)
 
         fallback = 0.0
-        if act.sum() >= self.opts.min_active:
+        if self.opts.combine == "mean":
+            span = np.where(hi > lo, hi - lo, 1.0)
+            norm = np.where(hi > lo, (raw - lo) / span, 0.0)
+            rewards = norm[:, act].mean(axis=1) if act.any() else np.full(len(texts), 0.5)
+        elif self.opts.combine == "vote":
+            share = votes[:, act].mean(axis=1) if act.any() else np.full(len(texts), 0.5)
+            rewards = np.where(share > 0.5, 1.0, np.where(share < 0.5, 0.0, 0.5))
+        elif act.sum() >= self.opts.min_active:
             warm = self.params if self.fit_names == self.active else None
             self.params = self.label_model.fit(win_votes[:, act], warm=warm)
             self.fit_names = list(self.active)
@@ -128,9 +133,11 @@ class WeaverReward(Reward):
         return RewardOutput(rewards=[float(r) for r in rewards], metrics=metrics, details=details)
 
     def _verifier_scores(self, problems: list[Problem], texts: list[str]) -> np.ndarray:
+        # Served models first: their services score concurrently while the local checks run here.
+        started = {v.name: v.start(problems, texts) for v in self.verifiers if isinstance(v, ServedVerifier)}
         cols = []
         for v in self.verifiers:
-            s = np.asarray(v.score(problems, texts), dtype=np.float64)
+            s = np.asarray(started[v.name].get() if v.name in started else v.score(problems, texts), dtype=np.float64)
             if s.shape != (len(texts),) or not np.isfinite(s).all():
                 raise RuntimeError(f"weaver: verifier {v.name!r} returned {s.shape} scores (non-finite: "
                                    f"{int((~np.isfinite(s)).sum()) if s.ndim else '?'}) for {len(texts)} responses")

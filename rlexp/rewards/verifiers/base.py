@@ -1,4 +1,4 @@
-"""The verifier interface and its three kinds: rule, reward_model, lm_judge.
+"""The verifier interface, rule verifiers, and the stand-in for a verifier whose model is served elsewhere.
 
 A verifier maps (Problem, response) to a float, higher meaning "more likely correct". It never sees a
 `Sample`, so it has no gold answer to consult. Rule verifiers are small classes registered by name with
@@ -11,7 +11,7 @@ implementations can import it without a cycle.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -59,3 +59,27 @@ class RuleVerifier(Verifier):
 
     def score(self, problems: list[Problem], texts: list[str]) -> np.ndarray:
         return np.array([float(self.rule.check(p, t)) for p, t in zip(problems, texts)], dtype=np.float64)
+
+
+class ServedVerifier(Verifier):
+    """A model verifier (reward model, LM judge) whose model lives in its own service: the reward service
+    holds this stand-in and attaches the function that starts a remote scoring call once the services are
+    up. `start` returns at once (anything with `.get()`), so a reward can keep every service busy at once."""
+
+    def __init__(self, name: str, kind: str, cfg: Any) -> None:
+        super().__init__(name)
+        self.kind = kind  # type: ignore[misc]
+        self.cfg = cfg  # its VerifierConfig: what its service builds
+        self.remote: Callable[[list[Problem], list[str]], Any] | None = None
+
+    def attach(self, remote: Callable[[list[Problem], list[str]], Any]) -> None:
+        self.remote = remote
+
+    def start(self, problems: list[Problem], texts: list[str]) -> Any:
+        if self.remote is None:
+            raise RuntimeError(f"{self.kind} verifier {self.name!r} is served by its own service, and none is "
+                               f"attached: build the reward inside rlexp's actor graph (rlexp.launcher)")
+        return self.remote(problems, texts)
+
+    def score(self, problems: list[Problem], texts: list[str]) -> np.ndarray:
+        return np.asarray(self.start(problems, texts).get(), dtype=np.float64)

@@ -6,6 +6,7 @@ that says where the checkpoint was expected and how to put it there, because a r
 """
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,8 @@ import numpy as np
 
 from rlexp.rewards.verifiers.base import Verifier
 from rlexp.types import Problem
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,6 +60,7 @@ class RewardModelVerifier(Verifier):
         if not path or not os.path.isdir(path):
             raise FileNotFoundError(f"verifier {name!r}: " + missing_checkpoint_message(path))
         self.path = path
+        self.truncated = 0  # inputs cut at max_length so far (reported in the log as they happen)
         self._load()
 
     def _load(self) -> None:
@@ -98,9 +102,12 @@ class RewardModelVerifier(Verifier):
 
         out: list[float] = []
         bs = max(int(self.opts.batch_size), 1)
+        truncated = 0
         with torch.inference_mode():
             for i in range(0, len(texts), bs):
                 enc = self._encode([p.prompt for p in problems[i:i + bs]], list(texts[i:i + bs]))
+                # A row that fills max_length was cut (or fits exactly): its score ignores what was cut.
+                truncated += int((enc["attention_mask"].sum(dim=1) >= self.opts.max_length).sum())
                 logits = self.model(**enc.to(self.opts.device)).logits.float()
                 if logits.shape[-1] == 1:
                     s = logits[:, 0]
@@ -108,4 +115,9 @@ class RewardModelVerifier(Verifier):
                     lp = torch.log_softmax(logits, dim=-1)
                     s = lp[:, self.opts.label] - torch.log1p(-lp[:, self.opts.label].exp().clamp(max=1 - 1e-7))
                 out.extend(s.cpu().tolist())
+        self.truncated += truncated
+        if truncated:
+            log.warning("reward model %r: %d of %d inputs reached max_length=%d and were truncated (%d so far); "
+                        "raise options.max_length if answers come at the end", self.name, truncated, len(texts),
+                        self.opts.max_length, self.truncated)
         return np.asarray(out, dtype=np.float64)

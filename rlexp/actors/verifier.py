@@ -1,0 +1,66 @@
+"""Verifier services: each model verifier (a reward model or an LM judge) in processes of its own.
+
+A verifier model is scaled, placed and batched apart from the policy and from the reward service that
+combines the verifiers: `reward.verifiers[i].replicas` processes (one GPU each on CUDA), every one holding
+the model once. The reward service scores through `served_scorer`, which splits a batch over the replicas.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from monarch.actor import Actor, current_rank, endpoint
+
+from rlexp.config.environment import EnvConfig
+from rlexp.config.reward import VerifierConfig
+from rlexp.envs.registry import build_env
+from rlexp.rewards.verifiers.registry import build_verifier
+from rlexp.seeding import apply_process_determinism
+from rlexp.services import Pending, Service
+from rlexp.types import Problem
+
+
+class VerifierService(Actor):
+    def __init__(self, vcfg: VerifierConfig, env_cfg: EnvConfig, threads: int = 0, device: str = "cpu",
+                 gpus: list[str] | None = None) -> None:
+        # This replica's GPU (`gpus[rank]`, a CUDA_VISIBLE_DEVICES value from rlexp.config.layout.assign_gpus), set
+        # before anything in the process opens CUDA, so a verifier never lands on the policy's GPUs.
+        if device == "cuda" and gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus[current_rank().rank if len(gpus) > 1 else 0]
+        apply_process_determinism()
+        if threads:
+            torch.set_num_threads(threads)
+        self.vcfg, self.env_cfg, self.device = vcfg, env_cfg, device
+
+    @endpoint
+    def setup(self) -> float:
+        """Load the model; returns the seconds it took."""
+        t = time.perf_counter()
+        self.verifier = build_verifier(self.vcfg, build_env(self.env_cfg), served=False, device=self.device)
+        return time.perf_counter() - t
+
+    @endpoint
+    def score(self, problems: list[Problem], texts: list[str]) -> list[float]:
+        """Each distinct (prompt, response) is scored once: a group often repeats an answer, and a model's
+        score depends on nothing else."""
+        index: dict[tuple[str, str], int] = {}
+        keys = [index.setdefault((p.prompt, t), len(index)) for p, t in zip(problems, texts)]
+        first = {k: i for i, k in reversed(list(enumerate(keys)))}
+        order = sorted(first.values())
+        scores = self.verifier.score([problems[i] for i in order], [texts[i] for i in order])
+        by_key = {keys[i]: float(x) for i, x in zip(order, scores)}
+        return [by_key[k] for k in keys]
+
+
+def served_scorer(replicas: list[Any]) -> Callable[[list[Problem], list[str]], Pending[list[float]]]:
+    """What a reward service calls in place of a local model: the batch split over the verifier's replicas,
+    returned without waiting."""
+    svc = Service("verifier", replicas)
+
+    def start(problems: list[Problem], texts: list[str]) -> Pending[list[float]]:
+        return svc.score.scatter(problems, rows=[texts]).then(lambda parts: [x for part in parts for x in part])
+
+    return start
