@@ -38,10 +38,15 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
     return m, m - h, m + h
 
 
+def clip01(mlh: tuple[float, float, float]) -> tuple[float, float, float]:
+    """Interval ends of a proportion, clipped to [0, 1] (a t-interval over few seeds can overshoot)."""
+    return tuple(x if x != x else min(1.0, max(0.0, x)) for x in mlh)  # type: ignore[return-value]
+
+
 def load_job(job: Path, best: str | None) -> dict | None:
     if not (job / "metrics.jsonl").exists():
         return None
-    ov = dict(o.split("=", 1) for o in yaml.safe_load((job / ".hydra/overrides.yaml").read_text()))
+    ov = dict(o.lstrip("+~").split("=", 1) for o in yaml.safe_load((job / ".hydra/overrides.yaml").read_text()))
     arm = ov.get("reward", "rule")
     if arm == "single_rm" and ov.get("reward.options.verifier") and ov.get("reward.options.verifier") == best:
         arm = "best_verifier"
@@ -54,8 +59,12 @@ def load_job(job: Path, best: str | None) -> dict | None:
     if len(steps) < 2:
         return None
     auc = sum((acc[b] + acc[a]) / 2 * (b - a) for a, b in pairwise(steps)) / (steps[-1] - steps[0])
+    # How far the final policy collapsed onto one answer (a policy that games its verifiers answers alike).
+    last = sorted((job / "eval_samples").glob("train_step*.jsonl"))
+    answers = [json.loads(x)["response"] for x in last[-1].read_text().splitlines()] if last else []
+    top = max((answers.count(a) for a in set(answers)), default=0) / max(len(answers), 1)
     return {"job": str(job), "arm": arm, "seed": int(ov.get("seed", 0)), "acc": acc, "auc": auc,
-            "final": (acc[steps[-1]] + acc[steps[-2]]) / 2}
+            "final": (acc[steps[-1]] + acc[steps[-2]]) / 2, "top_share": top}
 
 
 def gap_fraction(by_arm: dict[str, dict[int, dict]], key: str, n_boot: int = 10000) -> tuple[float, float, float]:
@@ -117,17 +126,19 @@ def main() -> None:
     arms = [a for a in ORDER if a in by_arm] + sorted(set(by_arm) - set(ORDER))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out.with_suffix(".csv"), "w") as f:
-        f.write("arm,seed,auc,final," + ",".join(f"acc@{s}" for s in sorted(runs[0]["acc"])) + ",job\n")
+        f.write("arm,seed,auc,final,top_share," + ",".join(f"acc@{s}" for s in sorted(runs[0]["acc"])) + ",job\n")
         for r in sorted(runs, key=lambda r: (arms.index(r["arm"]), r["seed"])):
-            f.write(f"{r['arm']},{r['seed']},{r['auc']:.4f},{r['final']:.4f},"
+            f.write(f"{r['arm']},{r['seed']},{r['auc']:.4f},{r['final']:.4f},{r['top_share']:.4f},"
                     + ",".join(f"{r['acc'].get(s, math.nan):.4f}" for s in sorted(runs[0]["acc"])) + f",{r['job']}\n")
-    print("| arm | seeds | AUC (pre-registered) | final accuracy |")
-    print("|---|---|---|---|")
+    print("| arm | seeds | AUC (pre-registered) | final accuracy | most common final answer's share |")
+    print("|---|---|---|---|---|")
     for arm in arms:
         xs = list(by_arm[arm].values())
-        m, lo, hi = t_interval([x["auc"] for x in xs])
-        fm, flo, fhi = t_interval([x["final"] for x in xs])
-        print(f"| {arm} | {len(xs)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {fm:.3f} [{flo:.3f}, {fhi:.3f}] |")
+        m, lo, hi = clip01(t_interval([x["auc"] for x in xs]))
+        fm, flo, fhi = clip01(t_interval([x["final"] for x in xs]))
+        tm, tlo, thi = clip01(t_interval([x["top_share"] for x in xs]))
+        print(f"| {arm} | {len(xs)} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {fm:.3f} [{flo:.3f}, {fhi:.3f}] "
+              f"| {tm:.2f} [{tlo:.2f}, {thi:.2f}] |")
     if all(a in by_arm for a in ("weaver", "single_rm", "annotated")):
         print()
         for key in ("auc", "final"):
