@@ -86,6 +86,7 @@ def test_find_resume_takes_the_newest_complete_checkpoint(tmp_path: Path) -> Non
         checkpoints.find_resume(str(tmp_path / "fresh"), tmp_path)
 
 
+@pytest.mark.slow  # `rlexp train` in a subprocess or model training: the full suite runs it
 def test_train_refuses_a_crafted_checkpoint_before_spawning(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     ckpt = _checkpoint(tmp_path / "old", {"loop": _RunsCode(marker)})

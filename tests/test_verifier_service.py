@@ -12,6 +12,8 @@ from rlexp.config.reward import VerifierConfig
 from rlexp.envs.registry import build_env
 from rlexp.rewards.verifiers.registry import build_verifier, verifier_checkpoint
 
+pytestmark = pytest.mark.slow  # services and verifier models: the full suite runs them
+
 
 @pytest.fixture(scope="module")
 def rm_cfg() -> VerifierConfig:

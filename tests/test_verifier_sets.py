@@ -169,6 +169,7 @@ def test_plan_counts_a_single_rm_and_nothing_for_rule() -> None:
     assert "verifiers:" not in rule.table()
 
 
+@pytest.mark.slow  # `rlexp train` in a subprocess or model training: the full suite runs it
 def test_plan_cli_prints_each_verifier_mesh_and_counts_its_gpus(tmp_path: Path) -> None:
     p = run("plan", "experiment=qwen3_8b_math", "reward=weaver", tmp_path=tmp_path, timeout=120)
     assert p.returncode in (0, 1), p.stderr  # 1: does not fit, with the fixes printed
@@ -194,6 +195,7 @@ def test_plan_cli_prints_each_verifier_mesh_and_counts_its_gpus(tmp_path: Path) 
 # ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # `rlexp train` in a subprocess or model training: the full suite runs it
 def test_missing_verifier_checkpoints_stop_before_spawning(tmp_path: Path) -> None:
     p = run("train", "environment=gpqa", f"environment.dataset={GPQA_FIXTURE}", "reward=weaver", "steps=2",
             f"hydra.run.dir={tmp_path / 'run'}", tmp_path=tmp_path)
@@ -205,6 +207,7 @@ def test_missing_verifier_checkpoints_stop_before_spawning(tmp_path: Path) -> No
     assert f"hf download {repo} --revision {rev}" in p.stderr
 
 
+@pytest.mark.slow  # `rlexp train` in a subprocess or model training: the full suite runs it
 def test_rule_verifiers_cannot_score_gpqa(tmp_path: Path) -> None:
     p = run("train", "verifier_set=arithmetic_rules", "environment=gpqa", f"environment.dataset={GPQA_FIXTURE}",
             "reward=weaver", "steps=2", f"hydra.run.dir={tmp_path / 'run'}", tmp_path=tmp_path)
