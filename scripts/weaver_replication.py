@@ -126,6 +126,9 @@ def main() -> None:
     arms = [a for a in ORDER if a in by_arm] + sorted(set(by_arm) - set(ORDER))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out.with_suffix(".csv"), "w") as f:
+        best = f" --best {args.best}" if args.best else ""
+        f.write(f"# produced by: python scripts/weaver_replication.py {' '.join(map(str, args.sweeps))} "
+                f"--out {args.out}{best} (sweep commands: results/weaver_replication.md); read with comment='#'\n")
         f.write("arm,seed,auc,final,top_share," + ",".join(f"acc@{s}" for s in sorted(runs[0]["acc"])) + ",job\n")
         for r in sorted(runs, key=lambda r: (arms.index(r["arm"]), r["seed"])):
             f.write(f"{r['arm']},{r['seed']},{r['auc']:.4f},{r['final']:.4f},{r['top_share']:.4f},"
