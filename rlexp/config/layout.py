@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlexp.config.reward import VerifierConfig
-
-# Verifier kinds that hold a model of their own and get a service (one GPU per replica on CUDA). Kept in step with
-# rlexp.rewards.verifiers.registry.MODEL_KINDS, which this module cannot import (it pulls in torch and the models).
-MODEL_KINDS = frozenset({"reward_model", "lm_judge"})
-# Options of `reward=single_rm` that belong to the reward, not to an inline verifier (rlexp/rewards/single_rm.py).
-_SINGLE_RM_OWN_OPTIONS = frozenset({"kind", "name", "transform", "verifier"})
+from rlexp.config.reward import VerifierConfig, chosen_verifiers, is_served
 
 
 def _plain(x: Any) -> Any:
@@ -43,38 +37,18 @@ def _verifier(v: Any) -> VerifierConfig:
                           memory_gb=float(v.get("memory_gb", 0.0)))
 
 
-def is_served(v: VerifierConfig) -> bool:
-    """A model verifier that is not the policy itself: it gets a service (and GPUs) of its own."""
-    return str(v.kind) in MODEL_KINDS and not bool((_plain(v.options) or {}).get("policy", False))
-
-
 def reward_verifiers(c: Any) -> list[VerifierConfig]:
-    """The served model verifiers the configured reward scores with, in order: `reward.verifiers`, or else the
-    members of `verifier_set`. reward=weaver (also verifier_mean / verifier_vote, which extend it): every model
-    member; reward=single_rm: the one it picks (an inline `options.kind` verifier, the member named by
-    `options.verifier`, the only member, or else the first reward_model); any other reward (rule, annotated):
-    none. Mirrors the rewards' own choice (rlexp/rewards/weaver.py, single_rm.py); a choice the reward would
-    refuse (no such member) serves nothing here and fails with the reward's own message in `prepare`."""
+    """The served model verifiers the configured reward scores with (`chosen_verifiers` over `reward.verifiers`,
+    or else the members of `verifier_set`). A choice the reward would refuse serves nothing here and fails with
+    the reward's own message in `prepare`."""
     reward = _field(c, "reward")
-    name = str(_field(reward, "name", ""))
     members = list(_field(reward, "verifiers", None) or []) or list(_field(_field(c, "verifier_set"), "members", None)
                                                                    or [])
-    members = [_verifier(v) for v in members]
-    if name == "weaver":
-        chosen = members
-    elif name == "single_rm":
-        options = dict(_plain(_field(reward, "options", None)) or {})
-        if "kind" in options:
-            chosen = [VerifierConfig(name=str(options.get("name", "")), kind=str(options["kind"]),  # type: ignore[arg-type]
-                                     options={k: v for k, v in options.items() if k not in _SINGLE_RM_OWN_OPTIONS})]
-        elif "verifier" in options:
-            chosen = [v for v in members if v.name == options["verifier"]][:1]
-        elif len(members) == 1:
-            chosen = members
-        else:
-            chosen = [v for v in members if str(v.kind) == "reward_model"][:1]
-    else:
-        chosen = []
+    options = dict(_plain(_field(reward, "options", None)) or {})
+    try:
+        chosen = chosen_verifiers(str(_field(reward, "name", "")), options, [_verifier(v) for v in members])
+    except ValueError:
+        return []
     return [v for v in chosen if is_served(v)]
 
 

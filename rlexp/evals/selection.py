@@ -39,7 +39,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from rlexp.config.paths import CONF_DIR
-from rlexp.config.reward import VerifierConfig, VerifierSetConfig
+from rlexp.config.reward import VerifierConfig, VerifierSetConfig, is_served
 from rlexp.evals.metrics import pass_at_k, wilson_interval
 from rlexp.types import Problem
 
@@ -176,8 +176,6 @@ class Selector:
             return
         if verifier_set is None:
             raise SelectionError(f"selection={self.modes} needs a verifier set")
-        from rlexp.rewards.verifiers.registry import is_served
-
         bad = [v.name for v in verifier_set.members if str(v.kind) not in env.verifier_kinds]
         if bad:
             raise SelectionError(f"verifier_set={verifier_set.name}: verifier(s) {bad} are of kinds environment="

@@ -25,6 +25,8 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: list[int]) -> str: ...
 
+    def token_texts(self) -> list[str]: ...
+
 
 class CharTokenizer:
     def __init__(self, path: Path = ASSET) -> None:
@@ -53,6 +55,10 @@ class CharTokenizer:
                 out.append(self.chars[j])
         return "".join(out)
 
+    def token_texts(self) -> list[str]:
+        """Each id's text on its own (specials and unused ids: empty)."""
+        return [self.decode([i]) if i != self.eos_id else "" for i in range(self.vocab_size)]
+
 
 class HFTokenizer:
     """Wraps a Hugging Face tokenizer found in the checkpoint folder."""
@@ -73,6 +79,15 @@ class HFTokenizer:
             ids = ids[: ids.index(self.eos_id)]
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def token_texts(self) -> list[str]:
+        """Each id's text on its own, decoded in one batch (a fast tokenizer does it in Rust: 0.3 s over
+        Qwen's 151k ids, where one call per id takes seconds)."""
+        ids = [[i] for i in range(self.vocab_size)]
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if backend is not None:
+            return backend.decode_batch(ids, skip_special_tokens=True)
+        return self._tok.batch_decode(ids, skip_special_tokens=True)
+
 
 def load_tokenizer(model_dir: str | Path) -> Tokenizer:
     model_dir = Path(model_dir)
@@ -90,12 +105,10 @@ def yes_no_ids(tok: Tokenizer) -> tuple[list[int], list[int]]:
     judge writes "Yes", " Yes" or "yes", each its own token). A vocabulary without whole-word tokens (the
     character tokenizer) falls back to the first letters, "Y"/"y" and "N"/"n"."""
     words: dict[str, list[int]] = {"yes": [], "no": [], "y": [], "n": []}
-    for i in range(tok.vocab_size):
-        if i in (tok.eos_id, tok.pad_id):
-            continue
-        text = tok.decode([i]).strip().lower()
-        if text in words:
-            words[text].append(i)
+    for i, text in enumerate(tok.token_texts()):
+        key = text.strip().lower()
+        if key in words and i not in (tok.eos_id, tok.pad_id):
+            words[key].append(i)
     if words["yes"] and words["no"]:
         return words["yes"], words["no"]
     return words["yes"] + words["y"], words["no"] + words["n"]

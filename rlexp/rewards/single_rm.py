@@ -12,14 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from rlexp.config.reward import RewardConfig, VerifierConfig
+from rlexp.config.reward import RewardConfig, VerifierConfig, chosen_verifiers
 from rlexp.rewards.base import Reward, plain, register_reward
 from rlexp.rewards.verifiers.base import Verifier
 from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.types import Problem, RewardOutput
-
-# Reward-level options; everything else in `options` belongs to the verifier.
-_OWN_OPTIONS = {"kind", "name", "transform", "verifier"}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -34,24 +31,7 @@ class SingleRMReward(Reward):
         super().__init__(cfg, env, served)
         options = dict(plain(cfg.options) or {})
         verifiers = [v if isinstance(v, VerifierConfig) else VerifierConfig(**v) for v in plain(cfg.verifiers) or []]
-        names = [v.name for v in verifiers]
-        if "kind" in options:  # a verifier of its own, given inline
-            vcfg = VerifierConfig(name=str(options.get("name", "")), kind=str(options["kind"]),
-                                  options={k: v for k, v in options.items() if k not in _OWN_OPTIONS})
-        elif "verifier" in options:  # one member of the verifier set, by name
-            match = [v for v in verifiers if v.name == options["verifier"]]
-            if not match:
-                raise ValueError(f"reward=single_rm: options.verifier={options['verifier']!r} is not in the verifier "
-                                 f"set {names}; choose one of them")
-            vcfg = match[0]
-        elif len(verifiers) == 1:
-            vcfg = verifiers[0]
-        else:  # "the single reward model": the set's first reward model
-            rms = [v for v in verifiers if str(v.kind) == "reward_model"]
-            if not rms:
-                raise ValueError(f"reward=single_rm: the verifier set {names} has no reward_model; choose one member "
-                                 f"with reward.options.verifier=NAME, or give options.kind and its options")
-            vcfg = rms[0]
+        vcfg = chosen_verifiers("single_rm", options, verifiers)[0]
         self.verifier: Verifier = build_verifier(vcfg, env, served=served)
         self.verifiers = [self.verifier]
         # A reward model's logit is unbounded; squash it so reward/mean reads as a probability-like number.

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlexp.config.model import ModelConfig
-from rlexp.config.reward import VerifierConfig, VerifierKind
+from rlexp.config.reward import MODEL_KINDS, VerifierConfig, VerifierKind, is_served
 from rlexp.models.hf import CheckpointError, resolve_checkpoint
 from rlexp.rewards.base import plain
 from rlexp.rewards.verifiers import arithmetic  # noqa: F401  (registers the arithmetic rules)
@@ -21,8 +21,6 @@ from rlexp.rewards.verifiers.tiny import TINY_VERIFIERS, ensure_tiny_verifier
 # Options read by the reward that combines verifiers (Weaver's per-verifier threshold), not by the verifier.
 RESERVED_OPTIONS = frozenset({"threshold"})
 VERIFIER_KINDS = tuple(k.value for k in VerifierKind)
-# Kinds that hold a model, served by a verifier service of their own inside a run.
-MODEL_KINDS = frozenset({"reward_model", "lm_judge"})
 
 
 def rule_names() -> list[str]:
@@ -40,11 +38,6 @@ def build_rule(options: dict[str, Any], who: str) -> Rule:
         return _RULES[rule_name](**options)
     except TypeError as e:
         raise ValueError(f"{who}: bad options {options} for rule {rule_name!r}: {e}") from e
-
-
-def is_served(cfg: VerifierConfig) -> bool:
-    """Whether a run gives this verifier a service of its own (a model that is not the policy)."""
-    return str(cfg.kind) in MODEL_KINDS and not (plain(cfg.options) or {}).get("policy", False)
 
 
 def build_verifier(cfg: VerifierConfig | dict[str, Any], env: Any = None, *, served: bool = True,
