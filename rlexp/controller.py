@@ -69,6 +69,7 @@ class Controller:
         if every and step % every == 0:
             metrics.update(self.evaluate())
             self.trackers.log_table("rollouts", [{"step": step, **r} for r in rollouts])
+        metrics.update(self.svc.metrics())  # requests issued/retried/completed, replicas alive
         metrics["time/wall_s"] = time.perf_counter() - self.t0
         self.trackers.log(metrics, step)
         self.last.update(metrics)

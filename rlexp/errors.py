@@ -10,6 +10,11 @@ from collections.abc import Iterator
 USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "ResumeError", "DatasetMissing")
 
 
+class RunStopped(RuntimeError):
+    """A process the run cannot do without died (a trainer rank): the run stopped cleanly, its last checkpoint
+    intact. Reported like a user error, without a traceback, with exit code 3 and how to continue."""
+
+
 def is_user_error(e: BaseException) -> bool:
     return any(c.__name__ in USER_ERRORS for c in type(e).__mro__)
 
@@ -19,6 +24,9 @@ def friendly_errors() -> Iterator[None]:
     try:
         yield
     except Exception as e:
+        if isinstance(e, RunStopped):
+            print(f"rlexp: stopped: {e}", file=sys.stderr)
+            raise SystemExit(3) from None
         if is_user_error(e):
             print(f"rlexp: error: {e}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -5,63 +5,104 @@ runs the loop, and teardown runs in `finally` and on SIGTERM, so no process outl
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import monarch.actor
 from hydra.core.hydra_config import HydraConfig
-from monarch.actor import this_host
 from omegaconf import DictConfig
 
 from rlexp import checkpoints
 from rlexp.actors.buffer import ReplayBuffer
 from rlexp.actors.generator import Generator
+from rlexp.actors.probe import Probe
 from rlexp.actors.reward import RewardService
 from rlexp.actors.trainer import Reference, Trainer
 from rlexp.actors.verifier import VerifierService
+from rlexp.cluster import LOCAL, ROLES, Host, Hosts
 from rlexp.config.layout import assign_gpus
 from rlexp.controller import Controller
+from rlexp.errors import RunStopped
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.prepare import Prepared, prepare
-from rlexp.services import Collective, Service, Services
+from rlexp.services import Collective, Service, ServiceDown, Services, is_process_failure
 from rlexp.tracking.manifest import write_start_manifest
 from rlexp.tracking.registry import build_trackers
 
 
-class Graph:
-    """The spawned actor graph plus everything needed to stop it."""
+def role_of(name: str) -> str:
+    """"generator1" -> "generator", "verifier_rm" -> "verifier": the role whose hosts a mesh runs on."""
+    return next(r for r in ROLES if name.startswith(r))
 
-    def __init__(self) -> None:
-        self.meshes: list[tuple[str, Any]] = []
+
+class Graph:
+    """The spawned actor graph, where each piece runs, and everything needed to stop it."""
+
+    def __init__(self, hosts: Hosts) -> None:
+        self.hosts = hosts
+        self.meshes: dict[str, tuple[Any, Host]] = {}  # name -> (proc mesh, host)
+        self.where: dict[str, list[dict[str, Any]]] = {}  # name -> per process: pid, hostname, host label
         self.placement: list[str] = []
         self.services: Services | None = None
+        self.add_generator: Callable[[], None] | None = None  # set by build_graph
 
-    def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, mesh: Any = None) -> Any:
-        if mesh is None:
-            mesh = this_host().spawn_procs(per_host={"procs": procs})
-            self.meshes.append((name, mesh))
-        return mesh.spawn(name, cls, *args)
+    def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, host: Host | None = None,
+              mesh: Any = None) -> Any:
+        """`cls` on a new proc mesh of `procs` processes on `host` (default: the role's first host), or on
+        `mesh` when it shares another actor's processes."""
+        return (mesh if mesh is not None else self.procs(name, procs, host)).spawn(name, cls, *args)
+
+    def procs(self, name: str, procs: int = 1, host: Host | None = None) -> Any:
+        """A new proc mesh for `name`, `procs` processes per host, and where each of them runs."""
+        host = host or self.hosts.host(role_of(name))
+        mesh = host.mesh.spawn_procs(per_host={"procs": procs})
+        self.meshes[name] = (mesh, host)
+        self.where[name] = list(mesh.spawn("probe", Probe).where.call().get().values())
+        return mesh
 
     def mesh(self, name: str) -> Any:
-        return dict(self.meshes)[name]
+        return self.meshes[name][0]
+
+    def respawn(self, name: str, cls: type, *args: Any, procs: int = 1) -> Any:
+        """A new process for `name` on the same host, after its old one died."""
+        mesh, host = self.meshes.pop(name)
+        with contextlib.suppress(Exception):  # the process is already gone; Monarch may still say so
+            mesh.stop().get(timeout=10)
+        return self.spawn(name, cls, *args, procs=procs, host=host)
+
+    def pids(self) -> dict[str, list[int]]:
+        return {name: [w["pid"] for w in where] for name, where in self.where.items()}
+
+    def write_placement(self, path: Path) -> None:
+        """Where every role's processes run (name -> host label, hostname, pid), rewritten after a respawn."""
+        data = {name: [{**w, "host": self.meshes[name][1].label} for w in where] for name, where in self.where.items()}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, path)
 
     def stop(self) -> None:
-        for name, mesh in reversed(self.meshes):
+        for name, (mesh, _) in reversed(list(self.meshes.items())):
             try:
                 mesh.stop().get(timeout=30)
             except Exception as e:  # teardown must go on to the next mesh
                 print(f"[rlexp] stopping {name}: {e}", file=sys.stderr)
         self.meshes.clear()
+        self.hosts.close()
 
 
-def build_graph(p: Prepared, run_name: str) -> Graph:
-    """Spawn every role on this host and wire them into `Services`."""
+def build_graph(p: Prepared, run_name: str, g: Graph, run_dir: Path | None = None) -> Graph:
+    """Spawn every role on its hosts (into `g`, so a failure half-way still stops what started) and wire them
+    into `Services`, with a respawn for each replica."""
     c = p.cfg
-    g = Graph()
+    hosts = g.hosts
     pad_id = load_tokenizer(p.model_dir).pad_id
     gpus = assign_gpus(c)
     gen_opts = {"device": c.cluster.device} if c.generator.backend == "titan" else {
@@ -69,27 +110,43 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
         "gpu_memory_utilization": c.generator.gpu_memory_utilization, "enforce_eager": c.generator.enforce_eager,
         "max_num_seqs": c.generator.max_num_seqs, "max_num_batched_tokens": c.generator.max_num_batched_tokens,
         "device": c.cluster.device}
-    gen_seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.replicas))
-    gens = [g.spawn(f"generator{i}", Generator, c.model, p.model_dir, c.generator.backend, gen_seeds[i],
-                    c.cluster.threads_per_proc, gen_opts, gpus.get(f"generator{i}", [None])[0])
+    gen_seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.shards))
+
+    def gen_args(i: int) -> tuple[Any, ...]:
+        return (c.model, p.model_dir, c.generator.backend, gen_seeds[i % len(gen_seeds)], c.cluster.threads_per_proc,
+                gen_opts, gpus.get(f"generator{i}", [None])[0])
+
+    gens = [g.spawn(f"generator{i}", Generator, *gen_args(i), host=hosts.host("generator", i))
             for i in range(c.generator.replicas)]
     # The trainer is one proc, or one proc per (FSDP x TP) rank (one GPU each on CUDA); see rlexp/actors/trainer.py.
     world, tp = c.model.parallelism.trainer_world, c.model.parallelism.trainer_tp
-    port = free_port() if world > 1 else 0
+    # A trainer spanning hosts runs `world / hosts` ranks on each; rank 0's host holds the rendezvous.
+    trainer_host = hosts.whole("trainer")
+    trainer_mesh = g.procs("trainer", world // len(hosts.roles["trainer"]), trainer_host)
+    port: int | str = 0
+    if world > 1:
+        port = free_port()
+        if c.cluster.job in ("slurm", "kubernetes") and c.cluster.role_hosts.get("trainer"):
+            rank0 = first_proc(trainer_mesh).spawn("port_probe", Probe)
+            port = f"{g.where['trainer'][0]['hostname']}:{rank0.free_port.call_one().get()}"
     trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
                       pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir,
-                      world, port, c.cluster.device, tp, gpus.get("trainer"), procs=world)
+                      world, port, c.cluster.device, tp, gpus.get("trainer"), mesh=trainer_mesh)
     # The reference model shares the trainer's processes (and GPUs), sharded the same way.
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc, world, port,
                          c.cluster.device, tp, gpus.get("trainer"), c.trainer.mixed_precision, mesh=g.mesh("trainer"))
                  if c.algorithm.kl_coef > 0 else None)
+    # The replay buffer is light state saved in checkpoints: it lives beside trainer rank 0, whose death ends the
+    # run anyway, so a reward or generator process that dies loses nothing.
+    buffer = g.spawn("buffer", ReplayBuffer, p.seeds["buffer"], c.sync.policy_age,
+                     mesh=first_proc(trainer_mesh))
     # Each model verifier gets processes of its own: scaled and placed apart from the policy and the reward.
     verifiers = {v.name: g.spawn(f"verifier_{v.name}", VerifierService, v, c.environment, c.cluster.threads_per_proc,
-                                 c.cluster.device, gpus.get(f"verifier_{v.name}"), procs=v.replicas)
-                 for v in p.served_verifiers}
-    reward = g.spawn("reward", RewardService, c.reward, c.environment, procs=c.reward.replicas)
-    # The buffer is light: it shares the first reward process instead of paying for a process of its own.
-    buffer = g.spawn("buffer", ReplayBuffer, p.seeds["buffer"], c.sync.policy_age, mesh=g.meshes[-1][1].slice(procs=0))
+                                 c.cluster.device, gpus.get(f"verifier_{v.name}"), procs=v.replicas,
+                                 host=hosts.host("verifier", k))
+                 for k, v in enumerate(p.served_verifiers)}
+    rewards = [g.spawn(f"reward{i}", RewardService, c.reward, c.environment, host=hosts.host("reward", i))
+               for i in range(c.reward.replicas)]
     verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}  # load while the policy loads
     setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
     times = [f.get() for f in setup]
@@ -97,17 +154,67 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
     verifier_s = {name: max(f.get().values()) for name, f in verifier_setup.items()}
     if reference is not None:  # after the trainer: it joins the trainer's process group
         reference.setup.call().get()
-    rewards = [reward.slice(procs=i) for i in range(c.reward.replicas)]
     replicas = {v.name: [verifiers[v.name].slice(procs=j) for j in range(v.replicas)] for v in p.served_verifiers}
-    for i, r in enumerate(rewards):
+
+    def attach(i: int, r: Any) -> Any:
         r.attach_verifiers.call_one(replicas).get()
         r.attach_judges.call_one(gens[i % len(gens)], p.model_dir).get()  # judges that are the policy itself
-    g.services = Services(generators=Service("generators", gens), trainer=Collective("trainer", trainer),
-                          rewards=Service("rewards", rewards), buffer=Service("buffer", [buffer]),
-                          reference=Collective("reference", reference) if reference is not None else None,
-                          generator_seeds=gen_seeds)
+        return r
+
+    for i, r in enumerate(rewards):
+        attach(i, r)
+    def log(msg: str) -> None:
+        print(f"[rlexp] {msg}", flush=True)
+
+    placement = (run_dir / "placement.json") if run_dir is not None else None
+
+    def respawned(handle: Any) -> Any:
+        if placement is not None:
+            g.write_placement(placement)
+        return handle
+
+    def respawn_generator(i: int, error: BaseException) -> Any:
+        if not c.cluster.fault.respawn:
+            return None
+        gen = g.respawn(f"generator{i}", Generator, *gen_args(i))
+        gen.setup.call_one().get()
+        return respawned(gen)  # the service replays the current weights version into it before it serves
+
+    def respawn_reward(i: int, error: BaseException) -> Any:
+        if not c.cluster.fault.respawn:
+            return None
+        return respawned(attach(i, g.respawn(f"reward{i}", RewardService, c.reward, c.environment)))
+
+    def add_generator() -> None:
+        """One more generator replica (elastic): a new process on the role's next host, given the current weights
+        by the service before it serves."""
+        i = len(g.services.generators.replicas)
+        gen = g.spawn(f"generator{i}", Generator, *gen_args(i), host=hosts.host("generator", i))
+        gen.setup.call_one().get()
+        g.services.generators.add_replica(gen, f"generator{i}@{g.meshes[f'generator{i}'][1].label}")
+        respawned(gen)
+
+    g.add_generator = add_generator
+    fault = c.cluster.fault
+    g.services = Services(
+        generators=Service("generators", gens, shards=len(gen_seeds), recover=respawn_generator,
+                           max_restarts=fault.max_restarts, sticky=("update_weights",), log=log,
+                           labels=[f"generator{i}@{g.meshes[f'generator{i}'][1].label}" for i in range(len(gens))]),
+        trainer=Collective("trainer", trainer),
+        rewards=Service("rewards", rewards, recover=respawn_reward, max_restarts=fault.max_restarts, log=log,
+                        labels=[f"reward{i}@{g.meshes[f'reward{i}'][1].label}" for i in range(len(rewards))]),
+        buffer=Service("buffer", [buffer]),
+        reference=Collective("reference", reference) if reference is not None else None,
+        generator_seeds=gen_seeds)
+    if placement is not None:
+        g.write_placement(placement)
     g.placement = describe_placement(g, c, n_params, times[:-1], p, verifier_s)
     return g
+
+
+def first_proc(mesh: Any) -> Any:
+    """Rank 0's process of a proc mesh, whatever its dimensions ({procs} here, {hosts, procs} across hosts)."""
+    return mesh.slice(**dict.fromkeys(dict(mesh.extent), 0))
 
 
 def free_port() -> int:
@@ -119,10 +226,12 @@ def free_port() -> int:
 
 def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float], p: Prepared,
                        verifier_s: dict[str, float]) -> list[str]:
-    lines = [f"actor graph ({c.cluster.name}, {c.cluster.device}, {c.cluster.hosts} host):"]
+    n_hosts = len({h.label for hosts in g.hosts.roles.values() for h in hosts} | {LOCAL})
+    lines = [f"actor graph (cluster={c.cluster.name}: {c.cluster.job} job, {c.cluster.device}, "
+             f"{n_hosts} host{'s' if n_hosts > 1 else ''} with the controller's):"]
     gpus = assign_gpus(c)
     par = c.model.parallelism
-    for name, mesh in g.meshes:
+    for name, (mesh, host) in g.meshes.items():
         role = {"generator": f"{c.generator.backend} backend, engine ready in {{:.1f}}s",
                 "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={c.trainer.lr}"
                            + (f", {par.trainer_world} ranks (FSDP2 {par.trainer_fsdp} x TP {par.trainer_tp})"
@@ -130,22 +239,28 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
                            + (", activation checkpointing" if c.trainer.activation_checkpointing else "")
                            + (", bf16 mixed precision" if c.trainer.mixed_precision else "")
                            + ("; reference model (frozen initial policy, KL) on the same procs"
-                              if c.algorithm.kl_coef > 0 else ""),
+                              if c.algorithm.kl_coef > 0 else "")
+                           + f"; replay buffer (max_policy_age={c.sync.policy_age}) beside rank 0",
                 "reward": f"reward={c.reward.name}"
-                          + (f" over {len(c.reward.verifiers)} verifiers" if c.reward.verifiers else "")
-                          + f"; replay buffer (max_policy_age={c.sync.policy_age}) on its first proc",
+                          + (f" over {len(c.reward.verifiers)} verifiers" if c.reward.verifiers else ""),
                 "verifier": "",
                 }
-        key = next(k for k in role if name.startswith(k))
+        key = role_of(name)
         desc = role[key]
         if key == "generator":
             desc = desc.format(gen_setup_s[int(name.removeprefix("generator") or 0)])
         if key == "verifier":
             v = next(v for v in p.served_verifiers if f"verifier_{v.name}" == name)
             desc = f"{v.kind} {v.options.get('path')}, ready in {verifier_s[v.name]:.1f}s"
-        where = f"GPUs {'|'.join(gpus[name])}" if name in gpus else "this host"
-        lines.append(f"  {name:<11} proc mesh {dict(mesh.extent)} on {where}: {desc}")
-    lines.append("  controller  this process: GRPO loop (rlexp/loop.py), data order, evaluation, checkpoints")
+        where = g.where.get(name, [])
+        hostname = where[0]["hostname"] if where else "?"
+        pids = ",".join(str(w["pid"]) for w in where)
+        on = f"host {host.label} ({hostname}), pid {pids}"
+        if name in gpus:
+            on += f", GPUs {'|'.join(gpus[name])}"
+        lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
+    lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/loop.py), data order, evaluation, "
+                 f"checkpoints; replica faults: respawn up to {c.cluster.fault.max_restarts}x, then retire")
     return lines
 
 
@@ -166,14 +281,29 @@ def run(cfg: DictConfig) -> dict[str, float]:
     interrupts = Interrupts()
     previous = {sig: signal.signal(sig, interrupts.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     graph: Graph | None = None
+    previous_hook = monarch.actor.unhandled_fault_hook
+    monarch.actor.unhandled_fault_hook = report_fault  # handled here: callers see the error, services recover
     try:
         with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
-            graph = build_graph(p, run_name)
+            graph = Graph(Hosts(p.cfg.cluster))
+            build_graph(p, run_name, graph, run_dir)
             print("\n".join(graph.placement), flush=True)
             assert graph.services is not None
-            ctl = Controller(p, graph.services, run_dir, trackers, cfg_hash, between_steps=interrupts.check)
+            elastic = Elastic(graph, run_dir)
+
+            def between_steps(final: bool = False) -> None:
+                interrupts.check(final)
+                if not final:
+                    elastic.check()
+
+            ctl = Controller(p, graph.services, run_dir, trackers, cfg_hash, between_steps=between_steps)
             interrupts.deferred = True
-            final = ctl.run(resume_from)
+            try:
+                final = ctl.run(resume_from)
+            except Exception as e:
+                if not (is_process_failure(e) or isinstance(e, ServiceDown)):
+                    raise
+                raise RunStopped(stop_message(e, ctl.state.step, checkpoints.find_resume("auto", run_dir))) from e
             trackers.final_metrics.update(final)
             return final
     finally:
@@ -181,8 +311,30 @@ def run(cfg: DictConfig) -> dict[str, float]:
         if graph is not None:
             graph.stop()
         release_weights(p.cfg, run_name)
+        monarch.actor.unhandled_fault_hook = previous_hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def stop_message(e: BaseException, step: int, last: Path | None) -> str:
+    # The replay buffer lives beside trainer rank 0: its service going down means that process died.
+    what = (f"a trainer process died at step {step + 1} ({_last_line(e)}). Trainer ranks hold the only copy of "
+            f"the optimizer state, so the run cannot go on without them"
+            if is_process_failure(e) or str(e).startswith("buffer:") else f"at step {step + 1}: {e}")
+    return what + (f". The last checkpoint, {last}, is intact: continue with the same command plus resume=auto"
+                   if last else ". No checkpoint was written yet (checkpoint.every_n_steps): start again")
+
+
+def report_fault(failure: Any) -> None:
+    """Monarch's hook for a process failure nobody supervises: by default it exits the controller. Here it
+    only reports; the call that was waiting on the process raises, and its service respawns or retires the
+    replica (rlexp/services.py), or, for a trainer rank, the run stops with its checkpoint intact."""
+    print(f"[rlexp] process failure: {_last_line(failure)}", file=sys.stderr, flush=True)
+
+
+def _last_line(e: Any) -> str:
+    text = str(e).strip()
+    return text.splitlines()[-1].strip()[:300] if text else type(e).__name__
 
 
 def release_stale_weights(c: Any) -> None:
@@ -207,6 +359,37 @@ def release_weights(c: Any, run_name: str) -> None:
     """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died first."""
     if c.cluster.transport == "shm":
         shutil.rmtree(Path(c.cluster.shm_dir) / run_name, ignore_errors=True)
+
+
+class Elastic:
+    """Generator replicas resized between steps: write a number to `<run dir>/generator_replicas` and the run
+    adds replicas (new processes, given the current weights first) or retires the newest ones, with a logged
+    reason, at the next step boundary. Samples do not change: they depend on `generator.shards`, not on the
+    replicas serving them."""
+
+    FILE = "generator_replicas"
+
+    def __init__(self, graph: Graph, run_dir: Path) -> None:
+        self.graph, self.path = graph, run_dir / self.FILE
+
+    def check(self) -> None:
+        try:
+            want = int(self.path.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return
+        svc = self.graph.services.generators if self.graph.services else None
+        if svc is None or self.graph.add_generator is None:
+            return
+        if want < 1:
+            print(f"[rlexp] {self.path}: {want} replicas would stop generation; keeping {len(svc)}", flush=True)
+            return
+        while len(svc) < want:
+            self.graph.add_generator()
+        while len(svc) > want:
+            i = svc.healthy()[-1]
+            svc.retire(i, f"scaled down to {want} ({self.path})")
+            with contextlib.suppress(Exception):
+                self.graph.mesh(f"generator{i}").stop().get(timeout=30)
 
 
 class Interrupts:

@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlexp.cluster import check_cluster, weight_hosts
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError, validate
@@ -50,7 +51,17 @@ def prepare(cfg: DictConfig) -> Prepared:
     validate(t, check_weights=check_model_files)
     if t.model.flavor != "tiny":
         check_plan(cfg)
-    check_transport(t.cluster.transport, hosts=t.cluster.hosts)
+    try:
+        check_cluster(t.cluster)
+    except ValueError as e:
+        raise ConfigError(f"cluster={t.cluster.name}: {e}") from None
+    check_transport(t.cluster.transport, hosts=weight_hosts(t.cluster))
+    processes = {"generator": t.generator.replicas, "trainer": t.model.parallelism.trainer_world,
+                 "reward": t.reward.replicas}
+    idle = {r: (n, processes[r]) for r, n in t.cluster.role_hosts.items() if r in processes and n > processes[r]}
+    if idle:
+        raise ConfigError("; ".join(f"cluster.hosts_per_role.{r}={n} hosts for {k} process(es) would leave hosts idle: "
+                                    f"lower it, or raise the role's replicas" for r, (n, k) in idle.items()))
     try:
         env = build_env(t.environment)
         train, held = env.train_samples(), env.eval_samples()
@@ -77,7 +88,7 @@ def prepare(cfg: DictConfig) -> Prepared:
                           f"single-turn episodes only, so tool output would be trained on as if the policy wrote it. "
                           f"Evaluate it with `rlexp eval`, or train on a single-turn environment")
     model_dir = str(resolve_model(t.model))
-    seeds = component_seeds(t.seed, t.generator.replicas)
+    seeds = component_seeds(t.seed, t.generator.shards)
     extra = {
         "determinism": apply_determinism(t.determinism, t.seed),
         "datasets": {f"{t.environment.name}/train": {"n": len(train), "sha256": fingerprint_examples(

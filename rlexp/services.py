@@ -15,6 +15,7 @@ Calls return a `Pending`: nothing blocks until `.get()`, so a loop can keep requ
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -47,54 +48,207 @@ def shard_bounds(n_items: int, n_shards: int, unit: int = 1) -> list[tuple[int, 
     return [(a, b) for a, b in pairwise(edges) if b > a]
 
 
+def is_process_failure(e: BaseException) -> bool:
+    """Monarch's supervision error: the process behind the actor died (kill -9, OOM, segfault). Anything
+    else an endpoint raises is the endpoint's own error and is not retried."""
+    return any(t.__name__ == "SupervisionError" for t in type(e).__mro__)
+
+
+class ServiceDown(RuntimeError):
+    """Every replica of a service has failed and been retired: the run cannot go on."""
+
+
+@dataclass
+class ServiceStats:
+    """Per-request accounting: every request issued is completed exactly once, first time or after being
+    re-sent (`retried` counts the re-sends), so `issued - completed` is what was lost (0)."""
+
+    issued: int = 0
+    retried: int = 0
+    completed: int = 0
+    failures: int = 0
+    respawned: int = 0
+    retired: int = 0
+
+
+# `recover(replica_index, error)` starts a replacement for a dead replica and returns its handle (None: retire it).
+Recover = Callable[[int, BaseException], Any]
+
+
+class _Call:
+    """One request to one replica. A replica whose process died is recovered by its service and the request
+    re-issued, to the replacement or to a healthy replica: the same arguments (its own seed included), so
+    what comes back is what the dead replica would have returned."""
+
+    def __init__(self, service: Service, endpoint: str, args: tuple[Any, ...], replica: int,
+                 shard: int | None = None, to_every: bool = False) -> None:
+        self.service, self.endpoint, self.args, self.shard, self.to_every = service, endpoint, args, shard, to_every
+        self._send(replica)
+        service.stats.issued += 1
+
+    def _send(self, replica: int) -> None:
+        self.replica, self.generation = replica, self.service.generation[replica]
+        self.future = getattr(self.service.replicas[replica], self.endpoint).call_one(*self.args)
+
+    def get(self) -> Any:
+        svc = self.service
+        while True:
+            try:
+                out = self.future.get()
+            except Exception as e:
+                if not is_process_failure(e):
+                    raise
+                svc.replica_failed(self.replica, self.generation, e)
+                if self.to_every and self.endpoint in svc.sticky:
+                    svc.stats.completed += 1  # the replacement was given this call's state when it started
+                    return None
+                if self.to_every and not svc.alive[self.replica]:
+                    svc.stats.completed += 1  # retired: nobody is left to receive it
+                    return None
+                svc.stats.retried += 1
+                self._send(self.replica if self.to_every else svc.pick(self.shard))
+                continue
+            svc.stats.completed += 1
+            return out
+
+
 class _Endpoint:
     def __init__(self, service: Service, name: str) -> None:
         self.service, self.name = service, name
 
-    def _on(self, replica: int) -> Any:
-        return getattr(self.service.replicas[replica], self.name)
-
     def route(self, *args: Any) -> Pending[Any]:
-        """Call one replica, chosen round robin over the calls to this service."""
-        r = self.service.next_replica()
-        return Pending([self._on(r).call_one(*args)], lambda parts: parts[0])
+        """Call one healthy replica, chosen round robin over the calls to this service."""
+        return Pending([_Call(self.service, self.name, args, self.service.pick())], lambda parts: parts[0])
 
     def call(self, *args: Any) -> Any:
         """`route(...).get()`: the usual way to talk to a single-replica service such as the buffer."""
         return self.route(*args).get()
 
     def fanout(self, *args: Any) -> Pending[list[Any]]:
-        """Call every replica with the same arguments; results in replica order."""
-        return Pending([self._on(r).call_one(*args) for r in range(len(self.service.replicas))], list)
+        """Call every healthy replica with the same arguments; results in replica order."""
+        svc = self.service
+        if self.name in svc.sticky:
+            svc.sticky[self.name] = args
+        return Pending([_Call(svc, self.name, args, r, to_every=True) for r in svc.healthy()], list)
 
     def scatter(self, items: Sequence[Any], *args: Any, unit: int = 1,
                 per_shard: Callable[[int], tuple[Any, ...]] | None = None,
                 rows: Sequence[Sequence[Any]] = ()) -> Pending[list[Any]]:
-        """Split `items` (and the parallel sequences in `rows`) into one contiguous slice of whole
-        `unit`s per replica and call `endpoint(items_slice, *rows_slices, *args, *per_shard(i))` on
-        replica i. Returns the per-slice results in item order. `per_shard` gives arguments that belong
-        to a slice, such as its sampling seed, so a slice's result does not depend on which replica
-        serves it."""
-        futures = []
-        for i, (a, b) in enumerate(shard_bounds(len(items), len(self.service.replicas), unit)):
+        """Split `items` (and the parallel sequences in `rows`) into the service's `shards` contiguous slices
+        of whole `unit`s and call `endpoint(items_slice, *rows_slices, *args, *per_shard(i))` for slice i on
+        a healthy replica (slice i on replica i while all are healthy). Returns the per-slice results in item
+        order. `per_shard` gives arguments that belong to a slice, such as its sampling seed, so a slice's
+        result depends neither on which replica serves it nor on how many replicas are alive."""
+        svc = self.service
+        calls = []
+        for i, (a, b) in enumerate(shard_bounds(len(items), svc.shards, unit)):
             extra = per_shard(i) if per_shard is not None else ()
-            futures.append(self._on(i).call_one(list(items[a:b]), *[list(r[a:b]) for r in rows], *args, *extra))
-        return Pending(futures, list)
+            call_args = (list(items[a:b]), *[list(r[a:b]) for r in rows], *args, *extra)
+            calls.append(_Call(svc, self.name, call_args, svc.pick(i), shard=i))
+        return Pending(calls, list)
 
 
 class Service:
-    """Replicas of one actor (each a Monarch actor mesh of one process)."""
+    """Replicas of one actor (each a Monarch actor mesh of one process), kept serving when processes die.
 
-    def __init__(self, name: str, replicas: list[Any]) -> None:
+    `shards`: how many slices `scatter` cuts (default: one per replica). Fixed for the run, so the work each
+    slice does, and its seed, do not change when a replica dies, is retired or is added.
+    `recover`: starts a replacement process for a dead replica (the launcher's respawn); without it, or once a
+    replica has failed `max_restarts` times, the replica is retired and the others carry its work.
+    `sticky`: endpoints whose latest fanout is state a replica must hold before serving (the weights version);
+    a replacement receives that call first."""
+
+    def __init__(self, name: str, replicas: list[Any], *, shards: int | None = None, recover: Recover | None = None,
+                 max_restarts: int = 2, sticky: Sequence[str] = (), labels: Sequence[str] = (),
+                 log: Callable[[str], None] | None = None) -> None:
         if not replicas:
             raise ValueError(f"service {name!r} has no replicas")
         self.name, self.replicas = name, list(replicas)
+        self.shards = shards or len(replicas)
+        self.alive = [True] * len(replicas)
+        self.generation = [0] * len(replicas)  # bumped on every replacement: a late failure of the old one is old news
+        self.failures = [0] * len(replicas)
+        self.labels = list(labels) or [f"{name}[{i}]" for i in range(len(replicas))]
+        self.recover, self.max_restarts = recover, max_restarts
+        self.sticky: dict[str, tuple[Any, ...] | None] = dict.fromkeys(sticky)
+        self.stats = ServiceStats()
+        self.events: list[str] = []
+        self.log = log or (lambda msg: None)
         self._next = 0
 
-    def next_replica(self) -> int:
-        r = self._next % len(self.replicas)
+    def healthy(self) -> list[int]:
+        return [i for i, ok in enumerate(self.alive) if ok]
+
+    def pick(self, shard: int | None = None) -> int:
+        """Slice `shard` goes to replica `shard` while it is healthy, else to a healthy one (round robin)."""
+        healthy = self.healthy()
+        if not healthy:
+            raise ServiceDown(f"{self.name}: every replica has failed and been retired ({'; '.join(self.events)})")
+        if shard is not None:
+            return shard if shard < len(self.alive) and self.alive[shard] else healthy[shard % len(healthy)]
+        r = healthy[self._next % len(healthy)]
         self._next += 1
         return r
+
+    def replica_failed(self, i: int, generation: int, error: BaseException) -> None:
+        """Replace or retire replica `i` after its process died (once per death, however many calls saw it)."""
+        if generation != self.generation[i] or not self.alive[i]:
+            return
+        self.failures[i] += 1
+        self.stats.failures += 1
+        first_line = str(error).strip().splitlines()[-1][:200] if str(error).strip() else type(error).__name__
+        if self.recover is None or self.failures[i] > self.max_restarts:
+            why = "no respawn configured" if self.recover is None else f"failed {self.failures[i]} times"
+            self.retire(i, f"{why} (last: {first_line})")
+            return
+        t = time.perf_counter()
+        try:
+            handle = self.recover(i, error)
+        except Exception as e:  # a replacement that cannot start is a failure of its own
+            self.retire(i, f"respawn failed: {e}")
+            return
+        if handle is None:
+            self.retire(i, f"not respawned (last: {first_line})")
+            return
+        self.replicas[i] = handle
+        self.generation[i] += 1
+        for endpoint, args in self.sticky.items():
+            if args is not None:
+                getattr(handle, endpoint).call_one(*args).get()
+        self.stats.respawned += 1
+        self._event(f"{self.labels[i]} died ({first_line}); respawned in {time.perf_counter() - t:.1f}s")
+
+    def retire(self, i: int, reason: str) -> None:
+        self.alive[i] = False
+        self.generation[i] += 1
+        self.stats.retired += 1
+        self._event(f"{self.labels[i]} retired: {reason}")
+
+    def add_replica(self, handle: Any, label: str = "") -> int:
+        """A new replica (elastic scale-up between steps); it receives the sticky state first."""
+        for endpoint, args in self.sticky.items():
+            if args is not None:
+                getattr(handle, endpoint).call_one(*args).get()
+        self.replicas.append(handle)
+        self.alive.append(True)
+        self.generation.append(0)
+        self.failures.append(0)
+        self.labels.append(label or f"{self.name}[{len(self.replicas) - 1}]")
+        self._event(f"{self.labels[-1]} added")
+        return len(self.replicas) - 1
+
+    def _event(self, msg: str) -> None:
+        self.events.append(msg)
+        self.log(f"{self.name}: {msg}")
+
+    def metrics(self) -> dict[str, float]:
+        s, p = self.stats, f"service/{self.name}/"
+        return {p + "issued": float(s.issued), p + "retried": float(s.retried), p + "completed": float(s.completed),
+                p + "failures": float(s.failures), p + "respawned": float(s.respawned),
+                p + "retired": float(s.retired), p + "replicas": float(len(self.healthy()))}
+
+    def next_replica(self) -> int:
+        return self.pick()
 
     def __getattr__(self, endpoint: str) -> _Endpoint:
         if endpoint.startswith("_"):
@@ -102,7 +256,7 @@ class Service:
         return _Endpoint(self, endpoint)
 
     def __len__(self) -> int:
-        return len(self.replicas)
+        return len(self.healthy())
 
 
 class _CollectiveEndpoint:
@@ -138,4 +292,11 @@ class Services:
     rewards: Service
     buffer: Service
     reference: Collective | None = None  # on the trainer's processes, only when algorithm.kl_coef > 0
-    generator_seeds: tuple[int, ...] = ()  # one per generator replica; request seeds derive from them
+    generator_seeds: tuple[int, ...] = ()  # one per generator shard; request seeds derive from them
+
+    def replica_services(self) -> list[Service]:
+        return [self.generators, self.rewards]
+
+    def metrics(self) -> dict[str, float]:
+        """Request accounting and replica health of every replicated service (cumulative over the run)."""
+        return {k: v for s in self.replica_services() for k, v in s.metrics().items()}

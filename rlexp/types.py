@@ -65,10 +65,15 @@ class RewardOutput:
     @staticmethod
     def concat(parts: list[RewardOutput]) -> RewardOutput:
         """Outputs of consecutive slices of one batch as one; metrics are averaged weighted by each
-        slice's share of the batch (each replica reports means over its own slice)."""
+        slice's share of the batch (each replica reports means over its own slice), except the request counts of
+        each replica's own verifier services (`service/...`: summed; replicas alive: the fewest any one sees)."""
         out = RewardOutput(rewards=[x for p in parts for x in p.rewards], details=[d for p in parts for d in p.details])
         for key in parts[0].metrics:
-            out.metrics[key] = sum(p.metrics.get(key, 0.0) * len(p.rewards) for p in parts) / len(out.rewards)
+            values = [p.metrics.get(key, 0.0) for p in parts]
+            if key.startswith("service/"):
+                out.metrics[key] = min(values) if key.endswith("/replicas") else sum(values)
+            else:
+                out.metrics[key] = sum(v * len(p.rewards) for v, p in zip(values, parts)) / len(out.rewards)
         return out
 
 

@@ -21,3 +21,28 @@ class Echo(Actor):
     @endpoint
     def rank(self) -> int:
         return current_rank().rank
+
+
+class Versioned(Actor):
+    """A replica with state a replacement must be given (like a generator's weights version)."""
+
+    def __init__(self, replica: int) -> None:
+        self.replica, self.version = replica, None
+
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    @endpoint
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    @endpoint
+    def work(self, items: list[int], seed: int) -> list[tuple[int, int | None]]:
+        return [(x * seed, self.version) for x in items]
+
+    @endpoint
+    def who(self) -> tuple[int, int | None]:
+        return self.replica, self.version

@@ -177,7 +177,7 @@ def test_rlexp_train_with_tensor_parallel_trainer_end_to_end(tmp_path: Path, tag
 
 
 def test_layout_spanning_hosts_is_refused_and_gpus_are_assigned_per_role() -> None:
-    """qwen3_32b's default trainer (FSDP 8 x TP 2) needs 16 GPUs and every role runs on this host.
+    """qwen3_32b's default trainer (FSDP 8 x TP 2) needs 16 GPUs and, without hosts of its own, runs on this host.
     (The CUDA check that comes first in `validate` would stop this machine, so the layout check is
     called alone; `assign_gpus` is what the actors put in CUDA_VISIBLE_DEVICES.)"""
     from omegaconf import OmegaConf
@@ -190,7 +190,8 @@ def test_layout_spanning_hosts_is_refused_and_gpus_are_assigned_per_role() -> No
     c.cluster.device, c.cluster.gpus_per_host = "cuda", 8
     c.generator.backend, c.generator.replicas, c.generator.tp = "vllm", 1, 4
     c = OmegaConf.to_object(c)  # the typed config, with its derived values, as `prepare` hands it on
-    with pytest.raises(ConfigError, match=r"needs 20 GPUs \(trainer 8 x 2 = 16, generators 1 x 4\).*gpus_per_host=8"):
+    with pytest.raises(ConfigError, match=r"gpus_per_host=8; needed per host: local: 20; trainer 8 x 2, "
+                                          r"generators 1 x 4"):
         _check_trainer_layout(c)
     c.model.parallelism.trainer_fsdp, c.model.parallelism.trainer_tp = 2, 2
     _check_trainer_layout(c)  # 4 + 4 = 8 fits

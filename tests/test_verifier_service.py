@@ -31,7 +31,7 @@ def test_served_reward_model_matches_in_process(rm_cfg: VerifierConfig) -> None:
     try:
         svc = mesh.spawn("verifier_rm_small", VerifierService, rm_cfg, EnvConfig(name="arithmetic"), 1)
         assert all(s >= 0 for s in svc.setup.call().get().values())
-        remote = served_scorer([svc.slice(procs=i) for i in range(2)])(problems, texts).get()
+        remote = served_scorer("rm", [svc.slice(procs=i) for i in range(2)])[0](problems, texts).get()
     finally:
         mesh.stop().get(timeout=30)
     np.testing.assert_allclose(remote, local, rtol=1e-5, atol=1e-6)

@@ -18,6 +18,7 @@ from rlexp.models.tokenizer import load_tokenizer
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.lm_judge import LMJudgeVerifier
+from rlexp.services import Service
 from rlexp.types import RewardOutput, Sample
 
 
@@ -26,6 +27,7 @@ class RewardService(Actor):
         self.cfg = reward_cfg
         self.env = build_env(env_cfg)
         self.reward = build_reward(reward_cfg, self.env)
+        self.services: list[Service] = []  # the served verifiers', for their request accounting
 
     # Synchronous endpoints: a verifier call waits on another actor's reply, which an event-loop endpoint must not.
     @endpoint
@@ -36,7 +38,9 @@ class RewardService(Actor):
             if isinstance(v, ServedVerifier):
                 if v.name not in services:
                     raise RuntimeError(f"verifier {v.name!r} has no service; the launcher spawned {sorted(services)}")
-                v.attach(served_scorer(services[v.name]))
+                scorer, svc = served_scorer(v.name, services[v.name])
+                v.attach(scorer)
+                self.services.append(svc)
                 attached.append(v.name)
         return attached
 
@@ -57,7 +61,10 @@ class RewardService(Actor):
 
     @endpoint
     def score(self, samples: list[Sample], texts: list[str], group_size: int) -> RewardOutput:
-        return self.reward.score(samples, texts, group_size)
+        out = self.reward.score(samples, texts, group_size)
+        for svc in self.services:
+            out.metrics.update(svc.metrics())
+        return out
 
     @endpoint
     def state_dict(self) -> dict[str, Any]:

@@ -141,7 +141,7 @@ def claim_device(device_kind: str, gpus: list[str] | None, rank: int) -> torch.d
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def init_parallel(rank: int, world: int, tp: int, master_port: int, device: torch.device) -> Any:
+def init_parallel(rank: int, world: int, tp: int, master_port: int | str, device: torch.device) -> Any:
     """Process group (gloo on CPU, nccl on CUDA) + TorchTitan's `ParallelDims` meshes (fsdp x tp, tp
     innermost); rank = Monarch rank. A second actor on the same processes (the reference model, or a
     test's second trainer) reuses the group and builds its own meshes."""
@@ -152,7 +152,9 @@ def init_parallel(rank: int, world: int, tp: int, master_port: int, device: torc
     import torch.testing._internal.distributed.fake_pg  # noqa: F401
     import torchtitan.distributed.parallel_dims as titan_dims
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+    # `master_port` is a port on this host, or "host:port" when rank 0 runs on another host (rlexp/launcher.py).
+    addr, _, port = str(master_port).rpartition(":")
+    os.environ.update(MASTER_ADDR=addr or "127.0.0.1", MASTER_PORT=port)
     if device.type == "cpu":
         titan_dims.device_type = "cpu"  # TorchTitan assumes "cuda" when it finds no accelerator
     if not dist.is_initialized():
@@ -170,7 +172,7 @@ def init_parallel(rank: int, world: int, tp: int, master_port: int, device: torc
     return dims
 
 
-def build_policy(cfg: ModelConfig, model_dir: str, rank: int, world: int, tp: int, master_port: int,
+def build_policy(cfg: ModelConfig, model_dir: str, rank: int, world: int, tp: int, master_port: int | str,
                  device: torch.device, *, activation_checkpointing: bool = False, mixed_precision: bool = False
                  ) -> tuple[nn.Module, Any]:
     """The policy for this rank (plain on one rank, TP/FSDP-sharded on several) and its `ParallelDims`
@@ -197,7 +199,7 @@ def loss_parallel_if(tp: int) -> Any:
 class Trainer(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, trainer_cfg: Any, algo_cfg: Any, total_steps: int,
                  seed: int, pad_id: int, transport: str, run_name: str, threads: int = 0,
-                 shm_dir: str | None = None, world_size: int = 1, master_port: int = 0, device: str = "cpu",
+                 shm_dir: str | None = None, world_size: int = 1, master_port: int | str = 0, device: str = "cpu",
                  tp: int = 1, gpus: list[str] | None = None) -> None:
         apply_process_determinism()
         self.shm_dir = shm_dir
@@ -414,7 +416,7 @@ class Reference(Actor):
     """
 
     def __init__(self, model_cfg: ModelConfig, model_dir: str, pad_id: int, threads: int = 0, world_size: int = 1,
-                 master_port: int = 0, device: str = "cpu", tp: int = 1, gpus: list[str] | None = None,
+                 master_port: int | str = 0, device: str = "cpu", tp: int = 1, gpus: list[str] | None = None,
                  mixed_precision: bool = False) -> None:
         apply_process_determinism()
         if threads:

@@ -55,12 +55,15 @@ class VerifierService(Actor):
         return [by_key[k] for k in keys]
 
 
-def served_scorer(replicas: list[Any]) -> Callable[[list[Problem], list[str]], Pending[list[float]]]:
+def served_scorer(name: str, replicas: list[Any]) -> tuple[Callable[[list[Problem], list[str]], Pending[list[float]]],
+                                                          Service]:
     """What a reward service calls in place of a local model: the batch split over the verifier's replicas,
-    returned without waiting."""
-    svc = Service("verifier", replicas)
+    returned without waiting; and the service, for its request accounting. A replica whose process dies is
+    retired (its slices go to the others, same answers: a verifier model is deterministic)."""
+    svc = Service(f"verifier_{name}", replicas,
+                  log=lambda msg: print(f"[rlexp] {msg}", flush=True))
 
     def start(problems: list[Problem], texts: list[str]) -> Pending[list[float]]:
         return svc.score.scatter(problems, rows=[texts]).then(lambda parts: [x for part in parts for x in part])
 
-    return start
+    return start, svc

@@ -1,5 +1,5 @@
-"""Which GPUs each role's processes get on a host: trainer ranks first, then each generator replica, then each
-served model verifier's replicas; and which model verifiers a run serves (what `rlexp plan` counts)."""
+"""Which GPUs each role's processes get on each host, and which model verifiers a run serves (what `rlexp plan`
+counts)."""
 from __future__ import annotations
 
 from typing import Any
@@ -52,24 +52,53 @@ def reward_verifiers(c: Any) -> list[VerifierConfig]:
     return [v for v in chosen if is_served(v)]
 
 
-def assign_gpus(c: Any) -> dict[str, list[str]]:
-    """CUDA_VISIBLE_DEVICES per role and rank on this host: the trainer's ranks (and the reference
-    model beside them) take GPUs 0..W-1, then each generator replica takes `generator.gpus_per_replica`,
-    then every served model verifier (`reward_verifiers`) takes one GPU per replica, under the key
-    `verifier_<name>` (one value per replica). Without it every process would open GPU 0. Empty on CPU.
-    Fits are checked by `validate` and `rlexp plan`."""
-    if c.cluster.device != "cuda":
+def own_hosts(c: Any) -> dict[str, int]:
+    """Roles with hosts of their own (`cluster.hosts_per_role`, not with the local job)."""
+    cl = c.cluster
+    if str(_field(cl, "job", "local")) == "local":
         return {}
+    per_role = _plain(_field(cl, "hosts_per_role", None)) or {}
+    per_role = per_role if isinstance(per_role, dict) else vars(per_role)
+    return {str(r): int(n) for r, n in per_role.items() if int(n) > 0}
+
+
+def gpu_layout(c: Any) -> tuple[dict[str, list[str]], dict[str, int]]:
+    """CUDA_VISIBLE_DEVICES per role and rank, and the GPUs each host uses (by the job's host label).
+
+    On the controller's host ("local") the roles without hosts of their own take GPUs in order: trainer
+    ranks (the reference model beside them) first, then each generator replica
+    (`generator.gpus_per_replica`), then every served model verifier (`reward_verifiers`), one per replica,
+    under the key `verifier_<name>`. A role with hosts of its own (`cluster.hosts_per_role`) numbers from 0
+    on each of them: trainer ranks in blocks per host (rank r on host r // (W/H)), generator replica i on
+    host i % H, verifier k on host k % H. Without it every process would open GPU 0. Empty on CPU."""
+    if c.cluster.device != "cuda":
+        return {}, {}
+    own = own_hosts(c)
+    used: dict[str, int] = {}
+
+    def take(host: str, n: int) -> list[int]:
+        first = used.get(host, 0)
+        used[host] = first + n
+        return list(range(first, first + n))
+
+    out: dict[str, list[str]] = {}
     world, per_gen = c.model.parallelism.trainer_world, c.generator.gpus_per_replica
-    out = {"trainer": [str(r) for r in range(world)]}
+    if "trainer" in own:
+        per_host = -(-world // own["trainer"])
+        out["trainer"] = [str(take(f"trainer_{r // per_host}", 1)[0]) for r in range(world)]
+    else:
+        out["trainer"] = [str(g) for g in take("local", world)]
     for i in range(c.generator.replicas):
-        first = world + i * per_gen
-        out[f"generator{i}"] = [",".join(str(first + j) for j in range(per_gen))]
-    nxt = world + c.generator.replicas * per_gen
-    for v in reward_verifiers(c):
-        out[f"verifier_{v.name}"] = [str(nxt + j) for j in range(v.replicas)]
-        nxt += v.replicas
-    return out
+        host = f"generator_{i % own['generator']}" if "generator" in own else "local"
+        out[f"generator{i}"] = [",".join(str(g) for g in take(host, per_gen))]
+    for k, v in enumerate(reward_verifiers(c)):
+        host = f"verifier_{k % own['verifier']}" if "verifier" in own else "local"
+        out[f"verifier_{v.name}"] = [str(g) for g in take(host, v.replicas)]
+    return out, used
+
+
+def assign_gpus(c: Any) -> dict[str, list[str]]:
+    return gpu_layout(c)[0]
 
 
 def verifier_gpus(c: Any) -> int:

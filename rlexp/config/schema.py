@@ -34,6 +34,7 @@ LRSchedule = _choices("LRSchedule", "constant", "linear", "cosine")
 SyncMode = _choices("SyncMode", "on_policy", "async")
 Device = _choices("Device", "cpu", "cuda")
 Transport = _choices("Transport", "shm", "torchstore")
+JobKind = _choices("JobKind", "local", "process", "slurm", "kubernetes")
 Determinism = _choices("Determinism", "off", "seeded", "full")
 
 
@@ -62,6 +63,10 @@ class GeneratorConfig:
     # The model's default layout, resolved by OmegaConf (build configs with OmegaConf.structured, as Hydra does).
     replicas: int = II("model.parallelism.generator_replicas")
     tp: int = II("model.parallelism.generator_tp")  # vLLM tensor parallelism per replica
+    # Slices of each step's prompts, each with a seed of its own. Samples depend on the shards, never on how many
+    # replicas serve them: with shards above replicas, replicas can be added mid-run (elastic, see
+    # rlexp/launcher.py Elastic) or lost to faults without changing a sample.
+    shards: int = II("generator.replicas")
     kv_cache_gb: float = 0.25  # vLLM on CPU reserves this much for the KV cache
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = True
@@ -103,10 +108,66 @@ class SyncConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """`cluster.job=slurm`: Monarch's SlurmJob submits one allocation whose nodes are split among the roles
+    (`cluster.hosts_per_role`). Nothing site-specific is built in: every value here is the site's to set."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = None  # sbatch --time, e.g. "04:00:00"
+    cpus_per_task: int | None = None
+    mem: str | None = None  # sbatch --mem, e.g. "512G"
+    job_name: str = "rlexp"
+    python_exe: str = "python"  # the interpreter on the nodes (an environment with rlexp installed)
+    extra_args: list[str] = field(default_factory=list)  # further sbatch arguments, verbatim
+    start_timeout_s: int | None = None  # give up if the allocation has not started by then
+
+
+@dataclass
+class KubernetesConfig:
+    """`cluster.job=kubernetes`: Monarch's KubernetesJob; with `image` it provisions one MonarchMesh per role
+    (needs the Monarch operator), without it attaches to pods already labelled per mesh."""
+
+    namespace: str = "default"
+    image: str | None = None
+    gpus_per_pod: int = 0  # resources: nvidia.com/gpu per pod (one pod is one host)
+    shared_memory_size: str | None = None  # memory-backed /dev/shm per pod, e.g. "64Gi" (the shm transport)
+    kubeconfig: str | None = None  # out-of-cluster access; None: the in-cluster service account
+    timeout_s: int | None = None  # seconds to wait for each mesh's pods
+
+
+@dataclass
+class FaultConfig:
+    """What happens when a replica's process dies (rlexp/services.py recovers it)."""
+
+    # A replica that has failed more than this many times is retired, with the reason logged; the run goes on
+    # with the others. The trainer is not a replica: a dead rank stops the run (resume=auto continues it).
+    max_restarts: int = 2
+    respawn: bool = True  # False: retire a failed replica at once instead of starting a new process for it
+
+
+@dataclass
+class HostsPerRole:
+    """Hosts of their own per role; 0: the role runs on the controller's host."""
+
+    generator: int = 0
+    trainer: int = 0
+    reward: int = 0
+    verifier: int = 0
+
+
+@dataclass
 class ClusterConfig:
     name: str = "local"
+    # Which Monarch job provides the hosts: local (this host), process (simulated hosts: local process groups,
+    # for tests and rehearsal), slurm, kubernetes.
+    job: JobKind = JobKind.local
     device: Device = Device.cpu
+    # Hosts the GPU planner counts (`rlexp plan`); with `hosts_per_role` it must equal their sum.
     hosts: int = 1
+    # A role's replicas or ranks are spread over its hosts (see rlexp/cluster.py).
+    hosts_per_role: HostsPerRole = field(default_factory=HostsPerRole)
     gpus_per_host: int = 0
     gpu_memory_gb: float = 0.0
     # Where the weight transport stages safetensors (shared memory on one host).
@@ -116,6 +177,14 @@ class ClusterConfig:
     # on a small CPU host: processes take turns, and OpenMP spin-waiting across oversubscribed cores is
     # far slower than a single thread.
     threads_per_proc: int = 1
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+
+    @property
+    def role_hosts(self) -> dict[str, int]:
+        """Roles given hosts of their own, and how many."""
+        return {r: n for r, n in vars(self.hosts_per_role).items() if n > 0}
 
 
 @dataclass

@@ -14,7 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from rlexp.config.layout import gpu_layout
 from rlexp.config.paths import CONF_DIR
+from rlexp.config.validate import ConfigError, check_hosts_fit
 from rlexp.models.planner import DEFAULT_HEADROOM, PlanError, plan_memory
 
 
@@ -30,6 +34,26 @@ def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config
         raise FileNotFoundError(f"{Path(config_dir) / (config_name + '.yaml')} not found")
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
         return compose(config_name=config_name, overrides=overrides)
+
+
+def print_hosts(cfg: Any) -> bool:
+    """GPUs per host (roles with hosts of their own number theirs from 0); False when a host cannot hold its roles
+    or a tensor-parallel group would span hosts."""
+    try:
+        typed = OmegaConf.to_object(cfg)
+        _, used = gpu_layout(typed)
+    except Exception:  # a config without the train schema's cluster: the memory plan above is all there is
+        return True
+    if not used:
+        return True
+    per_host = typed.cluster.gpus_per_host
+    print("\nhosts: " + ", ".join(f"{h} {n}/{per_host or '?'} GPUs" for h, n in used.items()))
+    try:
+        check_hosts_fit(typed)
+    except ConfigError as e:
+        print(f"problem: {e}")
+        return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlexp plan: cannot compose the run config: {e}", file=sys.stderr)
         return 2
     print(report.table())
-    if not report.ok:
+    hosts_ok = print_hosts(cfg)
+    if not report.ok or not hosts_ok:
         print("\nrefused: the layout does not fit (see 'fix:' lines)", file=sys.stderr)
         return 1
     return 0

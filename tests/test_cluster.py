@@ -1,0 +1,112 @@
+"""The cluster group: which Monarch job provides the hosts, which host each role and GPU gets, and the
+refusals a layout deserves before anything is spawned. Slurm and Kubernetes cannot run here, so their jobs
+are checked as the exact arguments rlexp gives Monarch's SlurmJob / KubernetesJob (and SlurmJob is built)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from rlexp.cluster import check_cluster, job_spec, weight_hosts
+from rlexp.config.layout import gpu_layout
+from rlexp.config.schema import TrainConfig, register_configs
+from rlexp.config.validate import ConfigError, validate
+from tests.conftest import REPO
+
+CONF = REPO / "rlexp" / "conf"
+register_configs()
+
+
+def cfg(*overrides: str) -> TrainConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return OmegaConf.to_object(compose("train", overrides=list(overrides)))
+
+
+def test_process_job_gives_each_role_simulated_hosts() -> None:
+    c = cfg("cluster=process", "generator.replicas=2", "cluster.hosts_per_role.generator=2")
+    assert job_spec(c.cluster) == ("ProcessJob", {"generator": 2, "trainer": 1, "reward": 1}, {})
+    assert weight_hosts(c.cluster) == 1  # simulated hosts share this machine's /dev/shm
+    assert job_spec(cfg().cluster)[0] == "LocalJob"
+
+
+def test_slurm_job_takes_every_site_value_from_the_config() -> None:
+    c = cfg("cluster=slurm", "cluster.slurm.partition=gpu", "cluster.slurm.account=proj", "cluster.slurm.qos=high",
+            "cluster.slurm.time_limit=12:00:00", "cluster.slurm.extra_args=[--exclusive]")
+    kind, meshes, kw = job_spec(c.cluster)
+    assert (kind, meshes) == ("SlurmJob", {"trainer": 1, "generator": 1})
+    assert kw["partition"] == "gpu" and kw["account"] == "proj" and kw["qos"] == "high"
+    assert kw["time_limit"] == "12:00:00" and kw["gpus_per_node"] == 8 and kw["slurm_args"] == ["--exclusive"]
+    assert "mem" not in kw  # unset values are Monarch's defaults, not ours
+    # The arguments are ones SlurmJob takes (building it submits nothing). In a process of its own: SlurmJob
+    # switches Monarch's default channel transport to TCP for the whole process.
+    code = f"from monarch.job import SlurmJob; SlurmJob({meshes!r}, **{kw!r})"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert weight_hosts(c.cluster) == 2  # real hosts: /dev/shm cannot carry the weights
+
+
+def test_kubernetes_job_spec_carries_image_and_gpus() -> None:
+    c = cfg("cluster=kubernetes", "cluster.kubernetes.image=repo/rlexp:1", "cluster.kubernetes.namespace=rl")
+    kind, meshes, kw = job_spec(c.cluster)
+    assert (kind, meshes) == ("KubernetesJob", {"trainer": 1, "generator": 1})
+    assert kw["image"] == "repo/rlexp:1" and kw["namespace"] == "rl" and kw["gpus_per_pod"] == 8
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["cluster.hosts_per_role.generator=2"], "cluster.job=local has this one host"),
+    (["cluster=process", "cluster.hosts_per_role.generator=0", "cluster.hosts_per_role.trainer=0",
+      "cluster.hosts_per_role.reward=0"], "needs cluster.hosts_per_role"),
+])
+def test_impossible_layouts_are_refused_with_the_fix(overrides: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_cluster(cfg(*overrides).cluster)
+
+
+def gpu_cfg(*overrides: str) -> TrainConfig:
+    c = cfg("cluster=slurm", "generator=vllm", *overrides)
+    return c
+
+
+def test_gpus_are_numbered_per_host() -> None:
+    # Qwen3-14B on two 8-GPU nodes: trainer FSDP 8 on one, four TP-2 generator replicas on the other.
+    c = gpu_cfg("model=qwen3_14b")
+    assign, used = gpu_layout(c)
+    assert assign["trainer"] == [str(r) for r in range(8)]
+    assert [assign[f"generator{i}"] for i in range(4)] == [["0,1"], ["2,3"], ["4,5"], ["6,7"]]
+    assert used == {"trainer_0": 8, "generator_0": 8}
+    # Qwen3-32B: trainer FSDP 8 x TP 2 over two nodes (rank r on node r // 8), two TP-4 replicas on a third.
+    c = gpu_cfg("model=qwen3_32b", "cluster.hosts=3", "cluster.hosts_per_role.trainer=2")
+    assign, used = gpu_layout(c)
+    assert assign["trainer"] == [str(r % 8) for r in range(16)]
+    assert used == {"trainer_0": 8, "trainer_1": 8, "generator_0": 8}
+
+
+def test_a_host_that_cannot_hold_its_roles_is_refused_naming_it() -> None:
+    from rlexp.config.validate import check_hosts_fit
+
+    c = gpu_cfg("model=qwen3_14b", "cluster.hosts_per_role.generator=0", "model.parallelism.generator_replicas=5")
+    with pytest.raises(ConfigError, match="local: 10"):  # the generators fall back to the controller's host
+        check_hosts_fit(c)
+    c = gpu_cfg("model=qwen3_32b", "cluster.hosts=3", "cluster.hosts_per_role.trainer=3")
+    with pytest.raises(ConfigError, match="whole TP groups"):
+        check_hosts_fit(c)
+    check_hosts_fit(gpu_cfg("model=qwen3_14b"))  # the 80 GB two-node layout is launchable
+
+
+def test_cpu_process_cluster_validates() -> None:
+    validate(cfg("cluster=process"))
+
+
+@pytest.mark.parametrize("experiment", ["qwen3_14b_math", "qwen3_32b_math"])
+def test_multi_node_presets_plan_and_fit_their_hosts(experiment: str) -> None:
+    from rlexp.models import plan_cli
+
+    assert plan_cli.main([f"experiment={experiment}", "reward=weaver"]) == 0
+    c = cfg(f"experiment={experiment}", "reward=weaver")
+    from rlexp.config.validate import check_hosts_fit
+
+    check_hosts_fit(c)
+    _, used = gpu_layout(c)
+    assert all(n <= 8 for n in used.values()) and len(used) == c.cluster.hosts

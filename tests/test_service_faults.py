@@ -1,0 +1,77 @@
+"""Services keep serving when a replica's process is killed: the request is re-issued (same arguments, same
+seed, same answer) to a respawned replica that first receives the sticky state, or to a healthy one when
+the dead replica is retired; accounting stays exact. Real Monarch processes, really killed (SIGKILL)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import monarch.actor
+import pytest
+from monarch.actor import this_host
+
+from rlexp.services import Service, ServiceDown
+from tests.conftest import REPO
+from tests.service_actors import Versioned
+
+pytestmark = pytest.mark.slow  # each kill waits for Monarch's supervision (~10 s)
+
+
+@pytest.fixture
+def spawned():
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    hook = monarch.actor.unhandled_fault_hook
+    monarch.actor.unhandled_fault_hook = lambda failure: None  # as rlexp.launcher does: callers see the error
+    meshes = []
+
+    def spawn(i: int):
+        m = this_host().spawn_procs(per_host={"procs": 1})
+        meshes.append(m)
+        return m.spawn("versioned", Versioned, i)
+
+    yield spawn
+    for m in meshes:
+        with contextlib.suppress(Exception):  # the killed ones
+            m.stop().get(timeout=30)
+    monarch.actor.unhandled_fault_hook = hook
+
+
+def kill(handle) -> None:
+    os.kill(handle.pid.call_one().get(), signal.SIGKILL)
+
+
+def test_killed_replica_is_respawned_given_sticky_state_and_its_work_reissued(spawned) -> None:
+    respawns = []
+
+    def recover(i, error):
+        respawns.append((i, type(error).__name__))
+        return spawned(10 + i)
+
+    svc = Service("versioned", [spawned(0), spawned(1)], recover=recover, sticky=("set_version",))
+    svc.set_version.fanout(7).get()
+    expected = [[(x * (100 + i), 7) for x in part] for i, part in enumerate([[1, 2], [3, 4]])]
+    assert svc.work.scatter([1, 2, 3, 4], per_shard=lambda i: (100 + i,)).get() == expected
+    kill(svc.replicas[1])
+    assert svc.work.scatter([1, 2, 3, 4], per_shard=lambda i: (100 + i,)).get() == expected  # same answer
+    assert respawns == [(1, "SupervisionError")]
+    assert svc.who.fanout().get() == [(0, 7), (11, 7)]  # the replacement got version 7 before serving
+    s = svc.stats
+    assert (s.failures, s.respawned, s.retired, s.retried) == (1, 1, 0, 1)
+    assert s.issued == s.completed  # nothing lost, nothing counted twice
+    assert svc.metrics()["service/versioned/replicas"] == 2.0
+
+
+def test_replica_without_respawn_is_retired_and_the_rest_carry_its_shard(spawned) -> None:
+    svc = Service("versioned", [spawned(0), spawned(1)])
+    svc.set_version.fanout(3).get()
+    kill(svc.replicas[0])
+    out = svc.work.scatter([1, 2, 3, 4], per_shard=lambda i: (10 + i,)).get()
+    assert out == [[(10, 3), (20, 3)], [(33, 3), (44, 3)]]  # both shards, both with their own seed
+    assert svc.healthy() == [1] and svc.stats.retired == 1
+    assert "retired" in svc.events[0] and "Killed" in svc.events[0]
+    assert [svc.who.route().get() for _ in range(3)] == [(1, 3)] * 3
+    assert svc.set_version.fanout(4).get() == [None]  # fanout skips the retired replica
+    kill(svc.replicas[1])
+    with pytest.raises(ServiceDown, match="every replica has failed"):
+        svc.who.route().get()
