@@ -37,6 +37,16 @@ class LossOutput:
     metrics: dict[str, float]
 
 
+def policy_token_mask(mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """The response positions the loss trains on: real tokens (`mask`) the policy wrote (`loss_mask` 1).
+
+    Multi-turn episodes interleave the policy's turns with the environment's replies; the replies are
+    context the policy conditions on, never actions, so they enter neither the surrogate, nor the KL, nor
+    the importance ratio, and every position they occupy gets an exactly zero gradient (`grpo_loss`
+    multiplies by the mask before exponentiating and before aggregating)."""
+    return mask * loss_mask.to(mask.dtype)
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

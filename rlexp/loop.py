@@ -3,6 +3,7 @@
     for each step:
         samples      = environment.sample_batch(prompts_per_step)           # seeded data order
         groups       = generators.generate(prompts, n=group_size)           # vLLM or TorchTitan replicas
+                       (multi-turn environments: episodes of turns and replies, rlexp/rollouts.py)
         rewards      = rewards.score(samples, groups)                       # verifier replicas (rule, RM, Weaver)
         advantages   = group_normalise(rewards)                             # GRPO
         buffer.add(groups); batch = buffer.sample(current_version)          # drops samples that are too stale
@@ -27,6 +28,7 @@ import torch
 
 from rlexp.envs.base import Environment
 from rlexp.grpo import group_advantages
+from rlexp.rollouts import MultiTurn, episode_metrics, episode_rewards, transcript_row
 from rlexp.seeding import request_seed
 from rlexp.services import Pending, Services
 from rlexp.types import Completion, Episode, RewardOutput, Sample, TrainBatch
@@ -75,13 +77,15 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
     # Whole groups per reward replica: Weaver's label model and group metrics need complete groups.
     scored = RewardOutput.concat(
         svc.rewards.score.scatter(flat_samples, k, unit=k, rows=[[c.text for c in flat]]).get())
-    rewards = torch.tensor(scored.rewards, dtype=torch.float32)
+    multi_turn = any(c.loss_mask is not None for c in flat)  # text = transcript; + per-turn rewards
+    rewards = torch.tensor(episode_rewards(flat, scored) if multi_turn else scored.rewards,
+                           dtype=torch.float32)
     adv = group_advantages(rewards, k, a.norm_adv_by_std)
     ref = None
     if svc.reference is not None:
         ref = svc.reference.logprobs.call([c.prompt_ids for c in flat], [c.token_ids for c in flat], a.temperature)
     episodes = [Episode(c.prompt_ids, c.token_ids, c.logprobs, float(adv[i]), float(rewards[i]), c.policy_version,
-                        ref[i] if ref else None) for i, c in enumerate(flat)]
+                        ref[i] if ref else None, c.loss_mask) for i, c in enumerate(flat)]
     grouped = _groups(episodes, k)
     if a.filter_zero_adv_groups:
         grouped = [g for g in grouped if any(e.advantage != 0.0 for e in g)] or grouped
@@ -89,10 +93,14 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
                "reward/zero_adv_groups": float(sum(all(e.advantage == 0.0 for e in g) for g in grouped)) / len(grouped),
                "response/len_mean": sum(len(c.token_ids) for c in flat) / len(flat)}
     metrics.update(scored.metrics)
+    if multi_turn:
+        metrics.update(episode_metrics(flat))
     shown = min(len(flat), cfg.logger.rollout_samples)
     rollouts = [{"prompt": flat_samples[i].problem.prompt, "response": flat[i].text, "reward": float(rewards[i]),
                  "advantage": float(adv[i]), "policy_version": flat[i].policy_version,
-                 **(scored.details[i] if i < len(scored.details) else {})} for i in range(shown)]
+                 **(scored.details[i] if i < len(scored.details) else {}),
+                 **(transcript_row(flat_samples[i].problem.prompt, flat[i]) if multi_turn else {})}
+                for i in range(shown)]
     return grouped, metrics, rollouts
 
 
@@ -108,10 +116,13 @@ def train(cfg: Any, svc: Services, env: Environment, encode: Encode, state: Loop
     """Run steps `state.step .. cfg.steps-1`; `on_step` logs, evaluates and checkpoints."""
     depth = cfg.sync.policy_age
     in_flight: deque[tuple[int, list[Sample], Pending[list[list[Completion]]], float]] = deque()
+    multi_turn = MultiTurn(env, encode, cfg) if env.multi_turn else None
 
     def start_rollout(step: int, samples: list[Sample] | None = None) -> None:
         samples = samples or env.sample_batch(cfg.algorithm.prompts_per_step, state.data_rng)
-        in_flight.append((step, samples, generate_groups(svc, samples, encode, cfg, step), time.perf_counter()))
+        groups = multi_turn.generate(svc, samples, step) if multi_turn else \
+            generate_groups(svc, samples, encode, cfg, step)
+        in_flight.append((step, samples, groups, time.perf_counter()))
 
     for step, samples in state.pending:  # resumed mid-flight: the same prompts, regenerated
         start_rollout(step, samples)

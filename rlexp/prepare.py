@@ -83,10 +83,7 @@ def prepare(cfg: DictConfig) -> Prepared:
             raise CheckpointError("\n  - ".join(["missing verifier checkpoints:", *missing]))
     except (ValueError, FileNotFoundError) as e:  # bad environment/reward/benchmark input: one clear line
         raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
-    if type(env).step is not Environment.step:
-        raise ConfigError(f"environment={t.environment.name} is multi-turn (tool calls); the training loop samples "
-                          f"single-turn episodes only, so tool output would be trained on as if the policy wrote it. "
-                          f"Evaluate it with `rlexp eval`, or train on a single-turn environment")
+    check_multi_turn(t, env)
     model_dir = str(resolve_model(t.model))
     seeds = component_seeds(t.seed, t.generator.shards)
     extra = {
@@ -101,6 +98,29 @@ def prepare(cfg: DictConfig) -> Prepared:
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
     return Prepared(t, env, model_dir, seeds, extra, benchmarks, served)
+
+
+def check_multi_turn(t: TrainConfig, env: Environment) -> None:
+    """Multi-turn limits that cannot work, refused before anything spawns."""
+    e, name = t.environment, t.environment.name
+    if e.max_turns < 1:
+        raise ConfigError(f"environment.max_turns={e.max_turns}: need at least 1 (one policy response)")
+    if e.max_turns > 1 and type(env).step is Environment.step:
+        raise ConfigError(f"environment={name} is single-turn (it has no `step` to reply with), so "
+                          f"environment.max_turns={e.max_turns} cannot apply; leave it at 1")
+    if env.max_response_tokens and t.algorithm.max_tokens > env.max_response_tokens:
+        raise ConfigError(f"environment={name} judges responses of at most {env.max_response_tokens} token(s); "
+                          f"algorithm.max_tokens={t.algorithm.max_tokens} is larger. Set algorithm.max_tokens="
+                          f"{env.max_response_tokens}")
+    if env.multi_turn:
+        room = e.max_episode_tokens or (t.model.arch.max_seq_len - t.algorithm.max_prompt_tokens)
+        if e.max_episode_tokens < 0 or room < t.algorithm.max_tokens:
+            raise ConfigError(f"environment.max_episode_tokens={e.max_episode_tokens} leaves {room} tokens per "
+                              f"episode, less than one turn (algorithm.max_tokens={t.algorithm.max_tokens}); raise "
+                              f"it (0: the model's context, model.arch.max_seq_len={t.model.arch.max_seq_len})")
+        if e.max_reply_tokens < 1 or e.step_timeout_s < 0:
+            raise ConfigError(f"environment.max_reply_tokens={e.max_reply_tokens} must be >= 1 and "
+                              f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
 
 
 def check_verifier_kinds(t: TrainConfig, env: Environment) -> None:

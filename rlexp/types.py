@@ -51,6 +51,21 @@ class Completion:
     text: str
     policy_version: int
     finish_reason: str = "stop"
+    # Multi-turn episodes (rlexp/rollouts.py) fill the fields below; a single response leaves them as they are.
+    # `token_ids` then holds every token after the prompt: the policy's turns and the environment's replies.
+    # loss_mask[i] is 1 where the policy wrote token i and 0 where the environment did (None: all the policy's).
+    loss_mask: list[int] | None = None
+    # The transcript after the prompt, segment by segment: {"role": "policy" | "environment", "text": ...}.
+    segments: list[dict[str, str]] | None = None
+    turn_versions: list[int] | None = None  # the policy version of each turn; `policy_version` is the oldest
+    tool_calls: int = 0
+    tool_errors: int = 0
+    env_s: float = 0.0  # seconds spent in the environment (tools included) for this episode
+    turn_reward: float = 0.0  # sum of per-turn rewards (Environment.turn_reward), added to the episode reward
+
+    @property
+    def turns(self) -> int:
+        return len(self.turn_versions) if self.turn_versions is not None else 1
 
 
 @dataclass
@@ -86,8 +101,11 @@ class Episode:
     logprobs: list[float]  # the generator's, for the importance ratio
     advantage: float
     reward: float
-    policy_version: int
+    policy_version: int  # multi-turn: the oldest turn's, so staleness is judged by the oldest turn
     ref_logprobs: list[float] | None = None
+    # Multi-turn: 1 where the policy wrote the response token, 0 where the environment did (masked out of the
+    # loss, the KL and the importance ratio). None: every token is the policy's.
+    loss_mask: list[int] | None = None
 
     def to_plain(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,10 +124,14 @@ class TrainBatch:
     old_logprobs: list[list[float]]  # the generator's logprobs of the sampled tokens
     advantages: list[float]
     ref_logprobs: list[list[float]] | None = None
+    loss_masks: list[list[int]] | None = None  # None: every response token is trained on
 
     @staticmethod
     def of(episodes: list[Episode]) -> TrainBatch:
         has_ref = all(e.ref_logprobs is not None for e in episodes)
+        masked = any(e.loss_mask is not None for e in episodes)
         return TrainBatch([e.prompt_ids for e in episodes], [e.response_ids for e in episodes],
                           [e.logprobs for e in episodes], [e.advantage for e in episodes],
-                          [e.ref_logprobs for e in episodes] if has_ref else None)  # type: ignore[misc]
+                          [e.ref_logprobs for e in episodes] if has_ref else None,  # type: ignore[misc]
+                          [e.loss_mask if e.loss_mask is not None else [1] * len(e.response_ids) for e in episodes]
+                          if masked else None)

@@ -20,16 +20,23 @@ FIX = Path(__file__).parent / "fixtures"
 CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "environment"
 
 
+def env_yaml(name: str):
+    """An environment option's own settings; a `# @package _global_` option (calculator, guess: they also size
+    the batch) keeps them under `environment:`."""
+    node = OmegaConf.load(CONF / f"{name}.yaml")
+    return node.environment if "environment" in node else node
+
+
 def env_from_yaml(name: str, **over):
-    cfg = env_config(OmegaConf.merge(OmegaConf.load(CONF / f"{name}.yaml"), over))
+    cfg = env_config(OmegaConf.merge(env_yaml(name), over))
     return build_env(cfg)
 
 
 def test_all_environments_registered_with_yaml():
     for name in ("gsm8k", "math", "gpqa", "mmlu_pro", "calculator", "arithmetic"):
         assert name in env_names()
-    for name in ("gsm8k", "math", "gpqa", "mmlu_pro", "calculator"):
-        assert OmegaConf.load(CONF / f"{name}.yaml").name == name
+    for name in ("gsm8k", "math", "gpqa", "mmlu_pro", "calculator", "guess"):
+        assert env_yaml(name).name == name
 
 
 def test_math_fixture_prompt_gold_and_check():

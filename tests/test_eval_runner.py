@@ -50,7 +50,9 @@ def fake_generator(script):
 
 
 def env(name, **over):
-    return build_env(env_config(OmegaConf.merge(OmegaConf.load(CONF / f"{name}.yaml"), over)))
+    node = OmegaConf.load(CONF / f"{name}.yaml")
+    node = node.environment if "environment" in node else node  # global-package options (calculator, guess)
+    return build_env(env_config(OmegaConf.merge(node, over)))
 
 
 def test_evaluate_metric_names_for_training_env_and_benchmark():

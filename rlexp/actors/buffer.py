@@ -29,7 +29,8 @@ class ReplayBuffer(Actor):
 
     @endpoint
     async def sample(self, current_version: int, n_groups: int) -> tuple[list[Episode], dict[str, float]] | None:
-        fresh = [g for g in self.groups if current_version - g[0].policy_version <= self.max_age]
+        # Judged by the oldest episode of a group (a multi-turn episode's version is its oldest turn's).
+        fresh = [g for g in self.groups if current_version - min(e.policy_version for e in g) <= self.max_age]
         stale = len(self.groups) - len(fresh)
         self.dropped += stale
         self.groups = fresh

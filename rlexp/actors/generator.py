@@ -52,6 +52,15 @@ class Generator(Actor):
         return self.backend.next_token_logprobs(prompt_ids, token_ids)
 
     @endpoint
+    async def score(self, prompt_ids: list[list[int]], responses: list[list[int]], temperature: float
+                    ) -> tuple[list[list[float]], int] | None:
+        """Logprobs of whole multi-turn episodes with this replica's weights, and their version (None when the
+        backend cannot: vLLM keeps each turn's own logprobs)."""
+        assert self.backend is not None, "Generator.setup() was not awaited"
+        score = getattr(self.backend, "score", None)
+        return None if score is None else (score(prompt_ids, responses, temperature), self.backend.policy_version)
+
+    @endpoint
     async def update_weights(self, version: int, location: str) -> float:
         t = time.perf_counter()
         assert self.backend is not None

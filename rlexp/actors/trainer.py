@@ -32,7 +32,7 @@ from monarch.actor import Actor, current_rank, endpoint
 
 from rlexp.checkpoints import safe_load
 from rlexp.config.model import ModelConfig
-from rlexp.grpo import grpo_loss
+from rlexp.grpo import grpo_loss, policy_token_mask
 from rlexp.models.hf import (
     load_hf_into_sharded_titan,
     save_titan_as_hf,
@@ -256,7 +256,9 @@ class Trainer(Actor):
         lo, hi = self.dp_rank * n // self.dp_world, (self.dp_rank + 1) * n // self.dp_world
         n_micro = math.ceil(math.ceil(n / self.dp_world) / mb)
         self.optim.zero_grad(set_to_none=True)
-        total_tokens = sum(len(r) for r in batch.responses)
+        # Multi-turn rows train on the policy's tokens only: environment tokens are context, not actions.
+        total_tokens = sum(len(r) for r in batch.responses) if batch.loss_masks is None \
+            else sum(sum(m) for m in batch.loss_masks)
         metrics: dict[str, float] = {}
         diffs: list[torch.Tensor] = []
         for i in range(n_micro):
@@ -268,6 +270,8 @@ class Trainer(Actor):
             with loss_parallel_if(self.tp):
                 logp, mask = sequence_logprobs(self.model, batch.prompts[s:e], batch.responses[s:e],
                                                a.temperature, self.pad_id, self.device, self.autocast)
+                if batch.loss_masks is not None:
+                    mask = policy_token_mask(mask, _pad(batch.loss_masks[s:e], logp.shape[1]).to(mask.device))
                 old = _pad(batch.old_logprobs[s:e], logp.shape[1]).to(logp.device)
                 ref = _pad(batch.ref_logprobs[s:e], logp.shape[1]).to(logp.device) if batch.ref_logprobs else None
                 out = grpo_loss(logp, old, torch.tensor(batch.advantages[s:e]).to(logp.device), mask, a.clip_low,

@@ -14,6 +14,12 @@ class EnvConfig:
     split: str = "train"
     eval_split: str = "test"
     eval_size: int = 0  # 0 = the whole eval split
-    max_turns: int = 1
+    max_turns: int = 1  # policy responses per episode; > 1 (with an environment that implements `step`): multi-turn
+    # Multi-turn limits: response tokens per episode, the policy's and the environment's (0: the model's context
+    # length), and tokens per environment reply (a longer one reaches the model as a short error message).
+    max_episode_tokens: int = 0
+    max_reply_tokens: int = 256
+    # Seconds one `step` (a tool call) may take before the model is told it timed out (0: no limit, run inline).
+    step_timeout_s: float = 10.0
     # Environment-specific knobs (e.g. arithmetic's operand range); validated by the environment itself.
     options: dict[str, Any] = field(default_factory=dict)

@@ -72,9 +72,29 @@ class Environment:
                                   f"majority verifiers cannot score it")
 
     # --- multi-turn -------------------------------------------------------------------------------
+    # True when every reply is a tool's output (counted as tool calls in `episode/tool_calls_mean`).
+    replies_are_tool_calls: ClassVar[bool] = False
+    # Longest response (tokens) `check` can judge; 0: any. `rlexp train` refuses a larger algorithm.max_tokens.
+    max_response_tokens: ClassVar[int] = 0
+
     def step(self, sample: Sample, transcript: str, response: str) -> str | None:
-        """Return the text to append (e.g. a tool result) and continue, or None when the episode ends."""
+        """Return the text to append (e.g. a tool result) and continue, or None when the episode ends.
+        `transcript`: the episode's earlier responses and replies after the prompt; `response`: the newest turn.
+        Exceptions, time-outs and unusable output (rlexp/envs/guard.py) reach the model as `error_reply`."""
         return None
+
+    def error_reply(self, message: str) -> str:
+        """How a failed step (a tool error, a time-out, an over-long or undecodable reply) is shown to the model."""
+        return f"error: {message}"
+
+    def turn_reward(self, sample: Sample, transcript: str, response: str) -> float:
+        """Optional per-turn reward, summed into the episode's reward (only called when overridden)."""
+        return 0.0
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes of several turns: the environment replies (`step`) and allows more than one response."""
+        return type(self).step is not Environment.step and self.cfg.max_turns > 1
 
 
 _REGISTRY: dict[str, type[Environment]] = {}

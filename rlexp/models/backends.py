@@ -172,6 +172,12 @@ class TitanBackend:
         return out
 
     @torch.no_grad()
+    def score(self, prompts: list[list[int]], responses: list[list[int]], temperature: float) -> list[list[float]]:
+        """The trainer's logprobs of whole responses (multi-turn episodes, rescored once they are complete, so
+        the batch is the trainer's and the two agree bit for bit)."""
+        return self._logprobs(prompts, responses, temperature, _ReuseLastForward(self.model))
+
+    @torch.no_grad()
     def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]:
         """Logprobs of `token_ids` as the next token after each prompt (an LM judge's yes and no)."""
         tokens = pad_sequences(prompt_ids, self.tok.pad_id).to(self.device)
@@ -187,6 +193,17 @@ class TitanBackend:
 
     def close(self) -> None:
         pass
+
+
+def _cut_at_stop(ids: list[int], stop: list[str], tok: Tokenizer) -> list[int]:
+    """The shortest prefix of `ids` whose text contains a stop string (all of `ids` when none does), so a
+    multi-turn episode's tokens end where the environment takes over, as the titan backend stops."""
+    if not any(s in tok.decode(ids) for s in stop):
+        return ids
+    for n in range(1, len(ids) + 1):
+        if any(s in tok.decode(ids[:n]) for s in stop):
+            return ids[:n]
+    return ids
 
 
 _JUDGE_TOP_K = 20  # vLLM's default cap on logprobs per position
@@ -225,6 +242,8 @@ class VLLMBackend:
         for p, o in zip(prompt_ids, outs):
             for c in o.outputs:
                 ids = list(c.token_ids)
+                if stop:  # vLLM sees no text here (detokenize=False): cut the tokens after the first stop string
+                    ids = _cut_at_stop(ids, stop, self.tok)
                 lps = [float(d[t].logprob) for d, t in zip(c.logprobs or [], ids)]
                 text = self.tok.decode(ids)
                 if stop:
