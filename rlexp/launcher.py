@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
+from monarch._src.actor import config as monarch_config  # the switch has no public home in Monarch 0.7
 from monarch.actor import this_host
 from omegaconf import DictConfig
 
@@ -28,6 +29,7 @@ from rlexp.controller import Controller
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.prepare import Prepared, prepare
 from rlexp.services import Collective, Service, Services
+from rlexp.tracking import runlog
 from rlexp.tracking.manifest import write_start_manifest
 from rlexp.tracking.registry import build_trackers
 
@@ -152,6 +154,9 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
 def run(cfg: DictConfig) -> dict[str, float]:
     """`rlexp train` body: validate, spawn, train, evaluate, checkpoint, tear down. Returns final metrics."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    runlog.attach()  # console summary/progress/final lines go to train.log too
+    # This process is Monarch's root: its actor prefix (`[actor=<root>] `, added once per log handler) says nothing.
+    monarch_config.prefix_python_logs_with_actor = False
     p = prepare(cfg)
     resume_from = checkpoints.find_resume(p.cfg.resume, run_dir)
     cfg_hash = checkpoints.resume_hash(cfg)
@@ -169,7 +174,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     try:
         with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
             graph = build_graph(p, run_name)
-            print("\n".join(graph.placement), flush=True)
+            runlog.announce("\n".join([*graph.placement, *runlog.tracker_lines(trackers.manifest, run_dir)]))
             assert graph.services is not None
             ctl = Controller(p, graph.services, run_dir, trackers, cfg_hash, between_steps=interrupts.check)
             interrupts.deferred = True
