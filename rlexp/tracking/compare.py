@@ -83,6 +83,11 @@ def unique_names(runs: Sequence[RunRecord]) -> None:
     for r in runs:
         if counts[r.name] > 1:
             r.name = f"{r.name} [{r.source}]"
+    seen: dict[str, int] = {}
+    for r in runs:  # the very same source given twice
+        seen[r.name] = seen.get(r.name, 0) + 1
+        if seen[r.name] > 1:
+            r.name = f"{r.name} #{seen[r.name]}"
 
 
 def identical_curves(runs: Sequence[RunRecord], metric: str, x: str = "step") -> dict[str, str]:

@@ -654,13 +654,18 @@ def sweep_params(sweep_dir: Path) -> dict[str, str]:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
         parsed = OverridesParser.create().parse_overrides(task)
-        for o, raw in zip(parsed, task):
+        for o, raw in zip(parsed, task):  # the command line wins over the preset's params, as in Hydra
+            key = o.key_or_group.lstrip("~+")
             if o.is_sweep_override():
-                out[o.key_or_group.lstrip("~+")] = raw.split("=", 1)[1]
+                out[key] = raw.split("=", 1)[1]
+            else:
+                out.pop(key, None)
     except Exception:  # not parseable here: a value with an unescaped comma is a sweep
         for raw in task:
             if "=" in raw and re.search(r"(?<!\\),", raw.split("=", 1)[1]):
                 out[override_key(raw)] = raw.split("=", 1)[1]
+            else:
+                out.pop(override_key(raw), None)
     return {k: v for k, v in out.items() if not k.startswith("hydra.")}
 
 
@@ -674,7 +679,7 @@ def name_from_overrides(overrides: Sequence[str], swept: Iterable[str] = ()) -> 
     swept = set(swept)
     kept = [o for o in overrides if "=" in o and not override_key(o).startswith(_NAME_SKIP_PREFIXES)
             and not any(p in RUN_LOCAL_ANY_KEYS for p in override_key(o).split("."))]
-    kept.sort(key=lambda o: (override_key(o) not in swept, override_key(o)))
+    kept.sort(key=lambda o: (override_key(o) not in swept, o))  # Hydra sorts override_dirname as strings
     return ",".join(kept) or None
 
 
