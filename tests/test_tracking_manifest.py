@@ -173,6 +173,8 @@ def test_names_command_and_numerics(tmp_path: Path) -> None:
         "  sweeper:\n    params:\n      model: tiny,small\n      lr: 1e-3,1e-4\n")
     # the command line wins over the preset's params: model is fixed, lr sweeps from the preset
     assert sweep_params(sweep) == {"lr": "1e-3,1e-4", "seed": "0,1", "reward": "rule,annotated"}
+    (sweep / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: ['seed=0,1', 'steps=3']\n")  # no preset
+    assert sweep_params(sweep) == {"seed": "0,1"}
 
     job = {"mode": "MULTIRUN", "overrides": ["seed=0", "reward=rule", "x.text=a b"]}
     cmd = shell_command(["rlexp train", "-m", "seed=0,1", "reward=rule,annotated", "x.text=a b"], job)

@@ -646,7 +646,8 @@ def sweep_params(sweep_dir: Path) -> dict[str, str]:
     try:
         hc = OmegaConf.load(path).hydra
         task = [str(o) for o in (OmegaConf.select(hc, "overrides.task") or [])]
-        params = OmegaConf.to_container(OmegaConf.select(hc, "sweeper.params") or {}) or {}
+        node = OmegaConf.select(hc, "sweeper.params")
+        params = OmegaConf.to_container(node) if node is not None else {}
     except Exception:  # an unreadable file names nothing, rather than failing the run
         return {}
     out = {str(k): str(v) for k, v in params.items() if v is not None}
