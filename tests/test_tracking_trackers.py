@@ -328,3 +328,20 @@ def test_wandb_as_users_expect(tmp_path: Path) -> None:
     _wandb_run(tmp_path / "runs" / "off", cfg, "off")
     (off,) = load_wandb_dir(tmp_path / "runs" / "off" / "wandb")
     assert off.manifest["wandb"]["stats"] == [] and off.manifest["wandb"]["git"]["commit"] == ""
+
+
+def test_resumed_run_continues_its_clock(tmp_path: Path) -> None:
+    """A resumed run appends to metrics.jsonl; its `time/wall_s` goes on from the last logged value."""
+    from rlexp.checkpoints import truncate_metrics
+
+    run = tmp_path / "r"
+    with Trackers([JsonlTracker()], {}, run, {}, manage_manifest=False) as tr:
+        for s in range(3):
+            tr.log({"loss": 1.0, "time/wall_s": 10.0 * s}, s)  # as if 10 s per step
+        tr.log({"loss": 1.0, "time/wall_s": 99.0}, 3)  # lost with the crash: truncated below
+    truncate_metrics(run, 2)
+    with Trackers([JsonlTracker()], {}, run, {}, manage_manifest=False) as tr:
+        tr.start_clock()
+        tr.log({"loss": 0.5}, 3)
+    walls = [json.loads(x)["time/wall_s"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert walls[:3] == [0.0, 10.0, 20.0] and 20.0 <= walls[3] < 30.0
