@@ -76,8 +76,9 @@ class WandbTracker(Tracker):
         if self.run is None:
             return {}
         url = None
-        with contextlib.suppress(Exception):  # offline runs have no URL yet
-            url = self.run.url
+        if not self.run.offline:  # an offline run gets its URL when synced (asking warns on the console)
+            with contextlib.suppress(Exception):
+                url = self.run.url
         return {"run_id": self.run.id, "project": self.project, "entity": self.entity, "group": self.run.group,
                 "url": url, "dir": str(Path(self.run.dir).parent), "mode": self.run.settings.mode}
 
