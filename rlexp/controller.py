@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from rlexp.models.tokenizer import load_tokenizer
 from rlexp.prepare import Prepared
 from rlexp.services import Services
 from rlexp.tracking.base import Trackers
+from rlexp.tracking.runlog import announce
 from rlexp.types import Completion, Sample
 
 
@@ -30,7 +30,10 @@ class Controller:
         self.tok = load_tokenizer(p.model_dir)
         self.state = loop.LoopState(data_rng=random.Random(p.seeds["data"]))
         self.t0 = time.perf_counter()
+        trackers.start_clock()  # the run's clock (time/wall_s) starts with the controller, like its own t0
         self.first_eval: float | None = None
+        self.last_eval: tuple[int, float] | None = None  # (step, held-out accuracy) of the latest evaluation
+        self.evaluated_at: int | None = None
         self.last: dict[str, float] = {}
         self.best_eval = float("-inf")
 
@@ -39,14 +42,14 @@ class Controller:
         c = self.c
         if resume_from is not None:
             self.load_checkpoint(resume_from)
-            print(f"[rlexp] resumed from {resume_from} at step {self.state.step}", flush=True)
+            announce(f"[rlexp] resumed from {resume_from} at step {self.state.step}")
         else:
             self.trackers.log(self.evaluate(), 0)
         loop.train(c, self.svc, self.p.env, self.tok.encode, self.state, self.on_step)
         if self.between_steps is not None:
             self.between_steps(final=True)
         final = dict(self.last)
-        if "eval/accuracy" not in final or self.state.step % max(1, c.eval.every_n_steps or c.steps):
+        if self.evaluated_at != self.state.step:  # the last step evaluates in on_step; this is for steps=0
             ev = self.evaluate()
             self.trackers.log(ev, self.state.step)
             final.update(ev)
@@ -54,23 +57,25 @@ class Controller:
             out = checkpoints.final_dir(self.run_dir)
             shutil.rmtree(out, ignore_errors=True)
             self.svc.trainer.export_hf.call(str(out))
-            self.trackers.log_artifact(out)
+            self.trackers.log_artifact(out, kind="checkpoint")
         first = self.first_eval if self.first_eval is not None else float("nan")
         final.update({"eval/accuracy_start": first, "eval/accuracy_best": self.best_eval,
-                      "time/total_s": time.perf_counter() - self.t0})
-        print(f"[rlexp] done: {self.state.step} steps in {final['time/total_s']:.1f}s; held-out accuracy "
-              f"{first:.3f} -> {final.get('eval/accuracy', float('nan')):.3f} ({self.c.environment.name}, "
-              f"{min(len(self.p.env.eval_samples()), self.c.eval.max_samples or 10**9)} problems)", flush=True)
+                      "time/total_s": self.trackers.wall_s()})
+        announce(f"[rlexp] done: {self.state.step} steps in {final['time/total_s']:.1f}s; held-out accuracy "
+                 f"{first:.3f} -> {final.get('eval/accuracy', float('nan')):.3f} ({self.c.environment.name}, "
+                 f"{min(len(self.p.env.eval_samples()), self.c.eval.max_samples or 10**9)} problems)")
         return final
 
     def on_step(self, step: int, metrics: dict[str, float], rollouts: list[dict[str, Any]]) -> None:
         c = self.c
         every = c.eval.every_n_steps
-        if every and step % every == 0:
+        # The last step is evaluated here, in its own row, so the final accuracy shares the step's clock.
+        if (every and step % every == 0) or step == c.steps:
             metrics.update(self.evaluate())
-            self.trackers.log_table("rollouts", [{"step": step, **r} for r in rollouts])
+        tables = c.logger.rollout_every_n_steps
+        if (tables and step % tables == 0) or step == c.steps:
+            self.trackers.log_table("rollouts", [{"step": step, **r} for r in rollouts], step)
         metrics.update(self.svc.metrics())  # requests issued/retried/completed, replicas alive
-        metrics["time/wall_s"] = time.perf_counter() - self.t0
         self.trackers.log(metrics, step)
         self.last.update(metrics)
         if c.checkpoint.every_n_steps and step % c.checkpoint.every_n_steps == 0 and step < c.steps:
@@ -99,6 +104,8 @@ class Controller:
         acc = metrics.get("eval/accuracy", float("nan"))
         if self.first_eval is None:
             self.first_eval = acc
+        self.last_eval = (self.state.step, acc)
+        self.evaluated_at = self.state.step
         self.best_eval = max(self.best_eval, acc)
         return metrics
 
@@ -113,10 +120,9 @@ class Controller:
         eta = (c.steps - done) / rate if rate > 0 else float("inf")
         samples_s = rate * c.algorithm.prompts_per_step * c.algorithm.group_size
         bar = "#" * int(20 * step / c.steps)
-        ev = self.last.get("eval/accuracy")
-        print(f"[{bar:<20}] step {step}/{c.steps} | reward {m.get('reward/mean', float('nan')):.3f} | "
-              f"eval {ev if ev is None else f'{ev:.3f}'} | {rate:.1f} steps/s, {samples_s:,.0f} samples/s | "
-              f"ETA {eta:.0f}s", flush=True, file=sys.stdout)
+        ev = "not yet" if self.last_eval is None else f"{self.last_eval[1]:.3f} @ step {self.last_eval[0]}"
+        announce(f"[{bar:<20}] step {step}/{c.steps} | reward {m.get('reward/mean', float('nan')):.3f} | "
+                 f"eval {ev} | {rate:.1f} steps/s, {samples_s:,.0f} samples/s | ETA {eta:.0f}s")
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:
@@ -127,7 +133,8 @@ class Controller:
                      "pending": [(s, [x.to_plain() for x in samples]) for s, samples in st.pending]},
             "buffer": self.svc.buffer.state_dict.call(),
             "reward": self.svc.rewards.state_dict.fanout().get(),
-            "controller": {"first_eval": self.first_eval, "best_eval": self.best_eval},
+            "controller": {"first_eval": self.first_eval, "best_eval": self.best_eval,
+                           "last_eval": list(self.last_eval) if self.last_eval else None},
         }
         return checkpoints.save(self.run_dir, step, st.version, self.resume_hash, self.c.checkpoint.keep,
                                 lambda path: self.svc.trainer.save.call(str(path)), state)
@@ -143,5 +150,7 @@ class Controller:
             r.load_state_dict.call_one(rs).get()
         self.first_eval = state["controller"]["first_eval"]
         self.best_eval = state["controller"]["best_eval"]
+        last = state["controller"].get("last_eval")
+        self.last_eval = (int(last[0]), float(last[1])) if last else None
         self.svc.trainer.load.call(str(ckpt / "trainer.pt"))
         loop.push_weights(self.svc, st.version)

@@ -18,6 +18,7 @@ from typing import Any
 
 import monarch.actor
 from hydra.core.hydra_config import HydraConfig
+from monarch._src.actor import config as monarch_config  # the switch has no public home in Monarch 0.7
 from omegaconf import DictConfig
 
 from rlexp import checkpoints
@@ -34,6 +35,7 @@ from rlexp.errors import RunStopped
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.prepare import Prepared, prepare
 from rlexp.services import Collective, Service, ServiceDown, Services, is_process_failure
+from rlexp.tracking import runlog
 from rlexp.tracking.manifest import write_start_manifest
 from rlexp.tracking.registry import build_trackers
 
@@ -164,7 +166,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph, run_dir: Path | None = Non
     for i, r in enumerate(rewards):
         attach(i, r)
     def log(msg: str) -> None:
-        print(f"[rlexp] {msg}", flush=True)
+        runlog.announce(f"[rlexp] {msg}")
 
     placement = (run_dir / "placement.json") if run_dir is not None else None
 
@@ -267,6 +269,9 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
 def run(cfg: DictConfig) -> dict[str, float]:
     """`rlexp train` body: validate, spawn, train, evaluate, checkpoint, tear down. Returns final metrics."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    runlog.attach()  # console summary/progress/final lines go to train.log too
+    # This process is Monarch's root: its actor prefix (`[actor=<root>] `, added once per log handler) says nothing.
+    monarch_config.prefix_python_logs_with_actor = False
     p = prepare(cfg)
     resume_from = checkpoints.find_resume(p.cfg.resume, run_dir)
     cfg_hash = checkpoints.resume_hash(cfg)
@@ -287,7 +292,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
         with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
             graph = Graph(Hosts(p.cfg.cluster))
             build_graph(p, run_name, graph, run_dir)
-            print("\n".join(graph.placement), flush=True)
+            runlog.announce("\n".join([*graph.placement, *runlog.tracker_lines(trackers.manifest, run_dir)]))
             assert graph.services is not None
             elastic = Elastic(graph, run_dir)
 
@@ -381,7 +386,7 @@ class Elastic:
         if svc is None or self.graph.add_generator is None:
             return
         if want < 1:
-            print(f"[rlexp] {self.path}: {want} replicas would stop generation; keeping {len(svc)}", flush=True)
+            runlog.announce(f"[rlexp] {self.path}: {want} replicas would stop generation; keeping {len(svc)}")
             return
         while len(svc) < want:
             self.graph.add_generator()

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlexp.tracking.reproduce import compare_metrics
+
 REPO = Path(__file__).resolve().parent.parent
 # Two generator replicas on two simulated hosts, trainer and reward on hosts of their own.
 LAYOUT = ["cluster=process", "generator.replicas=2", "cluster.hosts_per_role.generator=2", "cluster.hosts=4"]
@@ -35,19 +37,9 @@ def rows(run: Path) -> list[dict[str, Any]]:
 
 
 def same_metrics(a: Path, b: Path) -> str | None:
-    """None when the two runs agree on every metric except timings and the fault accounting, else the first
-    difference."""
-    ra, rb = rows(a), rows(b)
-    if len(ra) != len(rb):
-        return f"{len(ra)} rows != {len(rb)} rows"
-    for x, y in zip(ra, rb):
-        for k in sorted(set(x) | set(y)):
-            if k.startswith(("time/", "service/")) or k == "perf/overlap_efficiency":
-                continue
-            vx, vy = x.get(k), y.get(k)
-            if vx != vy and not (isinstance(vx, float) and isinstance(vy, float) and vx != vx and vy != vy):
-                return f"step {x.get('step')}: {k} {vx!r} != {vy!r}"
-    return None
+    """None when the two runs agree on every metric except timings and the request accounting (what
+    `rlexp reproduce` compares), else the first difference."""
+    return compare_metrics(a / "metrics.jsonl", b / "metrics.jsonl")
 
 
 def start(args: list[str], run: Path, env: dict[str, str]) -> subprocess.Popen:

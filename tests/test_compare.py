@@ -27,7 +27,7 @@ def _make_run(run: Path, reward: str, seed: int, accs: list[float], lr: float = 
         for step, acc in enumerate(accs):
             tr.log({"reward/mean": acc / 2, "loss": 1.0 - acc, "time/wall_s": 10.0 * step,
                     "throughput/tokens_per_s": 100.0 + step}, step)
-            tr.log({"eval/accuracy": acc}, step)
+            tr.log({"eval/accuracy": acc, "time/wall_s": 10.0 * step}, step)
 
 
 def test_compare_two_run_folders(tmp_path: Path, capsys) -> None:
@@ -40,7 +40,7 @@ def test_compare_two_run_folders(tmp_path: Path, capsys) -> None:
     assert "| run | status | reward.name |" in printed and "weaver" in printed
     with open(out / "compare.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["run"] for r in rows] == ["a", "b"]
+    assert [r["run"] for r in rows] == ["reward=rule,seed=0", "reward=weaver,seed=0"]  # named by overrides
     # only differing config keys: reward differs; seed/lr/group_size and run-local paths do not appear
     assert "reward.name" in rows[0] and "seed" not in rows[0] and "algorithm.lr" not in rows[0]
     assert not any(k.startswith("paths") for k in rows[0])
@@ -113,3 +113,72 @@ def test_reproduce_reruns_with_same_overrides(tmp_path: Path) -> None:
     assert new_dir.parent == run.parent / "reproduce" and calls[0][4:6] == ["reward=weaver", "seed=3"]
     assert reproduce_main([str(run)], runner=fake_train) == 1
     assert reproduce_main([str(run)], runner=lambda c, cwd=None: 3) == 2
+
+
+def test_best_follows_declared_direction_and_identical_curves_are_flagged(tmp_path: Path) -> None:
+    from rlexp.tracking.compare import compare, direction
+
+    assert [direction(m) for m in ("eval/accuracy", "reward/mean", "loss", "eval/unparseable", "time/wall_s",
+                                   "policy/version")] == ["max", "max", "min", "min", "min", None]
+    a, b, c = (tmp_path / "runs" / n for n in ("a", "b", "c"))
+    _make_run(a, "rule", 0, [0.1, 0.4, 0.3])
+    _make_run(b, "rule", 1, [0.1, 0.4, 0.3])  # the same curves as a: would hide a in every plot
+    _make_run(c, "weaver", 0, [0.2, 0.5, 0.6])
+    for run, unparse in ((a, [0.5, 0.1, 0.3]), (b, [0.5, 0.1, 0.3]), (c, [0.9, 0.8, 0.7])):
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        for r in rows:
+            r["eval/unparseable"] = unparse[r["step"]]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = compare([str(tmp_path / "runs")], tmp_path / "out", metrics=["eval/unparseable", "policy/version"])
+    head, rows = res["header"], {r[0]: r for r in res["rows"]}
+    assert rows["reward=rule,seed=0"][head.index("eval/unparseable best")] == "0.1"  # min, not the worst value
+    assert rows["reward=weaver,seed=0"][head.index("eval/unparseable best")] == "0.7"
+    assert all(r[head.index("policy/version best")] == "" for r in rows.values())  # not declared: no best
+    assert "reward/mean: reward=rule,seed=1 is identical to reward=rule,seed=0 (drawn dashed)" in res["notes"]
+    assert "eval/unparseable min" in res["notes"][0] and "policy/version not declared" in res["notes"][0]
+    assert "identical to" in (tmp_path / "out" / "compare.md").read_text()
+    # the same runs twice (another source of the same sweep): every row and legend entry stays one run
+    res = compare([str(a), str(a)], tmp_path / "out2")
+    assert len({r[0] for r in res["rows"]}) == 2 and all(str(a) in r[0] for r in res["rows"])
+
+
+def test_reproduce_on_a_different_machine_says_so_and_checks_tolerance(tmp_path: Path, capsys) -> None:
+    from rlexp.tracking.manifest import atomic_write_json, numerics_differences, numerics_info
+
+    here = numerics_info(torch_probe=False)
+    other = {**here, "cpu_model": "Other CPU 9000", "cpu_flags": [*here["cpu_flags"], "zz_made_up_flag"],
+             "cpu_flags_sha256": "0" * 64}
+    diffs = numerics_differences(other, here)
+    assert any("cpu_model" in d and "Other CPU 9000" in d for d in diffs)
+    assert any("instruction-set flags" in d and "zz_made_up_flag" in d for d in diffs)
+    assert numerics_differences(here, here) == []
+
+    run = tmp_path / "runs" / "a"
+    _make_run(run, "rule", 0, [0.1, 0.2, 0.3, 0.4])
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["system"]["numerics"]["cpu_flags"] == here["cpu_flags"]  # recorded at start
+    m["system"]["numerics"] = other
+    atomic_write_json(run / "manifest.json", m)
+    seen_before_start = []
+
+    def rerun(drift: float):
+        def fake_train(cmd: list[str], cwd=None) -> int:  # stands in for the real train subprocess
+            seen_before_start.append(capsys.readouterr().out)
+            new = Path(cmd[-1].split("=", 1)[1])
+            new.mkdir(parents=True)
+            rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+            for r in rows[2:]:
+                if "reward/mean" in r:
+                    r["reward/mean"] += drift
+            (new / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            return 0
+        return fake_train
+
+    assert reproduce_main([str(run)], runner=rerun(0.01)) == 1
+    assert "differs from the run's in what decides bitwise identity" in seen_before_start[0]
+    assert "Other CPU 9000" in seen_before_start[0]
+    out = capsys.readouterr().out
+    assert "first difference at line 3, step 1, metric 'reward/mean'" in out
+    assert "curves agree within tolerance 0.05" in out
+    assert reproduce_main([str(run)], runner=rerun(0.5)) == 1
+    assert "curves do NOT agree within tolerance" in capsys.readouterr().out

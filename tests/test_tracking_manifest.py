@@ -152,3 +152,40 @@ def test_secret_names() -> None:
     for n in ("max_tokens", "tokenizer", "seed", "kl_coef", "num_keys_total", "token_ids", "n_tokens",
               "kv_cache_gb", "max_num_batched_tokens"):
         assert not is_secret_name(n), n
+
+
+def test_names_command_and_numerics(tmp_path: Path) -> None:
+    """Runs are named by their overrides (swept keys first, then as Hydra's override_dirname sorts them); the
+    recorded command pastes into a shell; the machine's numerics (what decides bitwise identity) are recorded."""
+    import shlex
+    import subprocess
+
+    from rlexp.tracking.manifest import name_from_overrides, numerics_info, shell_command, sweep_params
+
+    overrides = ["steps=30", "seed=0", "reward=rule", "logger=all", "logger.runs_root=/x", "hydra.run.dir=/y",
+                 "+sweeps=grid"]
+    assert name_from_overrides(overrides, {"seed", "reward"}) == "reward=rule,seed=0,steps=30"
+    assert name_from_overrides(["logger=all"]) is None
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text(
+        "hydra:\n  overrides:\n    task: ['seed=0,1', 'reward=rule,annotated', 'steps=3', 'model=tiny']\n"
+        "  sweeper:\n    params:\n      model: tiny,small\n      lr: 1e-3,1e-4\n")
+    # the command line wins over the preset's params: model is fixed, lr sweeps from the preset
+    assert sweep_params(sweep) == {"lr": "1e-3,1e-4", "seed": "0,1", "reward": "rule,annotated"}
+    (sweep / "multirun.yaml").write_text("hydra:\n  overrides:\n    task: ['seed=0,1', 'steps=3']\n")  # no preset
+    assert sweep_params(sweep) == {"seed": "0,1"}
+
+    job = {"mode": "MULTIRUN", "overrides": ["seed=0", "reward=rule", "x.text=a b"]}
+    cmd = shell_command(["rlexp train", "-m", "seed=0,1", "reward=rule,annotated", "x.text=a b"], job)
+    assert shlex.split(cmd) == ["rlexp", "train", "seed=0", "reward=rule", "x.text=a b"]  # the job's own run
+    assert shell_command(["rlexp train", "seed=1"], {}) == "rlexp train seed=1"
+    echo = subprocess.run(["bash", "-c", f"set -- {shell_command(['rlexp train', 'x=it' + chr(39) + 's'], {})}; "
+                                         "printf '%s\\n' \"$@\""], capture_output=True, text=True, check=True)
+    assert echo.stdout.splitlines() == ["rlexp", "train", "x=it's"]  # quoting survives a real shell
+
+    n = numerics_info(torch_probe=True)
+    assert n["cpu_model"] and n["cpu_flags"] and len(n["cpu_flags_sha256"]) == 64
+    t = n["torch"]
+    assert t["blas"] and t["threads"] >= 1 and t["cpu_capability"] and t["torch"].startswith("2.")
+    assert set(n["gpu"]) >= {"count", "models", "cuda", "cudnn", "driver"}

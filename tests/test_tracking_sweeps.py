@@ -97,6 +97,23 @@ def test_grid_sweep_mlflow_parent_child_across_processes(app: Path, tmp_path: Pa
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     assert sorted(c.data.tags["choice.reward"] for c in children) == ["annotated", "rule", "weaver"]
     assert len({c.info.run_name for c in children}) == 3 and all(c.info.status == "FINISHED" for c in children)
+    # What the MLflow UI shows (read without a browser): each child named by its values, swept key first
+    assert sorted(c.info.run_name for c in children) == ["reward=annotated,seed=1", "reward=rule,seed=0",
+                                                         "reward=weaver,seed=0"]
+    # The parent is the sweep's: its name and params say what was swept, its status is final, it holds the
+    # aggregates of the children's final metrics per configuration and none of a job's own fields
+    assert parent.info.run_name == "sweep reward=rule,weaver"
+    assert parent.data.params["sweep.reward"] == "rule,weaver" and "reward.name" not in parent.data.params
+    assert parent.data.params["seed"] == "0"
+    assert parent.data.tags["rlexp.status"] == "completed" and parent.data.tags["rlexp.swept_keys"] == "reward"
+    assert not {"rlexp.run_dir", "rlexp.config_sha256", "rlexp.job_num", "rlexp.overrides"} & set(parent.data.tags)
+    agg = parent.data.metrics
+    assert agg["sweep/reward:rule/eval/accuracy/mean"] == pytest.approx(0.2)  # 0.1 * 2 + 0.0 bonus, seed 0
+    assert agg["sweep/reward:weaver/eval/accuracy/n"] == 1
+    assert agg["sweep/all/eval/accuracy/mean"] == pytest.approx(0.41)  # the late job: annotated, seed 1
+    rows = json.loads(Path(client.download_artifacts(parent.info.run_id, "aggregates.json", str(tmp_path))).read_text())
+    rule = next(r for r in rows if (r["config"], r["metric"]) == ("reward=rule", "eval/accuracy"))
+    assert rule["n"] == 1 and rule["std"] == 0.0 and rule["values"] == [pytest.approx(0.2)]
 
     manifests = [json.loads((sweep / j / "manifest.json").read_text()) for j in ("0", "1", "late")]
     assert len({m["identity"]["group"] for m in manifests}) == 1  # W&B group = sweep id, shared

@@ -48,7 +48,10 @@ def test_jsonl_format_and_composite_finish(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["step"] == 0 and rows[0]["reward/mean"] == 0.25 and rows[0]["loss"] == 1.0
     assert "text" not in rows[0] and rows[0]["flag"] == 1.0 and "time/unix_s" in rows[0]
-    assert rows[1] == {"step": 1, "eval/accuracy": 0.5, "time/unix_s": rows[1]["time/unix_s"]}
+    assert rows[1] == {"step": 1, "eval/accuracy": 0.5, "time/unix_s": rows[1]["time/unix_s"],
+                       "time/wall_s": rows[1]["time/wall_s"]}
+    # one clock on every row, evaluation rows included: seconds since the start, never running backwards
+    assert 0 <= rows[0]["time/wall_s"] <= rows[1]["time/wall_s"] < 60
     assert len((run / "tables" / "rollouts.jsonl").read_text().splitlines()) == 2  # rollout_samples cap
     m = json.loads((run / "manifest.json").read_text())
     assert m["status"] == "completed" and m["final_metrics"] == {"reward/mean": 0.25, "loss": 1.0, "flag": 1.0,
@@ -216,3 +219,129 @@ def test_remote_tracker_errors_do_not_kill_the_run_fake_backend(tmp_path: Path) 
     assert flaky.finished_with == "completed"
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     assert json.loads((run / "manifest.json").read_text())["final_metrics"] == {"loss": 0.5}
+
+
+def _run_files(run: Path) -> None:
+    """The files a real run leaves in its folder, for the upload at finish."""
+    (run / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run / ".hydra" / "config.yaml").write_text("seed: 3\n")
+    (run / "train.log").write_text("[rlexp] done: 2 steps\n")
+    (run / "eval_samples").mkdir(exist_ok=True)
+    (run / "eval_samples" / "step_2.jsonl").write_text('{"response": "4"}\n')
+
+
+def _checkpoint(run: Path) -> Path:
+    ckpt = run / "checkpoints" / "final"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    (ckpt / "config.json").write_text('{"model_type": "qwen3"}')
+    (ckpt / "model.safetensors").write_bytes(b"\0" * 16)
+    return ckpt
+
+
+def test_mlflow_as_users_expect(tmp_path: Path, mlflow_root: Path) -> None:
+    """System metrics from MLflow's own sampler, datasets with the manifest's hashes, the run folder's files,
+    the checkpoint under checkpoints/ and registered, rollout tables appended per step, ids in the manifest."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    run = mlflow_root / "runs" / "users"
+    cfg = _cfg(mlflow=True)
+    cfg.logger.mlflow.registered_model = "rlexp-policy"
+    cfg.logger.system_metrics_interval_s = 0.2
+    manifest = _manifest(run, cfg)
+    manifest["identity"]["run_name"] = "reward=weaver,seed=3"
+    manifest["datasets"] = {"arithmetic/train": {"n": 5, "sha256": "ab" * 32},
+                            "arithmetic/eval": {"n": 2, "sha256": "cd" * 32}}
+    with build_trackers(cfg.logger, cfg, run, manifest) as tr:
+        ml = tr.get("mlflow")
+        tr.log({"reward/mean": 0.1}, 1)
+        tr.log_table("rollouts", [{"prompt": "1+1", "response": "2", "reward": 1.0}], 1)
+        time.sleep(1.0)  # a few sampling periods
+        tr.log({"reward/mean": 0.2}, 2)
+        tr.log_table("rollouts", [{"prompt": "2+2", "response": "4", "reward": 1.0}], 2)
+        tr.log_artifact(_checkpoint(run), kind="checkpoint")
+        _run_files(run)
+    client = MlflowClient(tracking_uri=ml.uri)
+    r = client.get_run(json.loads((run / "manifest.json").read_text())["trackers"]["mlflow"]["run_id"])
+    assert r.info.run_name == "reward=weaver,seed=3" and r.info.status == "FINISHED"
+    assert any(k.startswith("system/cpu_utilization") for k in r.data.metrics), sorted(r.data.metrics)
+    got = {d.dataset.name: d for d in r.inputs.dataset_inputs}
+    assert got["arithmetic/train"].dataset.digest == "ab" * 16
+    assert json.loads(got["arithmetic/train"].dataset.profile) == {"sha256": "ab" * 32, "num_rows": 5}
+    assert {t.value for d in got.values() for t in d.tags if t.key == "mlflow.data.context"} == {"train", "eval"}
+    arts = {a.path for a in client.list_artifacts(r.info.run_id)}
+    assert {".hydra", "metrics.jsonl", "train.log", "eval_samples", "manifest.json", "checkpoints", "tables"} <= arts
+    assert [a.path for a in client.list_artifacts(r.info.run_id, "checkpoints")] == ["checkpoints/final"]
+    (mv,) = client.search_model_versions("name = 'rlexp-policy'")
+    assert mv.run_id == r.info.run_id and mv.source.endswith("checkpoints/final")
+    local = client.download_artifacts(r.info.run_id, "tables/rollouts.json", str(tmp_path))
+    table = json.loads(Path(local).read_text())
+    steps = [row[table["columns"].index("step")] for row in table["data"]]
+    assert steps == [1, 2]  # appended per call, each row with its step
+    ref = json.loads((run / "manifest.json").read_text())["trackers"]["mlflow"]
+    assert ref["url"].endswith(f"#/experiments/{r.info.experiment_id}/runs/{r.info.run_id}")
+    assert ref["open"] == f"mlflow ui --backend-store-uri {ml.uri}"
+
+
+def _wandb_run(run: Path, cfg, name: str) -> dict:
+    manifest = _manifest(run, cfg)
+    manifest["identity"]["run_name"] = name
+    with build_trackers(cfg.logger, cfg, run, manifest) as tr:
+        import time
+
+        tr.log({"reward/mean": 0.5}, 1)
+        tr.log_table("rollouts", [{"prompt": "1+1", "response": "2", "reward": 1.0}], 1)
+        time.sleep(1.5)  # a few sampling periods
+        tr.log({"reward/mean": 0.7}, 2)
+        tr.log_artifact(_checkpoint(run), kind="checkpoint")
+        _run_files(run)
+    return json.loads((run / "manifest.json").read_text())
+
+
+def test_wandb_as_users_expect(tmp_path: Path) -> None:
+    """Stable artifact names (one collection each, versioned across runs), the checkpoint as a model, git and
+    system metrics in W&B's own records, switchable off; the offline folder recorded in the manifest."""
+    from rlexp.tracking.runs import load_wandb_dir
+
+    cfg = _cfg(wandb=True)
+    cfg.logger.system_metrics_interval_s = 0.5
+    recs = []
+    for i in range(2):
+        m = _wandb_run(tmp_path / "runs" / f"r{i}", cfg, f"seed={i}")
+        (rec,) = load_wandb_dir(tmp_path / "runs" / f"r{i}" / "wandb")
+        assert m["trackers"]["wandb"]["run_id"] == rec.manifest["wandb"]["id"] and rec.name == f"seed={i}"
+        assert Path(m["trackers"]["wandb"]["dir"]).is_dir() and m["trackers"]["wandb"]["mode"] == "offline"
+        recs.append(rec)
+    for rec in recs:
+        meta = rec.manifest["wandb"]
+        arts = {a["name"]: a for a in meta["artifacts"] if a["type"] != "run_table"}
+        assert {n: a["type"] for n, a in arts.items()} == {"checkpoint": "model", "manifest": "manifest",
+                                                           "config": "config"}
+        assert "model.safetensors" in arts["checkpoint"]["files"] and "manifest.json" in arts["manifest"]["files"]
+        assert arts["config"]["files"] == [".hydra/config.yaml"]
+        assert meta["git"]["commit"] and meta["git"]["commit"] == json.loads(
+            (tmp_path / "runs" / "r0" / "manifest.json").read_text())["git"]["commit"]
+        assert meta["job_type"] == "train" and "cpu" in meta["stats"]  # W&B's own system metrics
+    cfg.logger.wandb.system_metrics = False
+    cfg.logger.wandb.git = False
+    _wandb_run(tmp_path / "runs" / "off", cfg, "off")
+    (off,) = load_wandb_dir(tmp_path / "runs" / "off" / "wandb")
+    assert off.manifest["wandb"]["stats"] == [] and off.manifest["wandb"]["git"]["commit"] == ""
+
+
+def test_resumed_run_continues_its_clock(tmp_path: Path) -> None:
+    """A resumed run appends to metrics.jsonl; its `time/wall_s` goes on from the last logged value."""
+    from rlexp.checkpoints import truncate_metrics
+
+    run = tmp_path / "r"
+    with Trackers([JsonlTracker()], {}, run, {}, manage_manifest=False) as tr:
+        for s in range(3):
+            tr.log({"loss": 1.0, "time/wall_s": 10.0 * s}, s)  # as if 10 s per step
+        tr.log({"loss": 1.0, "time/wall_s": 99.0}, 3)  # lost with the crash: truncated below
+    truncate_metrics(run, 2)
+    with Trackers([JsonlTracker()], {}, run, {}, manage_manifest=False) as tr:
+        tr.start_clock()
+        tr.log({"loss": 0.5}, 3)
+    walls = [json.loads(x)["time/wall_s"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert walls[:3] == [0.0, 10.0, 20.0] and 20.0 <= walls[3] < 30.0

@@ -14,13 +14,18 @@ class WandbConfig:
     mode: WandbMode = WandbMode.auto
     project: str = "rlexp"
     entity: str | None = None
+    system_metrics: bool = True  # W&B's own CPU/memory/disk/GPU sampler (its System panel)
+    git: bool = True  # the manifest's commit and (redacted) remote in W&B's git fields
 
 
 @dataclass
 class MlflowConfig:
     enabled: bool = False
-    tracking_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else a file store under the runs folder
+    tracking_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else a SQLite store under the runs folder
     experiment: str = "rlexp"
+    system_metrics: bool = True  # MLflow's own sampler (system/* metrics; needs psutil)
+    # Register the final checkpoint (artifact `checkpoints/final`) as a version of this model name; None: don't.
+    registered_model: str | None = None
 
 
 @dataclass
@@ -29,6 +34,9 @@ class LoggerConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     log_every_n_steps: int = 1
     rollout_samples: int = 8
+    # Rollout tables (JSONL, W&B, MLflow) every this many steps and at the last step, apart from evaluation.
+    rollout_every_n_steps: int = 10
+    system_metrics_interval_s: float = 10.0  # sampling period of both trackers' system metrics
     # Where the default MLflow store lives (<runs_root>/mlruns). None: the folder holding the run dir (single
     # runs) or the sweep dir (multiruns), so a sweep's jobs share one store without any setting.
     runs_root: str | None = None

@@ -5,8 +5,8 @@ Launcher usage (the whole API):
     manifest = write_start_manifest(run_dir, cfg, sys.argv, seeds, extra)
     with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:   # rlexp.tracking.registry
         trackers.log({"reward/mean": 0.3, "loss": 1.2}, step)             # -> metrics.jsonl (+ W&B/MLflow)
-        trackers.log_table("rollouts", rows)                              # rows: list[dict]
-        trackers.log_artifact(eval_results_path)                          # hashed into the manifest too
+        trackers.log_table("rollouts", rows, step)                        # rows: list[dict]
+        trackers.log_artifact(final_dir, kind="checkpoint")               # hashed into the manifest too
         trackers.final_metrics["eval/accuracy"] = acc                     # optional; default = last values
     # on exit: status from the exception (none -> completed, KeyboardInterrupt/SIGTERM exit -> interrupted,
     # anything else -> failed), finish_manifest(...), manifest + git.diff uploaded, every tracker finished.
@@ -16,8 +16,17 @@ One object that owns start/finish ordering (and always finishes in `__exit__`, e
 raises) fixes that in one place instead of in every launcher.
 
 `metrics.jsonl` is the source of truth for compare/reproduce: one JSON object per line,
-`{"step": int, "<metric>": float, ..., "time/unix_s": float}`, flushed per line so a killed run keeps its
-history. Keys under `time/` are timing and are ignored by `compare_metrics`.
+`{"step": int, "<metric>": float, ..., "time/wall_s": float, "time/unix_s": float}`, flushed per line so a
+killed run keeps its history. Keys under `time/` are timing and are ignored by `compare_metrics`.
+
+One clock: every row, training or evaluation, carries `time/wall_s`, seconds since the run's start
+(`start_clock()`, when the actors are up; a resumed run continues from its last logged value), stamped here,
+once, and sent unchanged to every tracker, so the same row has the same time in the folder, MLflow and W&B.
+
+Artifacts have a `kind`, so each tracker files them where its users look: `checkpoint` (W&B: a `model`
+artifact named `checkpoint`; MLflow: `checkpoints/<name>`, registered as a model when configured),
+`manifest` (manifest.json, git.diff), `config` (`.hydra/`), `record` (metrics.jsonl, train.log), `eval` (eval
+samples) and `result` (anything else). On finish the run folder's own files are uploaded under those kinds.
 """
 from __future__ import annotations
 
@@ -34,12 +43,17 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from .manifest import GIT_DIFF_NAME, MANIFEST_NAME, finish_manifest
+from .manifest import GIT_DIFF_NAME, MANIFEST_NAME, finish_manifest, update_manifest
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 TABLES_DIR = "tables"
+TRAIN_LOG = "train.log"
+WALL_KEY = "time/wall_s"
+# The run folder's own files, uploaded by every tracker when the run finishes, with their artifact kind.
+RUN_FILES = ((MANIFEST_NAME, "manifest"), (GIT_DIFF_NAME, "manifest"), (".hydra", "config"),
+             (METRICS_FILE, "record"), (TRAIN_LOG, "record"), ("eval_samples", "eval"), ("eval_results.json", "eval"))
 INTERRUPT_EXIT_CODES = frozenset({130, 143, -2, -15})
 
 
@@ -65,11 +79,15 @@ class Tracker(ABC):
     @abstractmethod
     def log(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def log_artifact(self, path: str | os.PathLike[str]) -> None:  # noqa: B027 - optional for backends
+    def log_artifact(self, path: str | os.PathLike[str], kind: str = "result") -> None:  # noqa: B027 - optional
         pass
 
-    def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:  # noqa: B027
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int | None = None) -> None:  # noqa: B027
         pass
+
+    def ref(self) -> dict[str, Any]:
+        """Where this run lives in the backend (run id, URL, folder), recorded in the manifest at start."""
+        return {}
 
     @abstractmethod
     def finish(self, status: str) -> None: ...
@@ -90,6 +108,19 @@ class JsonlTracker(Tracker):
         # Append: a resumed run continues the same history file.
         self._f = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
 
+    def last_wall_s(self) -> float:
+        """The last `time/wall_s` already in the file (0 for a new run): where a resumed run's clock goes on."""
+        last = 0.0
+        if self.run_dir is not None and (self.run_dir / METRICS_FILE).is_file():
+            for line in (self.run_dir / METRICS_FILE).read_text(encoding="utf-8").splitlines():
+                try:
+                    v = json.loads(line).get(WALL_KEY)
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(v, (int, float)):
+                    last = max(last, float(v))
+        return last
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._f is None:
             raise RuntimeError("JsonlTracker.log before start")
@@ -102,7 +133,7 @@ class JsonlTracker(Tracker):
         self._f.write(json.dumps(row, allow_nan=True) + "\n")
         self._f.flush()
 
-    def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int | None = None) -> None:
         if self.run_dir is None:
             return
         path = self.run_dir / TABLES_DIR / f"{safe_name(name)}.jsonl"
@@ -162,6 +193,8 @@ class Trackers:
         self.final_metrics: dict[str, float] = {}
         self.artifacts: list[Path] = []
         self.status: str | None = None  # set explicitly to override the exception-derived status
+        self._t0 = time.perf_counter()
+        self._wall_offset = 0.0
         self._started: list[Tracker] = []
         self._warned: set[str] = set()
         self._finished = False
@@ -183,10 +216,33 @@ class Trackers:
             for t in self.trackers:
                 self._started.append(t)
                 t.start(self.cfg, self.run_dir, self.manifest)
+                if isinstance(t, JsonlTracker):
+                    self._wall_offset = t.last_wall_s()
         except BaseException as e:
             self.finish(status_from_exception(e))
             raise
+        self._t0 = time.perf_counter()
+        refs = {}
+        for t in self._started:
+            try:
+                if ref := t.ref():
+                    refs[t.name] = ref
+            except Exception:  # a run that cannot say where it lives is still a run
+                log.exception("%s.ref failed", t.name)
+        if refs:
+            self.manifest["trackers"] = refs
+            if self.manage_manifest:
+                update_manifest(self.run_dir, trackers=refs)
         return self
+
+    def start_clock(self) -> None:
+        """The run's start for `time/wall_s`: the launcher calls it when training can begin (actors spawned),
+        so tracker and actor start-up do not shift every curve; until then the clock counts from `start()`."""
+        self._t0 = time.perf_counter()
+
+    def wall_s(self) -> float:
+        """Seconds since the run's start, the one clock every metric row carries (`time/wall_s`)."""
+        return self._wall_offset + time.perf_counter() - self._t0
 
     def __enter__(self) -> Trackers:
         return self.start()
@@ -215,6 +271,7 @@ class Trackers:
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         clean = {str(k): f for k, v in metrics.items() if (f := to_float(v)) is not None}
+        clean.setdefault(WALL_KEY, self.wall_s())
         for k, v in clean.items():
             if not k.startswith("time/") and not math.isnan(v):
                 self.final_metrics[k] = v
@@ -223,15 +280,15 @@ class Trackers:
             if isinstance(t, JsonlTracker) or forward:
                 self._call(t, "log", clean, step)
 
-    def log_artifact(self, path: str | os.PathLike[str]) -> None:
+    def log_artifact(self, path: str | os.PathLike[str], kind: str = "result") -> None:
         self.artifacts.append(Path(path))
         for t in self._started:
-            self._call(t, "log_artifact", path)
+            self._call(t, "log_artifact", path, kind)
 
-    def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int | None = None) -> None:
         rows = list(rows)[: self.rollout_samples] if self.rollout_samples is not None else list(rows)
         for t in self._started:
-            self._call(t, "log_table", name, rows)
+            self._call(t, "log_table", name, rows, step)
 
     def finish(self, status: str = "completed") -> None:
         """Idempotent. Order: manifest final state -> upload manifest/diff -> finish each tracker. Every tracker is
@@ -245,10 +302,12 @@ class Trackers:
                 self.manifest.update(finish_manifest(self.run_dir, status, self.final_metrics, self.artifacts))
             except Exception as e:
                 errors.append(e)
-            for p in (self.run_dir / MANIFEST_NAME, self.run_dir / GIT_DIFF_NAME):
-                if p.exists():
+            uploaded = {a.resolve() for a in self.artifacts}
+            for name, kind in RUN_FILES:
+                p = self.run_dir / name
+                if p.exists() and p.resolve() not in uploaded:
                     for t in self._started:
-                        self._call(t, "log_artifact", p)
+                        self._call(t, "log_artifact", p, kind)
         for t in reversed(self._started):
             try:
                 self._call(t, "finish", status)

@@ -7,6 +7,12 @@ curves of `reward/mean` and `eval/accuracy` against step and against wall time.
 PATH is a run folder, a sweep folder (multirun dir with job subdirs) or any folder holding run folders,
 `mlflow:EXPERIMENT` or `wandb:DIR` (see rlexp.tracking.runs). Outputs in --out (default ./compare):
 `compare.csv`, `compare.md`, `<metric>_vs_step.png`, `<metric>_vs_wall.png`.
+
+Runs are named by their overrides (`reward=rule,seed=0`) in the table and the legends, whichever source they
+come from; two runs of the same name get their source appended. Wall time is the runs' own `time/wall_s`
+clock, the same in every source. "best" follows each metric's declared direction (`DIRECTIONS`: max for
+accuracy and reward, min for loss, unparseable answers and time; none for a metric not declared). Curves that
+coincide with an earlier one are drawn dashed with their own marker and named in the legend and the output.
 """
 from __future__ import annotations
 
@@ -24,12 +30,28 @@ from .runs import RunRecord, load_runs
 
 PLOT_METRICS = ("reward/mean", "eval/accuracy")
 DEFAULT_METRICS = ("reward/mean", "eval/accuracy", "loss")
-_LOWER_IS_BETTER = re.compile(r"(loss|error|kl|perplexity|ppl|regret)", re.I)
+# Which way is better, per metric name, first match wins. Declared, not guessed from the value: a metric
+# matching none has no "best" (its column stays empty and the notes say so).
+DIRECTIONS: tuple[tuple[str, str], ...] = (
+    (r"(^|/)time/|_s$|(^|/)eta", "min"),
+    (r"unparseable|truncat|skipped|stale", "min"),
+    (r"loss|error|(^|/)kl|perplexity|ppl|regret|logprob_diff|fpr", "min"),
+    (r"accuracy|reward|pass@|auc|tpr|correct|selection|gap_closed", "max"),
+)
 _MISSING = object()
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def direction(metric: str) -> str | None:
+    """"max", "min" or None (not declared) for a metric name."""
+    for pattern, d in DIRECTIONS:
+        if re.search(pattern, metric, re.I):
+            return d
+    return None
 
 
 def lower_is_better(metric: str) -> bool:
-    return bool(_LOWER_IS_BETTER.search(metric))
+    return direction(metric) == "min"
 
 
 def config_diff(runs: Sequence[RunRecord]) -> list[str]:
@@ -48,7 +70,40 @@ def final_and_best(run: RunRecord, metric: str) -> tuple[float | None, float | N
     ys = [y for y in ys if not math.isnan(y)]
     if not ys:
         return None, None
-    return ys[-1], (min(ys) if lower_is_better(metric) else max(ys))
+    d = direction(metric)
+    return ys[-1], (min(ys) if d == "min" else max(ys) if d == "max" else None)
+
+
+def unique_names(runs: Sequence[RunRecord]) -> None:
+    """Runs of the same name (two sweeps with the same overrides, one run read from two sources) get their
+    source appended, so no legend entry or table row stands for two runs."""
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.name] = counts.get(r.name, 0) + 1
+    for r in runs:
+        if counts[r.name] > 1:
+            r.name = f"{r.name} [{r.source}]"
+    seen: dict[str, int] = {}
+    for r in runs:  # the very same source given twice
+        seen[r.name] = seen.get(r.name, 0) + 1
+        if seen[r.name] > 1:
+            r.name = f"{r.name} #{seen[r.name]}"
+
+
+def identical_curves(runs: Sequence[RunRecord], metric: str, x: str = "step") -> dict[str, str]:
+    """{run name: name of an earlier run with exactly the same curve}: they would hide each other in a plot."""
+    seen: dict[tuple[tuple[float, ...], tuple[float, ...]], str] = {}
+    same: dict[str, str] = {}
+    for r in runs:
+        xs, ys = r.series(metric, x)
+        if not xs:
+            continue
+        key = (tuple(xs), tuple(ys))
+        if key in seen:
+            same[r.name] = seen[key]
+        else:
+            seen[key] = r.name
+    return same
 
 
 def _fmt(v: Any) -> str:
@@ -93,6 +148,7 @@ def plot(runs: Sequence[RunRecord], metric: str, x: str, path: Path) -> bool:
     series = [s for s in series if s[1]]
     if not series:
         return False
+    same = identical_curves(runs, metric, x)
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -100,8 +156,11 @@ def plot(runs: Sequence[RunRecord], metric: str, x: str, path: Path) -> bool:
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     try:
-        for name, xs, ys in series:
-            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=name)
+        for i, (name, xs, ys) in enumerate(series):
+            dup = name in same  # drawn over an identical curve: dashed, its own marker, named in the legend
+            ax.plot(xs, ys, marker=_MARKERS[i % len(_MARKERS)], markevery=max(1, len(xs) // 15),
+                    markersize=5 if dup else 3, linestyle="--" if dup else "-",
+                    label=f"{name} (= {same[name]})" if dup else name)
         ax.set_xlabel("step" if x == "step" else "wall time (s)")
         ax.set_ylabel(metric)
         ax.set_title(f"{metric} vs {'step' if x == 'step' else 'wall time'}")
@@ -125,13 +184,18 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
     runs: list[RunRecord] = []
     for s in specs:
         runs.extend(load_runs(s, tracking_uri))
+    unique_names(runs)
     if metrics is None:
         present = {m for r in runs for m in r.metric_names()}
         metrics = [m for m in DEFAULT_METRICS if m in present]
         metrics += sorted(m for m in present if m.startswith("eval/") and m not in metrics)
     header, rows = build_table(runs, metrics)
     out.mkdir(parents=True, exist_ok=True)
-    md = to_markdown(header, rows)
+    notes = ["best: " + "; ".join(f"{m} {direction(m) or 'not declared (no best)'}" for m in metrics)]
+    for m in PLOT_METRICS:
+        for name, other in identical_curves(runs, m).items():
+            notes.append(f"{m}: {name} is identical to {other} (drawn dashed)")
+    md = to_markdown(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
     (out / "compare.md").write_text(md + "\n", encoding="utf-8")
     with open(out / "compare.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -143,7 +207,7 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
             p = out / f"{_slug(m)}_vs_{x}.png"
             if plot(runs, m, x, p):
                 plots.append(p)
-    return {"runs": runs, "header": header, "rows": rows, "markdown": md,
+    return {"runs": runs, "header": header, "rows": rows, "markdown": md, "notes": notes,
             "csv": out / "compare.csv", "plots": plots}
 
 

@@ -384,10 +384,12 @@ def git_info(repo_dir: Path, diff_path: Path | None) -> dict[str, Any]:
     diff, n_redacted = _redact_diff(diff)
     untracked = [p for p in (_git(root, "ls-files", "--others", "--exclude-standard", "-z") or "").split("\0") if p]
     branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD")
+    remote = _git(root, "remote", "get-url", "origin")
     info: dict[str, Any] = {
         "repo": str(root),
         "commit": commit,
         "branch": branch.strip() if branch else None,
+        "remote": redact_text(remote.strip()) if remote and remote.strip() else None,
         "dirty": bool(status.strip()),
         "untracked": untracked,
         "diff_file": None,
@@ -462,6 +464,101 @@ def gpu_info() -> dict[str, Any]:
     return {"count": 0, "models": [], "cuda": None, "cudnn": None}
 
 
+def _cpu_flags() -> list[str]:
+    """Instruction-set flags (`avx512f`, `amx_tile`, ...): BLAS/oneDNN kernels are picked by them at run time,
+    and a different kernel sums in another order, so two CPUs with different flags rarely agree bit for bit."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith(("flags", "features")):  # x86 / arm
+                return sorted(set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return []
+
+
+def _gpu_driver() -> str | None:
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return p.stdout.strip().splitlines()[0] if p.returncode == 0 and p.stdout.strip() else None
+
+
+def torch_numerics() -> dict[str, Any]:
+    """What torch itself decides about the numerics of this process: the BLAS/LAPACK it was built with, the
+    CPU kernel level it dispatches to, its thread counts (a reduction split over more threads sums in another
+    order). Empty when torch is not importable (a probe never fails the run)."""
+    try:
+        import torch
+    except Exception:
+        return {}
+    out: dict[str, Any] = {"torch": torch.__version__}
+    with contextlib.suppress(Exception):
+        build = torch.__config__.show()
+        settings = dict(re.findall(r"(BLAS_INFO|LAPACK_INFO|USE_MKLDNN|USE_OPENMP)=([^,\s]+)", build))
+        out["blas"] = settings.get("BLAS_INFO")
+        out["lapack"] = settings.get("LAPACK_INFO")
+        out["mkldnn"] = settings.get("USE_MKLDNN")
+        m = re.search(r"Math Kernel Library Version ([^\n]+?)(?: for|\n)", build)
+        out["mkl_version"] = m.group(1).strip() if m else None
+        m = re.search(r"MKL-DNN (v[\d.]+)", build)
+        out["onednn_version"] = m.group(1) if m else None
+        par = torch.__config__.parallel_info()
+        m = re.search(r"ATen parallel backend: (.+)", par)
+        out["parallel_backend"] = m.group(1).strip() if m else None
+    with contextlib.suppress(Exception):
+        out["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    with contextlib.suppress(Exception):
+        out["threads"] = torch.get_num_threads()
+        out["interop_threads"] = torch.get_num_interop_threads()
+    return out
+
+
+def numerics_info(torch_probe: bool | None = None) -> dict[str, Any]:
+    """Everything that decides whether two runs of the same code and config agree bit for bit: CPU model and
+    instruction-set flags, BLAS backend and threads, GPU model/driver/CUDA/cuDNN. `torch_probe` None: only
+    when torch is already loaded (the launcher has it; a lightweight caller does not pay seconds for it)."""
+    probe = ("torch" in sys.modules) if torch_probe is None else torch_probe
+    gpu = gpu_info()
+    flags = _cpu_flags()
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_flags": flags,
+        "cpu_flags_sha256": hashlib.sha256(" ".join(flags).encode()).hexdigest() if flags else None,
+        "machine": platform.machine(),
+        "torch": torch_numerics() if probe else {},
+        "gpu": {**gpu, "driver": _gpu_driver() if gpu.get("count") else None},
+    }
+
+
+NUMERICS_KEYS = ("cpu_model", "cpu_flags_sha256", "machine", "torch.blas", "torch.cpu_capability", "torch.threads",
+                 "torch.interop_threads", "torch.mkl_version", "torch.onednn_version", "torch.torch",
+                 "gpu.models", "gpu.driver", "gpu.cuda", "gpu.cudnn")
+
+
+def numerics_differences(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """Lines naming each bitwise-relevant field that differs between a run's machine and this one (fields the
+    run did not record are skipped: an old manifest says nothing, rather than something wrong)."""
+    out: list[str] = []
+    for key in NUMERICS_KEYS:
+        a: Any = recorded
+        b: Any = current
+        for part in key.split("."):
+            a = a.get(part) if isinstance(a, Mapping) else None
+            b = b.get(part) if isinstance(b, Mapping) else None
+        if a is None or a == {} or a == b:
+            continue
+        if key == "cpu_flags_sha256":
+            ra, rb = set(recorded.get("cpu_flags") or []), set(current.get("cpu_flags") or [])
+            only_run, only_here = sorted(ra - rb), sorted(rb - ra)
+            out.append(f"CPU instruction-set flags differ (run only: {' '.join(only_run[:12]) or '-'}; "
+                       f"this machine only: {' '.join(only_here[:12]) or '-'})")
+        else:
+            out.append(f"{key}: run {a!r}, this machine {b!r}")
+    return out
+
+
 def system_info() -> dict[str, Any]:
     return {
         "python": sys.version.split()[0],
@@ -472,6 +569,7 @@ def system_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "gpu": gpu_info(),
+        "numerics": numerics_info(),
     }
 
 
@@ -527,15 +625,90 @@ def hydra_info(run_dir: Path) -> dict[str, Any]:
     ov = run_dir / ".hydra" / "overrides.yaml"
     if ov.exists():  # the file is the ground truth Hydra itself wrote for this job
         info["overrides"] = [str(x) for x in (OmegaConf.load(ov) or [])]
+    info["swept"] = sweep_params(Path(info["sweep_dir"])) if info["sweep_dir"] else {}
     # Overrides are redacted by name and value here; the rest (paths, choices) by value in write_start_manifest,
     # after the raw paths have been used to find the files to redact and to name the run.
     info["overrides"] = [redact_override(o) for o in info["overrides"]]
     return info
 
 
+def override_key(override: str) -> str:
+    return str(override).split("=", 1)[0].lstrip("~+")
+
+
+def sweep_params(sweep_dir: Path) -> dict[str, str]:
+    """The keys a sweep varies and their values as given (`{"reward": "rule,annotated", "seed": "0,1"}`): sweep
+    overrides of the command line and the sweeper's `params` (the grid and Optuna presets), read from the
+    `multirun.yaml` Hydra writes before the first job starts."""
+    path = Path(sweep_dir) / "multirun.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        hc = OmegaConf.load(path).hydra
+        task = [str(o) for o in (OmegaConf.select(hc, "overrides.task") or [])]
+        node = OmegaConf.select(hc, "sweeper.params")
+        params = OmegaConf.to_container(node) if node is not None else {}
+    except Exception:  # an unreadable file names nothing, rather than failing the run
+        return {}
+    out = {str(k): str(v) for k, v in params.items() if v is not None}
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(task)
+        for o, raw in zip(parsed, task):  # the command line wins over the preset's params, as in Hydra
+            key = o.key_or_group.lstrip("~+")
+            if o.is_sweep_override():
+                out[key] = raw.split("=", 1)[1]
+            else:
+                out.pop(key, None)
+    except Exception:  # not parseable here: a value with an unescaped comma is a sweep
+        for raw in task:
+            if "=" in raw and re.search(r"(?<!\\),", raw.split("=", 1)[1]):
+                out[override_key(raw)] = raw.split("=", 1)[1]
+            else:
+                out.pop(override_key(raw), None)
+    return {k: v for k, v in out.items() if not k.startswith("hydra.")}
+
+
+# Overrides that say where or how a run is recorded, not what it computes: left out of run names.
+_NAME_SKIP_PREFIXES = ("hydra.", "logger", "sweeps", "resume", "force_resume")
+
+
+def name_from_overrides(overrides: Sequence[str], swept: Iterable[str] = ()) -> str | None:
+    """`reward=rule,seed=0,steps=30`: a run named by what it changes, like Hydra's `override_dirname`, with the
+    sweep's varying keys first so a truncated name in a tracker's table still tells the jobs apart."""
+    swept = set(swept)
+    kept = [o for o in overrides if "=" in o and not override_key(o).startswith(_NAME_SKIP_PREFIXES)
+            and not any(p in RUN_LOCAL_ANY_KEYS for p in override_key(o).split("."))]
+    kept.sort(key=lambda o: (override_key(o) not in swept, o))  # Hydra sorts override_dirname as strings
+    return ",".join(kept) or None
+
+
+def shell_command(argv: Sequence[str], hyd: Mapping[str, Any]) -> str:
+    """The command that runs this run again, pastable into a shell: `rlexp train` (the program name the CLI
+    sets is two words) plus this run's own overrides; a multirun job gets its own overrides, not the sweep's."""
+    prog = str(argv[0]) if argv else "rlexp train"
+    head = prog.split() if re.fullmatch(r"rlexp \w+", prog) else [prog]
+    args = [str(a) for a in argv[1:]]
+    if hyd.get("mode") == "MULTIRUN":
+        keep = [a for a in args if a.startswith("-") or "=" not in a]  # --config-dir DIR and friends
+        args = [a for a in keep if a != "-m" and a != "--multirun"] + list(hyd.get("overrides") or [])
+    return shlex.join([*head, *args])
+
+
 def run_identity(hyd: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
-    """Names used by remote trackers. Multirun jobs share `group` (the sweep id) and differ by job number;
-    a single run is its own group. Keeping this in the manifest lets every tracker agree on it."""
+    """Names used by remote trackers and `rlexp compare`: a run is named by its overrides (sweep keys first),
+    else by its folder. Multirun jobs share `group` (the sweep id); a single run is its own group. Keeping
+    this in the manifest lets every tracker agree on it."""
+    ident = _folder_identity(hyd, run_dir)
+    swept = dict(hyd.get("swept") or {})
+    ident["folder_name"] = ident["run_name"]
+    ident["run_name"] = name_from_overrides(hyd.get("overrides") or [], swept) or ident["run_name"]
+    ident["swept"] = swept
+    return ident
+
+
+def _folder_identity(hyd: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     job = hyd.get("job_name") or "run"
     if hyd.get("sweep_dir"):
         sweep = Path(hyd["sweep_dir"])
@@ -587,7 +760,7 @@ def write_start_manifest(
         "start_time": _now(),
         "end_time": None,
         "run_dir": str(run),
-        "command": shlex.join(argv_clean),
+        "command": shell_command(argv_clean, hyd),
         "argv": argv_clean,
         "overrides": hyd["overrides"],
         "choices": hyd["choices"],
@@ -614,6 +787,18 @@ def write_start_manifest(
     # Last pass over everything stored (hydra info, identity, paths): a value only changes here when it holds a
     # token shape, e.g. a job dir named by `hydra.job.override_dirname` after a secret override.
     manifest = redact(manifest)
+    atomic_write_json(run / MANIFEST_NAME, manifest)
+    return manifest
+
+
+def update_manifest(run_dir: str | os.PathLike[str], **fields: Any) -> dict[str, Any]:
+    """Set top-level fields of an existing manifest (tracker ids once the trackers have started), atomically."""
+    run = Path(run_dir).resolve()
+    try:
+        manifest = read_manifest(run)
+    except (OSError, ValueError):
+        manifest = {"schema": 1, "run_dir": str(run), "start_time": None}
+    manifest.update(redact(fields))
     atomic_write_json(run / MANIFEST_NAME, manifest)
     return manifest
 

@@ -3,12 +3,24 @@
 - Store: `logger.mlflow.tracking_uri`, else MLFLOW_TRACKING_URI, else a local SQLite store
   `sqlite:///<runs_root>/mlruns/mlflow.db` with artifacts in `<runs_root>/mlruns/artifacts/`. MLflow 3.17 refuses
   the plain file store by default (maintenance mode), and SQLite needs no server.
+  Open it with `mlflow ui --backend-store-uri sqlite:///<runs_root>/mlruns/mlflow.db` (the URI is in the
+  manifest, `trackers.mlflow.tracking_uri`).
+- Run names come from the overrides (`reward=rule,seed=0`, see manifest.run_identity).
 - Multirun: one *parent* run per sweep, found by the tag `rlexp.sweep_dir` (plus `rlexp.role=parent`) under an
   flock in the sweep dir, so it is created exactly once whether the jobs run sequentially in one process
   (Hydra's basic launcher) or in separate processes (submitit/joblib). Each job is a child run
-  (`mlflow.parentRunId`). The parent is set RUNNING while a child runs and, when no child is running, to the
-  worst child status (FAILED > KILLED > FINISHED), so the sweep's status in the UI is honest.
+  (`mlflow.parentRunId`). The parent is the sweep's, not a job's: named after the swept values, its params are
+  the config every job shares plus `sweep.<key>` = the swept values, and no job's run folder or config hash.
+  It is set RUNNING while a child runs and, when no child is running, to the worst child status
+  (FAILED > KILLED > FINISHED, and the tag `rlexp.status` with it), with aggregates of the children's final
+  metrics per configuration (the swept keys but the seed): `sweep/<config>/<metric>/mean|std|n` metrics and
+  an `aggregates.json` table.
 - Every run ends in `finish()` with FINISHED / FAILED / KILLED from the rlexp status.
+- As MLflow users expect: system metrics from MLflow's own sampler (`system/*`, needs psutil), the manifest's
+  dataset hashes as MLflow datasets (digest = the first 32 hex of the sha256, the full hash in the profile),
+  the checkpoint under `checkpoints/` (registered as a model version when `logger.mlflow.registered_model`
+  is set), `.hydra/`, `metrics.jsonl`, `train.log`, eval samples and rollout tables (`tables/rollouts.json`,
+  one row per rollout with its step) as artifacts.
 - Secrets: params and tags come from the redacted manifest, passed through `redact` once more (never from the
   raw `cfg`); the tracking URI itself (it may carry `user:pass@`) is only used to connect, never recorded.
 """
@@ -17,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import statistics
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,12 +41,16 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker, safe_name
-from .manifest import group_tags, redact, redact_text
+from .manifest import RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS, group_tags, name_from_overrides, redact, redact_text
 from .runs import flatten
 
+log = logging.getLogger(__name__)
+
 STATUS_MAP = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+RLEXP_STATUS = {v: k for k, v in STATUS_MAP.items()}
 _SEVERITY = {"FINISHED": 0, "KILLED": 1, "FAILED": 2}
 PARAM_VALUE_MAX = 6000
+AGGREGATES_FILE = "aggregates.json"
 
 
 @contextlib.contextmanager
@@ -65,11 +83,50 @@ def _quote(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def _metric_name(s: str) -> str:
+    """MLflow metric names allow letters, digits, `_-. /:` only: `reward=rule,lr=1e-3` -> `reward:rule lr:1e-3`."""
+    s = s.replace("=", ":").replace(",", " ")
+    return "".join(c if c.isalnum() or c in "_-. /:" else "_" for c in s)
+
+
+def _sweep_params(config: Mapping[str, Any], swept: Mapping[str, str]) -> dict[str, Any]:
+    """The config every job of the sweep shares: a job's config minus what the swept keys decide (a swept group
+    `reward` decides `reward.*`) and minus where the job lives."""
+    out = {}
+    for k, v in flatten(config).items():
+        parts = k.split(".")
+        if parts[0] in RUN_LOCAL_TOP_KEYS or any(p in RUN_LOCAL_ANY_KEYS for p in parts):
+            continue
+        if any(k == s or k.startswith(s + ".") for s in swept):
+            continue
+        out[k] = v
+    return out
+
+
+def aggregate(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and spread of final metrics per configuration. `children`: [{"config": label, "metrics": {...}}].
+    std is the sample standard deviation (n-1; 0 for one run)."""
+    groups: dict[str, dict[str, list[float]]] = {}
+    for c in children:
+        g = groups.setdefault(c["config"], {})
+        for k, v in c["metrics"].items():
+            g.setdefault(k, []).append(float(v))
+    rows = []
+    for config, metrics in groups.items():
+        for k, vals in sorted(metrics.items()):
+            rows.append({"config": config, "metric": k, "n": len(vals), "mean": statistics.fmean(vals),
+                         "std": statistics.stdev(vals) if len(vals) > 1 else 0.0, "values": vals})
+    return rows
+
+
 @dataclass
 class MlflowTracker(Tracker):
     tracking_uri: str | None = None
     experiment: str = "rlexp"
     runs_root: str | None = None
+    system_metrics: bool = True
+    system_metrics_interval_s: float = 10.0
+    registered_model: str | None = None
     name = "mlflow"
 
     def __post_init__(self) -> None:
@@ -78,11 +135,28 @@ class MlflowTracker(Tracker):
         self.parent_id: str | None = None
         self.uri: str | None = None
         self.experiment_id: str | None = None
+        self.monitor: Any = None
+        self.model_version: str | None = None
 
     @classmethod
-    def from_config(cls, c: Any, runs_root: str | None = None) -> MlflowTracker:
+    def from_config(cls, c: Any, runs_root: str | None = None,
+                    system_metrics_interval_s: float | None = None) -> MlflowTracker:
         get = c.get if isinstance(c, Mapping | DictConfig) else lambda k, d=None: getattr(c, k, d)
-        return cls(tracking_uri=get("tracking_uri", None), experiment=get("experiment", "rlexp"), runs_root=runs_root)
+        return cls(tracking_uri=get("tracking_uri", None), experiment=get("experiment", "rlexp"), runs_root=runs_root,
+                   system_metrics=bool(get("system_metrics", True)),
+                   system_metrics_interval_s=float(system_metrics_interval_s or 10.0),
+                   registered_model=get("registered_model", None))
+
+    def ref(self) -> dict[str, Any]:
+        if self.run_id is None:
+            return {}
+        uri = redact_text(self.uri or "")
+        path = f"#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        remote = uri.startswith(("http://", "https://"))
+        return {"run_id": self.run_id, "experiment_id": self.experiment_id, "experiment": self.experiment,
+                "parent_run_id": self.parent_id, "tracking_uri": uri,
+                "url": f"{uri.rstrip('/')}/{path}" if remote else f"http://127.0.0.1:5000/{path}",
+                "open": None if remote else f"mlflow ui --backend-store-uri {uri}"}
 
     # ----------------------------------------------------------------------------------------- setup
     def _resolve_store(self, run_dir: Path, manifest: Mapping[str, Any]) -> tuple[str, Path | None]:
@@ -109,9 +183,12 @@ class MlflowTracker(Tracker):
                 raise
             return exp.experiment_id
 
-    def _find_or_create_parent(self, ident: Mapping[str, Any], base_tags: dict[str, str],
+    def _find_or_create_parent(self, ident: Mapping[str, Any], manifest: Mapping[str, Any],
                                lock_dir: Path | None = None) -> str:
+        from mlflow.entities import Param
+
         sweep_dir = str(ident["sweep_dir"])
+        swept = dict(ident.get("swept") or {})
         with file_lock(Path(lock_dir or sweep_dir) / ".mlflow_parent.lock"):
             found = self.client.search_runs(
                 [self.experiment_id],
@@ -120,10 +197,22 @@ class MlflowTracker(Tracker):
             )
             if found:
                 return found[0].info.run_id
-            tags = {k: v for k, v in base_tags.items() if not k.startswith("choice.")}
-            tags.update({"rlexp.role": "parent", "rlexp.sweep_dir": sweep_dir,
-                         "rlexp.sweep_id": str(ident.get("sweep_id"))})
-            run = self.client.create_run(self.experiment_id, run_name=str(ident.get("sweep_id") or "sweep"), tags=tags)
+            git = manifest.get("git") or {}
+            tags = {"rlexp.role": "parent", "rlexp.sweep_dir": sweep_dir, "rlexp.sweep_id": str(ident.get("sweep_id")),
+                    "rlexp.swept_keys": ",".join(sorted(swept)), "rlexp.status": "running",
+                    "mlflow.source.git.commit": str(git.get("commit") or ""), "mlflow.source.type": "LOCAL",
+                    "mlflow.note.content": "Sweep " + (" ".join(f"{k}={v}" for k, v in sorted(swept.items()))
+                                                      or str(ident.get("sweep_id")))
+                    + f"; folder {sweep_dir}. Metrics: mean, std and n of the children's final values per "
+                      "configuration (sweep/<config>/<metric>/...); table aggregates.json."}
+            name = "sweep " + " ".join(f"{k}={v}" for k, v in sorted(swept.items())) if swept else \
+                f"sweep {ident.get('sweep_id')}"
+            run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+            shared = _sweep_params(manifest.get("config") or {}, swept)
+            params = [Param(k[:250], _param_str(v)) for k, v in shared.items()]
+            params += [Param(f"sweep.{k}"[:250], _param_str(v)) for k, v in sorted(swept.items())]
+            for i in range(0, len(params), 100):
+                self.client.log_batch(run.info.run_id, params=params[i : i + 100])
             return run.info.run_id
 
     def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None:
@@ -131,6 +220,8 @@ class MlflowTracker(Tracker):
         from mlflow.tracking import MlflowClient
 
         run_dir = Path(run_dir)
+        # MLflow's download bars (it re-reads a table to append rows) would interleave with the progress lines.
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         self.uri, mlruns = self._resolve_store(run_dir, manifest)
         raw_sweep_dir = (manifest.get("identity") or {}).get("sweep_dir")  # a real path, for the lock only
         manifest = redact(manifest)  # already redacted when built by write_start_manifest: belt and braces
@@ -154,13 +245,18 @@ class MlflowTracker(Tracker):
             k, v = t.split("=", 1)
             tags[f"choice.{k}"] = v
         if ident.get("sweep_dir"):
-            self.parent_id = self._find_or_create_parent(ident, tags, lock_dir=Path(raw_sweep_dir))
+            self.parent_id = self._find_or_create_parent(ident, manifest, lock_dir=Path(raw_sweep_dir))
             self.client.update_run(self.parent_id, status="RUNNING")
+            self.client.set_tag(self.parent_id, "rlexp.status", "running")
+            swept = [k for k in (ident.get("swept") or {}) if k != "seed"]
+            label = name_from_overrides([o for o in manifest.get("overrides") or []
+                                         if o.split("=", 1)[0].lstrip("~+") in swept], swept)
             tags.update({
                 "mlflow.parentRunId": self.parent_id,
                 "rlexp.role": "child",
                 "rlexp.sweep_dir": str(ident["sweep_dir"]),
                 "rlexp.job_num": str(ident.get("job_num")),
+                "rlexp.config_label": label or "all",
             })
         run = self.client.create_run(self.experiment_id, run_name=ident.get("run_name") or run_dir.name, tags=tags)
         self.run_id = run.info.run_id
@@ -170,6 +266,37 @@ class MlflowTracker(Tracker):
             self.client.log_batch(self.run_id, params=params[i : i + 100])
         overrides = _param_str(manifest.get("overrides") or [])
         self.client.log_batch(self.run_id, tags=[RunTag("rlexp.overrides", overrides)])
+        self._log_datasets(manifest.get("datasets") or {})
+        if self.system_metrics:
+            self._start_system_metrics()
+
+    def _log_datasets(self, datasets: Mapping[str, Any]) -> None:
+        """The manifest's dataset hashes as MLflow datasets (the run page's Datasets column)."""
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        inputs = []
+        for name, d in datasets.items():
+            if not isinstance(d, Mapping) or not d.get("sha256"):
+                continue
+            sha = str(d["sha256"])
+            info = {"sha256": sha, "num_rows": d.get("n")}
+            inputs.append(DatasetInput(
+                Dataset(name=str(name), digest=sha[:32], source_type="rlexp", source=json.dumps({"name": name}),
+                        profile=json.dumps(info)),
+                tags=[InputTag("mlflow.data.context", str(name).rsplit("/", 1)[-1])]))
+        if inputs:
+            self.client.log_inputs(self.run_id, datasets=inputs)
+
+    def _start_system_metrics(self) -> None:
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.system_metrics_interval_s,
+                                                tracking_uri=self.uri)
+            self.monitor.start()
+        except Exception as e:  # psutil missing, or a platform the sampler does not know
+            log.warning("MLflow system metrics off: %s", e)
+            self.monitor = None
 
     # ----------------------------------------------------------------------------------------- logging
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -182,31 +309,59 @@ class MlflowTracker(Tracker):
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
 
-    def log_artifact(self, path: str | os.PathLike[str]) -> None:
+    def log_artifact(self, path: str | os.PathLike[str], kind: str = "result") -> None:
         if self.run_id is None:
             return
         p = Path(path)
+        folder = "checkpoints" if kind == "checkpoint" else None
         if p.is_dir():
-            self.client.log_artifacts(self.run_id, str(p), artifact_path=p.name)
+            self.client.log_artifacts(self.run_id, str(p), artifact_path=f"{folder}/{p.name}" if folder else p.name)
         else:
-            self.client.log_artifact(self.run_id, str(p))
+            self.client.log_artifact(self.run_id, str(p), artifact_path=folder)
+        if kind == "checkpoint" and self.registered_model:
+            self._register(f"checkpoints/{p.name}")
 
-    def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def _register(self, artifact_path: str) -> None:
+        from mlflow.exceptions import MlflowException
+
+        name = str(self.registered_model)
+        try:
+            self.client.create_registered_model(name)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        run = self.client.get_run(self.run_id)
+        mv = self.client.create_model_version(name, f"{run.info.artifact_uri}/{artifact_path}", run_id=self.run_id)
+        self.model_version = str(mv.version)
+
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int | None = None) -> None:
+        """Appended to `tables/<name>.json`, MLflow's own table format (one file, rows from every call)."""
         if self.run_id is None or not rows:
             return
-        self.client.log_dict(self.run_id, rows, f"tables/{safe_name(name)}.json")
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        data = {c: [_cell(r.get(c)) for r in rows] for c in columns}
+        if step is not None and "step" not in data:
+            data["step"] = [int(step)] * len(rows)
+        self.client.log_table(self.run_id, data=data, artifact_file=f"tables/{safe_name(name)}.json")
 
     # ----------------------------------------------------------------------------------------- finish
     def finish(self, status: str) -> None:
-        run_id, self.run_id = self.run_id, None
+        run_id = self.run_id
         if run_id is None or self.client is None:
             return
+        monitor, self.monitor = self.monitor, None
+        if monitor is not None:
+            monitor.finish()  # before the run ends: the sampler stops when it sees the run terminated
+        self.run_id = None
+        if self.model_version is not None:
+            self.client.set_tag(run_id, "rlexp.registered_model", f"{self.registered_model}/{self.model_version}")
         self.client.set_tag(run_id, "rlexp.status", status)
         self.client.set_terminated(run_id, STATUS_MAP.get(status, "FAILED"))
         if self.parent_id:
             self._settle_parent()
 
     def _settle_parent(self) -> None:
+        """When no child is running: the sweep's status, and aggregates of the children's final metrics."""
         children = self.client.search_runs(
             [self.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = {_quote(self.parent_id or '')}"
         )
@@ -214,4 +369,23 @@ class MlflowTracker(Tracker):
         if any(s in ("RUNNING", "SCHEDULED") for s in statuses):
             return
         worst = max(statuses, key=lambda s: _SEVERITY.get(s, 2), default="FINISHED")
+        done = [c for c in children if c.info.status == "FINISHED"]
+        rows = aggregate([{"config": c.data.tags.get("rlexp.config_label", "all"),
+                           "metrics": {k: v for k, v in c.data.metrics.items()
+                                       if not k.startswith(("system/", "time/"))}} for c in done])
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        metrics = [Metric(_metric_name(f"sweep/{r['config']}/{r['metric']}/{stat}"), float(r[stat]), ts, len(done))
+                   for r in rows for stat in ("mean", "std", "n")]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(self.parent_id, metrics=metrics[i : i + 1000])
+        if rows:
+            self.client.log_dict(self.parent_id, rows, AGGREGATES_FILE)
+        self.client.set_tag(self.parent_id, "rlexp.status", RLEXP_STATUS.get(worst, "failed"))
+        self.client.set_tag(self.parent_id, "rlexp.children", f"{len(done)} finished of {len(children)}")
         self.client.set_terminated(self.parent_id, worst)
+
+
+def _cell(v: Any) -> Any:
+    return v if isinstance(v, (int, float, str, bool)) or v is None else json.dumps(v, default=str)

@@ -31,12 +31,14 @@ def build_trackers(
     """Trackers for the `logger` config group (JSONL always first). Nothing is started until `with`/`start()`,
     so building is cheap and config errors surface before any run is created remotely."""
     trackers: list[Tracker] = [JsonlTracker()]
+    interval = _section(logger_cfg, "system_metrics_interval_s")
     wb = _section(logger_cfg, "wandb")
     if wb is not None and _section(wb, "enabled"):
-        trackers.append(WandbTracker.from_config(wb))
+        trackers.append(WandbTracker.from_config(wb, stats_interval_s=interval))
     ml = _section(logger_cfg, "mlflow")
     if ml is not None and _section(ml, "enabled"):
-        trackers.append(MlflowTracker.from_config(ml, runs_root=_section(logger_cfg, "runs_root")))
+        trackers.append(MlflowTracker.from_config(ml, runs_root=_section(logger_cfg, "runs_root"),
+                                                  system_metrics_interval_s=interval))
     every = _section(logger_cfg, "log_every_n_steps")
     samples = _section(logger_cfg, "rollout_samples")
     return Trackers(

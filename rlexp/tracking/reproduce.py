@@ -6,6 +6,14 @@ The re-run is `python -m rlexp train <same overrides> hydra.run.dir=<RUN_DIR's p
 Exit codes: 0 identical metrics, 1 first differing step/metric printed, 2 the re-run itself failed or could
 not be built (e.g. an override was redacted as a secret: pass it again after `--`).
 
+Bitwise identity holds only on a machine that computes the same way: the manifest records what decides it
+(`system.numerics`: CPU model and instruction-set flags, BLAS backend, kernel level and threads, GPU model,
+driver, CUDA, cuDNN). Before the re-run starts, every difference from this machine is printed. After it,
+besides the bitwise verdict (first diverging step and metric), `curve_agreement` says whether the headline
+curves agree within a stated tolerance (`CURVE_TOLERANCE` on a `CURVE_WINDOW`-step moving average of
+`reward/mean`, and on every `eval/accuracy` point): on another CPU a run that is not bitwise identical is still
+a reproduction when its curves agree.
+
 `compare_metrics(a, b)` is the reusable check (also used by the resume test): metrics.jsonl files compared
 line by line, exactly (NaN equals NaN), ignoring timing keys: `time/*`, and keys containing `throughput`,
 `_per_s` or an `eta` word (`eta`, `train/eta_s`; not `beta`).
@@ -26,13 +34,19 @@ from pathlib import Path
 from typing import Any
 
 from .base import METRICS_FILE
-from .manifest import REDACTED, git_info, read_manifest
+from .manifest import REDACTED, git_info, numerics_differences, numerics_info, read_manifest
+from .runs import load_run_dir
 
 _ETA = re.compile(r"(^|[/_.\-])eta($|[/_.\-])")
+CURVE_METRICS = ("reward/mean", "eval/accuracy")
+CURVE_TOLERANCE = 0.05  # absolute: 6 of 126 held-out problems, or a 0.05 shift of the mean reward in [0, 1]
+CURVE_WINDOW = 10  # steps of the moving average a training curve is compared on (eval points: one by one)
 
 
-def is_timing_key(key: str) -> bool:
-    return key.startswith("time/") or "throughput" in key or "_per_s" in key or bool(_ETA.search(key))
+def is_operational_key(key: str) -> bool:
+    """Timings, and the services' request accounting (`service/*`), describe the processes that ran, not the
+    experiment: a resumed run or one that recovered from a dead replica counts other requests by design."""
+    return key.startswith(("time/", "service/")) or "throughput" in key or "_per_s" in key or bool(_ETA.search(key))
 
 
 @dataclass
@@ -65,7 +79,7 @@ def first_difference(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> Me
         if not _same(x.get("step"), y.get("step")):
             return MetricDiff(i, x.get("step"), "step", x.get("step"), y.get("step"))
         for k in sorted(set(x) | set(y), key=lambda s: (s != "step", s)):
-            if k == "step" or is_timing_key(k):
+            if k == "step" or is_operational_key(k):
                 continue
             if not _same(x.get(k, "<absent>"), y.get(k, "<absent>")):
                 return MetricDiff(i, x.get("step"), k, x.get(k, "<absent>"), y.get(k, "<absent>"))
@@ -81,6 +95,47 @@ def compare_metrics(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> str
     the first step and metric that differ."""
     d = first_difference(a, b)
     return None if d is None else str(d)
+
+
+def _moving_average(ys: list[float], window: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= window:
+            acc -= ys[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def curve_agreement(a: str | os.PathLike[str], b: str | os.PathLike[str], metrics: Sequence[str] = CURVE_METRICS,
+                    window: int = CURVE_WINDOW) -> dict[str, float]:
+    """{metric: largest absolute difference} between two runs (metrics.jsonl files or run folders) over their
+    steps: a moving average for training metrics, every point for `eval/*` (evaluations are sparse and already
+    averages). A metric neither run logged is left out; one logged by one run only, or at other steps, counts
+    as infinitely far."""
+    ra, rb = (load_run_dir(Path(x).parent if Path(x).is_file() else Path(x)) for x in (a, b))  # files or folders
+    out: dict[str, float] = {}
+    for m in metrics:
+        sa, sb = dict(zip(*ra.series(m))), dict(zip(*rb.series(m)))
+        if not sa and not sb:
+            continue
+        steps = sorted(set(sa) & set(sb))
+        if not steps or set(sa) != set(sb):
+            out[m] = math.inf
+            continue
+        ya, yb = [sa[s] for s in steps], [sb[s] for s in steps]
+        if not m.startswith("eval/"):
+            ya, yb = _moving_average(ya, window), _moving_average(yb, window)
+        out[m] = max(abs(x - y) for x, y in zip(ya, yb))
+    return out
+
+
+def machine_differences(manifest: dict[str, Any]) -> list[str]:
+    """What differs, between the run's machine and this one, in what decides bitwise identity."""
+    recorded = (manifest.get("system") or {}).get("numerics")
+    if not recorded:
+        return []
+    return numerics_differences(recorded, numerics_info(torch_probe=bool(recorded.get("torch"))))
 
 
 # --------------------------------------------------------------------------------------------- command
@@ -153,6 +208,13 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     cwd = (manifest.get("hydra") or {}).get("runtime_cwd")
     cwd = cwd if cwd and Path(cwd).is_dir() else None
     print("+", " ".join(cmd), flush=True)
+    differs = machine_differences(manifest)
+    if differs:
+        print("this machine differs from the run's in what decides bitwise identity, so expect curves that agree "
+              "within tolerance rather than identical metrics:\n  - " + "\n  - ".join(differs), flush=True)
+    elif (manifest.get("system") or {}).get("numerics"):
+        print("this machine matches the run's in what decides bitwise identity (CPU, flags, BLAS, threads, GPU)",
+              flush=True)
     if args.dry_run:
         return 0
     _warn_code_drift(manifest)
@@ -167,9 +229,15 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
         return 2
     diff = compare_metrics(a, b)
     if diff is None:
-        print(f"reproduced: {b} matches {a} (timing keys ignored)")
+        print(f"reproduced bit for bit: {b} matches {a} (timing keys ignored)")
         return 0
-    print(f"NOT reproduced ({new_dir}): {diff}")
+    print(f"NOT reproduced bit for bit ({new_dir}): {diff}")
+    agree = curve_agreement(a, b)
+    ok = bool(agree) and all(v <= CURVE_TOLERANCE for v in agree.values())
+    detail = ", ".join(f"{m} max |diff| {v:.4f}" for m, v in agree.items())
+    print(f"curves {'agree' if ok else 'do NOT agree'} within tolerance {CURVE_TOLERANCE} "
+          f"({CURVE_WINDOW}-step moving average for training metrics, every point for eval): {detail}"
+          + (" (this machine differs from the run's, see above)" if differs else ""))
     return 1
 
 

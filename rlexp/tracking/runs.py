@@ -6,6 +6,11 @@ Sources, so `rlexp compare` works whichever tracker a team used:
 - `mlflow:EXPERIMENT` (tracking URI from `--tracking-uri` / MLFLOW_TRACKING_URI); sweep parent runs are skipped;
 - `wandb:DIR` (W&B offline run folders `offline-run-*/run-*.wandb` under DIR), read directly from the
   transaction log because offline runs have no API to query and wandb >= 0.2x dropped its Python reader.
+
+Every source gives the same record for the same run: the name from the manifest's identity (the run's
+overrides, `reward=rule,seed=0`), one history row per step (rows logged at the same step are merged, later
+values winning, as W&B and MLflow store them), and `_wall_s` = the row's own `time/wall_s`: the one clock the
+trackers stamp on every row. System metrics (`system/*`, W&B stats) are not history rows.
 """
 from __future__ import annotations
 
@@ -80,8 +85,17 @@ def _parse_time(s: str | None) -> float | None:
         return None
 
 
+def merge_steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per step, in order of first appearance; a later value of a key at the same step wins."""
+    merged: dict[Any, dict[str, Any]] = {}
+    for r in rows:
+        merged.setdefault(r.get("step"), {}).update(r)
+    return list(merged.values())
+
+
 def _add_wall(history: list[dict[str, Any]], t0: float | None) -> None:
-    """`_wall_s`: the run's own `time/wall_s` when logged, else timestamps relative to the start."""
+    """`_wall_s`: the row's own `time/wall_s`; only rows of runs older than that clock fall back to timestamps
+    relative to the start."""
     stamps = [r["time/unix_s"] for r in history if isinstance(r.get("time/unix_s"), (int, float))]
     base = t0 if t0 is not None else (min(stamps) if stamps else None)
     for r in history:
@@ -89,6 +103,10 @@ def _add_wall(history: list[dict[str, Any]], t0: float | None) -> None:
             r["_wall_s"] = float(r["time/wall_s"])
         elif base is not None and isinstance(r.get("time/unix_s"), (int, float)):
             r["_wall_s"] = float(r["time/unix_s"]) - base
+
+
+def _name_from_manifest(manifest: Mapping[str, Any]) -> str | None:
+    return (manifest.get("identity") or {}).get("run_name")
 
 
 # --------------------------------------------------------------------------------------------- run folders
@@ -126,10 +144,11 @@ def load_run_dir(run_dir: str | os.PathLike[str], name: str | None = None) -> Ru
         except Exception:  # ${hydra:...} resolvers only work inside a Hydra app
             config = OmegaConf.to_container(loaded, resolve=False)
         config = redact(config)
-    history = read_jsonl(p / METRICS_FILE)
+    history = merge_steps(read_jsonl(p / METRICS_FILE))
     _add_wall(history, _parse_time(manifest.get("start_time")))
     return RunRecord(
-        name=name or p.name, source=str(p), config=strip_run_local(flatten(config)), history=history,
+        name=_name_from_manifest(manifest) or name or p.name, source=str(p), config=strip_run_local(flatten(config)),
+        history=history,
         status=manifest.get("status"), manifest=manifest,
     )
 
@@ -182,20 +201,26 @@ def load_mlflow(experiment: str, tracking_uri: str | None) -> list[RunRecord]:
         t0 = run.info.start_time / 1000.0 if run.info.start_time else None
         rows: dict[int, dict[str, Any]] = {}
         for key in run.data.metrics:
-            for m in client.get_metric_history(run.info.run_id, key):
+            if key.startswith("system/"):  # MLflow's sampler, on a step counter of its own
+                continue
+            for m in sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: (m.step, m.timestamp)):
                 row = rows.setdefault(m.step, {"step": m.step})
-                row[key] = m.value
+                row[key] = max(row.get(key, m.value), m.value) if key == "time/wall_s" else m.value
                 if t0 is not None:
-                    row["_wall_s"] = max(row.get("_wall_s", 0.0), m.timestamp / 1000.0 - t0)
+                    row["_ts_wall_s"] = max(row.get("_ts_wall_s", 0.0), m.timestamp / 1000.0 - t0)
         history = [rows[s] for s in sorted(rows)]
         for r in history:
-            if isinstance(r.get("time/wall_s"), (int, float)):
-                r["_wall_s"] = r["time/wall_s"]
+            ts_wall = r.pop("_ts_wall_s", None)
+            r["_wall_s"] = r["time/wall_s"] if isinstance(r.get("time/wall_s"), (int, float)) else ts_wall
+            if r["_wall_s"] is None:
+                del r["_wall_s"]
         config = {k: _param_value(v) for k, v in run.data.params.items() if not k.startswith("seed.")}
         status = {"FINISHED": "completed", "FAILED": "failed", "KILLED": "interrupted"}.get(run.info.status, "running")
         out.append(RunRecord(
             name=run.info.run_name or run.info.run_id, source=f"mlflow:{experiment}/{run.info.run_id}",
             config=strip_run_local(config), history=history, status=status,
+            manifest={"mlflow": {"run_id": run.info.run_id, "tags": dict(run.data.tags),
+                                 "system_metrics": sorted(k for k in run.data.metrics if k.startswith("system/"))}},
         ))
     return out
 
@@ -245,6 +270,8 @@ def load_wandb_file(path: Path) -> RunRecord:
     history: list[dict[str, Any]] = []
     name, status = path.parent.name, None
     meta: dict[str, Any] = {}
+    artifacts: list[dict[str, Any]] = []
+    stats: set[str] = set()
     for blob in wandb_records(path):
         rec = pb.Record()
         rec.ParseFromString(blob)
@@ -252,7 +279,8 @@ def load_wandb_file(path: Path) -> RunRecord:
         if kind == "run":
             name = rec.run.display_name or rec.run.run_id or name
             meta = {"id": rec.run.run_id, "group": rec.run.run_group, "tags": list(rec.run.tags),
-                    "project": rec.run.project}
+                    "project": rec.run.project, "job_type": rec.run.job_type,
+                    "git": {"commit": rec.run.git.commit, "remote_url": rec.run.git.remote_url}}
             for u in rec.run.config.update:
                 config[_item_key(u)] = json.loads(u.value_json)
         elif kind == "config":
@@ -268,9 +296,14 @@ def load_wandb_file(path: Path) -> RunRecord:
                     continue
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
                     row[k] = v
-            if "_step" in row:
+            if "_step" in row and any(not k.startswith("_") for k in row):  # not a row of tables only
                 row["step"] = int(row.pop("_step"))
                 history.append(row)
+        elif kind == "stats":
+            stats.update(_item_key(it) for it in rec.stats.item)
+        elif kind == "artifact":
+            artifacts.append({"name": rec.artifact.name, "type": rec.artifact.type,
+                              "files": sorted(e.path for e in rec.artifact.manifest.contents)})
         elif kind == "summary":
             for u in rec.summary.update:
                 if _item_key(u) == "rlexp/status":
@@ -278,6 +311,7 @@ def load_wandb_file(path: Path) -> RunRecord:
         elif kind == "exit" and status is None:
             status = "completed" if rec.exit.exit_code == 0 else "failed"
     config.pop("_wandb", None)
+    history = merge_steps(history)
     ts = [r["_timestamp"] for r in history if "_timestamp" in r]
     for r in history:
         if "time/wall_s" in r:
@@ -286,6 +320,7 @@ def load_wandb_file(path: Path) -> RunRecord:
             r["_wall_s"] = r["_runtime"]
         elif ts and "_timestamp" in r:
             r["_wall_s"] = r["_timestamp"] - ts[0]
+    meta.update(artifacts=artifacts, stats=sorted(stats))
     return RunRecord(name=name, source=str(path), config=strip_run_local(flatten(config)), history=history,
                      status=status, manifest={"wandb": meta})
 

@@ -4,26 +4,33 @@
   or the network; `wandb sync <run_dir>/wandb/offline-run-*` uploads it later.
 - One W&B run per rlexp run, created with `reinit="create_new"` and always finished: Hydra's basic launcher
   runs multirun jobs in one process, and reusing the global run would merge jobs (a known complaint).
-- group = the sweep id (shared by a multirun's jobs), name = the job's run name, tags = Hydra group choices;
-  all from `manifest["identity"]` / `manifest["choices"]` so every tracker names runs the same way.
-- The W&B folder lives in the run folder (`<run_dir>/wandb/`), next to the rest of the run.
-- Secrets: everything uploaded comes from the redacted manifest (config, overrides, tags), passed through
-  `redact` once more; W&B's own metadata records `sys.argv`, so `wandb.init` runs with the manifest's redacted
-  argv in its place; git capture is off (a remote URL can carry a token). The raw `cfg` is never read here.
+- group = the sweep id (shared by a multirun's jobs), job_type = train, name = the run's overrides
+  (`reward=rule,seed=0`), tags = Hydra group choices; all from `manifest["identity"]` / `manifest["choices"]`
+  so every tracker names runs the same way.
+- The W&B folder lives in the run folder (`<run_dir>/wandb/offline-run-*`), next to the rest of the run;
+  `wandb sync runs/multirun/<time>/*/wandb/offline-run-*` uploads a whole sweep.
+- W&B's own panels: system metrics (its sampler, `logger.wandb.system_metrics`, every
+  `logger.system_metrics_interval_s`) and the git commit and remote in W&B's git fields, given from the
+  manifest (`logger.wandb.git`), so W&B does not read the repository itself.
+- Artifacts under stable names, versioned across runs of the project: `checkpoint` (type `model`),
+  `manifest` (manifest.json + git.diff) and `config` (`.hydra/`); anything else goes to `results`.
+- Secrets: everything uploaded comes from the redacted manifest (config, overrides, tags, git remote), passed
+  through `redact` once more; W&B's own metadata records `sys.argv`, so `wandb.init` runs with the manifest's
+  redacted argv in its place. The raw `cfg` is never read here.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from .base import Tracker, safe_name
+from .base import Tracker
 from .manifest import group_tags, redact, redact_argv, redact_text
 
 _EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
@@ -38,20 +45,42 @@ def resolve_mode(mode: str | None) -> str:
     return mode
 
 
+# Artifact kind (rlexp.tracking.base) -> (W&B artifact name, W&B artifact type). Stable names: every run of
+# the project adds a version (v0, v1, ...) to the same collection instead of a collection of its own.
+ARTIFACTS = {"checkpoint": ("checkpoint", "model"), "manifest": ("manifest", "manifest"),
+             "config": ("config", "config"), "result": ("results", "result")}
+
+
 @dataclass
 class WandbTracker(Tracker):
     project: str = "rlexp"
     entity: str | None = None
     mode: str = "auto"
+    system_metrics: bool = True
+    git: bool = True
+    stats_interval_s: float = 15.0
     name = "wandb"
 
     def __post_init__(self) -> None:
         self.run: Any = None
+        self._pending: dict[str, list[Path]] = {}
 
     @classmethod
-    def from_config(cls, c: Any) -> WandbTracker:
+    def from_config(cls, c: Any, stats_interval_s: float | None = None) -> WandbTracker:
         get = c.get if isinstance(c, Mapping | DictConfig) else lambda k, d=None: getattr(c, k, d)
-        return cls(project=get("project", "rlexp"), entity=get("entity", None), mode=get("mode", "auto"))
+        return cls(project=get("project", "rlexp"), entity=get("entity", None), mode=get("mode", "auto"),
+                   system_metrics=bool(get("system_metrics", True)), git=bool(get("git", True)),
+                   stats_interval_s=float(stats_interval_s or 15.0))
+
+    def ref(self) -> dict[str, Any]:
+        if self.run is None:
+            return {}
+        url = None
+        if not self.run.offline:  # an offline run gets its URL when synced (asking warns on the console)
+            with contextlib.suppress(Exception):
+                url = self.run.url
+        return {"run_id": self.run.id, "project": self.project, "entity": self.entity, "group": self.run.group,
+                "url": url, "dir": str(Path(self.run.dir).parent), "mode": self.run.settings.mode}
 
     def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None:
         import wandb
@@ -69,6 +98,12 @@ class WandbTracker(Tracker):
         })
         tags = [t[:64] for t in group_tags(manifest.get("choices") or {})]
         argv = manifest.get("argv") or redact_argv(sys.argv)
+        git = manifest.get("git") or {}
+        # Git from the manifest (commit, redacted remote): W&B's own capture would read the repository, whose
+        # remote URL can carry a token; without a commit there is nothing to show.
+        use_git = self.git and bool(git.get("commit"))
+        git_settings = {"git_commit": git.get("commit"), "git_remote_url": redact_text(git.get("remote") or "") or None,
+                        "git_root": git.get("repo")} if use_git else {}
         with _argv_as(redact_argv(argv)):
             self.run = wandb.init(
                 project=self.project,
@@ -81,40 +116,60 @@ class WandbTracker(Tracker):
                 dir=str(run_dir),
                 mode=resolve_mode(self.mode),  # type: ignore[arg-type]
                 reinit="create_new",
-                settings=wandb.Settings(silent=True, x_disable_stats=True, disable_git=True),
+                settings=wandb.Settings(silent=True, x_disable_stats=not self.system_metrics,
+                                        x_stats_sampling_interval=self.stats_interval_s,
+                                        disable_git=not use_git, **git_settings),
             )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.run is not None:
             self.run.log(dict(metrics), step=int(step))
 
-    def log_artifact(self, path: str | os.PathLike[str]) -> None:
+    def log_artifact(self, path: str | os.PathLike[str], kind: str = "result") -> None:
+        """Checkpoints go up at once; the other kinds are collected and logged at finish as one version each
+        (manifest.json and git.diff belong to one `manifest` version). Records and eval samples stay in the run
+        folder: W&B already holds the history, the console output and the rollout tables."""
+        if self.run is None or kind not in ARTIFACTS:
+            return
+        self._pending.setdefault(kind, []).append(Path(path))
+        if kind == "checkpoint":
+            self._flush_artifacts(("checkpoint",))
+
+    def _flush_artifacts(self, kinds: Iterable[str]) -> None:
         import wandb
 
-        if self.run is None:
-            return
-        p = Path(path)
-        kind = "manifest" if p.name in ("manifest.json", "git.diff") else "result"
-        art = wandb.Artifact(name=safe_name(f"{self.run.id}-{p.name}"), type=kind)
-        if p.is_dir():
-            art.add_dir(str(p))
-        else:
-            art.add_file(str(p))
-        self.run.log_artifact(art)
+        for kind in kinds:
+            paths = self._pending.pop(kind, [])
+            if not paths:
+                continue
+            name, typ = ARTIFACTS[kind]
+            art = wandb.Artifact(name=name, type=typ, metadata={"files": [p.name for p in paths]})
+            for p in paths:
+                if p.is_dir():
+                    art.add_dir(str(p), name=p.name if kind != "checkpoint" else None)
+                else:
+                    art.add_file(str(p))
+            self.run.log_artifact(art)
 
-    def log_table(self, name: str, rows: list[dict[str, Any]]) -> None:
+    def log_table(self, name: str, rows: list[dict[str, Any]], step: int | None = None) -> None:
         import wandb
 
         if self.run is None or not rows:
             return
         columns = list(dict.fromkeys(k for r in rows for k in r))
         data = [[_cell(r.get(c)) for c in columns] for r in rows]
-        self.run.log({name: wandb.Table(columns=columns, data=data)})
+        # At the rows' own step, in the same history row as that step's metrics (logged right after).
+        self.run.log({name: wandb.Table(columns=columns, data=data)}, step=step, commit=False if step is not None
+                     else None)
 
     def finish(self, status: str) -> None:
-        run, self.run = self.run, None
+        run = self.run
         if run is None:
             return
+        try:
+            self._flush_artifacts(list(ARTIFACTS))
+        finally:
+            self.run = None
         run.summary["rlexp/status"] = status
         run.finish(exit_code=_EXIT_CODES.get(status, 1))
         import wandb
