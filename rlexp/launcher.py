@@ -30,6 +30,8 @@ from rlexp.prepare import Prepared, prepare
 from rlexp.services import Collective, Service, Services
 from rlexp.tracking.manifest import write_start_manifest
 from rlexp.tracking.registry import build_trackers
+from rlexp.transport.monarch import WeightServer
+from rlexp.transport.registry import pair_transports
 
 
 class Graph:
@@ -39,6 +41,7 @@ class Graph:
         self.meshes: list[tuple[str, Any]] = []
         self.placement: list[str] = []
         self.services: Services | None = None
+        self.transports: list[str] = []  # per generator replica: how its weights arrive
 
     def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, mesh: Any = None) -> Any:
         if mesh is None:
@@ -58,10 +61,16 @@ class Graph:
         self.meshes.clear()
 
 
-def build_graph(p: Prepared, run_name: str) -> Graph:
-    """Spawn every role on this host and wire them into `Services`."""
+def build_graph(p: Prepared, run_name: str, *, trainer_host: str | None = None,
+                generator_hosts: list[str] | None = None) -> Graph:
+    """Spawn every role on this host and wire them into `Services`. `trainer_host`/`generator_hosts` (one per
+    replica) name where the roles live, which picks each trainer->generator weight transport
+    (`pair_transport`); both default to this host."""
     c = p.cfg
     g = Graph()
+    here = socket.gethostname()
+    gen_transports = g.transports = pair_transports(c.cluster.transport, trainer_host or here,
+                                                    generator_hosts or [here] * c.generator.replicas)
     pad_id = load_tokenizer(p.model_dir).pad_id
     gpus = assign_gpus(c)
     gen_opts = {"device": c.cluster.device} if c.generator.backend == "titan" else {
@@ -71,14 +80,20 @@ def build_graph(p: Prepared, run_name: str) -> Graph:
         "device": c.cluster.device}
     gen_seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.replicas))
     gens = [g.spawn(f"generator{i}", Generator, c.model, p.model_dir, c.generator.backend, gen_seeds[i],
-                    c.cluster.threads_per_proc, gen_opts, gpus.get(f"generator{i}", [None])[0])
+                    c.cluster.threads_per_proc, gen_opts, gpus.get(f"generator{i}", [None])[0], gen_transports[i])
             for i in range(c.generator.replicas)]
     # The trainer is one proc, or one proc per (FSDP x TP) rank (one GPU each on CUDA); see rlexp/actors/trainer.py.
     world, tp = c.model.parallelism.trainer_world, c.model.parallelism.trainer_tp
     port = free_port() if world > 1 else 0
     trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
-                      pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir,
-                      world, port, c.cluster.device, tp, gpus.get("trainer"), procs=world)
+                      pad_id, gen_transports, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir,
+                      world, port, c.cluster.device, tp, gpus.get("trainer"), c.cluster.transport_chunk_mb * 2**20,
+                      procs=world)
+    if "monarch" in gen_transports:  # serves versions from the trainer's first process, apart from its mailbox
+        weights = g.spawn("weights", WeightServer, mesh=g.mesh("trainer").slice(procs=0))
+        for gen, t in zip(gens, gen_transports):
+            if t == "monarch":
+                gen.connect_weights.call_one(weights).get()
     # The reference model shares the trainer's processes (and GPUs), sharded the same way.
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc, world, port,
                          c.cluster.device, tp, gpus.get("trainer"), c.trainer.mixed_precision, mesh=g.mesh("trainer"))
@@ -145,6 +160,8 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
             desc = f"{v.kind} {v.options.get('path')}, ready in {verifier_s[v.name]:.1f}s"
         where = f"GPUs {'|'.join(gpus[name])}" if name in gpus else "this host"
         lines.append(f"  {name:<11} proc mesh {dict(mesh.extent)} on {where}: {desc}")
+    lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
+                 f"{c.cluster.transport})")
     lines.append("  controller  this process: GRPO loop (rlexp/loop.py), data order, evaluation, checkpoints")
     return lines
 
@@ -189,7 +206,7 @@ def release_stale_weights(c: Any) -> None:
     """Remove weights published by runs that died without tearing down (kill -9, OOM): folder names end in
     the controller's pid, so a folder whose process is gone belongs to nobody."""
     root = Path(c.cluster.shm_dir)
-    if c.cluster.transport != "shm" or not root.is_dir():
+    if c.cluster.transport not in ("shm", "auto") or not root.is_dir():
         return
     for d in root.iterdir():
         pid = d.name.rsplit("-", 1)[-1]
@@ -205,7 +222,7 @@ def release_stale_weights(c: Any) -> None:
 
 def release_weights(c: Any, run_name: str) -> None:
     """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died first."""
-    if c.cluster.transport == "shm":
+    if c.cluster.transport in ("shm", "auto"):
         shutil.rmtree(Path(c.cluster.shm_dir) / run_name, ignore_errors=True)
 
 

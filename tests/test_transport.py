@@ -85,7 +85,7 @@ def test_shm_failed_publish_leaves_no_partial_version(tmp_path, monkeypatch):
 
 
 def test_check_transport_errors():
-    with pytest.raises(TransportError, match=r"spans 2 hosts.*sync=torchstore"):
+    with pytest.raises(TransportError, match=r"spans 2 hosts.*cluster.transport=auto.*cluster.transport=monarch"):
         check_transport("shm", hosts=2)
     with pytest.raises(TransportError, match="unknown weight transport 'nccl'"):
         check_transport("nccl")
@@ -111,7 +111,7 @@ def test_torchstore_missing_says_how_to_install():
     with pytest.raises(TransportError) as e:
         check_transport("torchstore")
     msg = str(e.value)
-    assert "not installed" in msg and "pip install" in msg and "torchmonarch" in msg and "sync=shm" in msg
+    assert "not installed" in msg and "pip install" in msg and "torchmonarch" in msg and "cluster.transport=auto" in msg
 
 
 def test_torchstore_0_1_2_mixed_endpoints_refused_fake_torchstore(monkeypatch):

@@ -16,16 +16,24 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from rlexp.config.model import ModelConfig
-from rlexp.models.hf import model_config_from_dir, read_hf_state_dict
+from rlexp.models.hf import (
+    _IGNORED_SUFFIXES as IGNORED_SUFFIXES,
+    _ST_DTYPES,
+    model_config_from_dir,
+    read_hf_state_dict,
+    weight_files,
+)
 from rlexp.models.kv_decode import KVDecoder
 from rlexp.models.policy import load_policy, pad_sequences, sequence_logprobs
-from rlexp.models.titan import load_hf_state_dict
+from rlexp.models.titan import hf_state_dict as titan_hf_state_dict, load_hf_state_dict
 from rlexp.models.tokenizer import Tokenizer, load_tokenizer
+from rlexp.transport.base import WeightSpec, check_weights, spec_of
 from rlexp.types import Completion
 
 
@@ -38,6 +46,8 @@ class GeneratorBackend(Protocol):
     def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]: ...
 
     def update_weights(self, version: int, location: str) -> None: ...
+
+    def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None: ...
 
     def close(self) -> None: ...
 
@@ -85,6 +95,7 @@ class TitanBackend:
         self.model = load_policy(model_cfg, model_dir, device=device).eval()
         self.decoder = KVDecoder(self.model)
         self.policy_version = 0
+        self._spec: WeightSpec | None = None
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
@@ -185,6 +196,15 @@ class TitanBackend:
         load_hf_state_dict(self.model, read_hf_state_dict(location), self.cfg.arch)
         self.policy_version = version
 
+    def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None:
+        """Weights that arrived in memory (the monarch and torchstore transports): checked against this
+        model's own parameters (names, shapes, dtypes) before anything is copied into them."""
+        if self._spec is None:
+            self._spec = spec_of(titan_hf_state_dict(self.model, self.cfg.arch))
+        check_weights(version, spec_of(hf_state_dict), self._spec, where=where)
+        load_hf_state_dict(self.model, hf_state_dict, self.cfg.arch)
+        self.policy_version = version
+
     def close(self) -> None:
         pass
 
@@ -200,6 +220,8 @@ class VLLMBackend:
 
         self.tok = tokenizer
         self.policy_version = 0
+        self.model_dir = model_dir
+        self._spec: WeightSpec | None = None
         kwargs: dict[str, Any] = dict(
             model=model_dir, skip_tokenizer_init=True, dtype=model_cfg.dtype, seed=seed,
             max_model_len=model_cfg.arch.max_seq_len, tensor_parallel_size=tp, enforce_eager=enforce_eager,
@@ -254,11 +276,48 @@ class VLLMBackend:
         self.llm.reset_prefix_cache()
         self.policy_version = version
 
+    def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None:
+        """Weights that arrived in memory (monarch, torchstore) are written to a folder in this host's /dev/shm
+        and reloaded from there. Why not hand the tensors to vLLM: its V1 engine core runs in another
+        process, so in-memory tensors would be pickled across that boundary anyway, and `reload_weights`
+        from a folder is the one reload path vLLM keeps stable (the shm transport uses it too); one RAM write
+        plus one read is small next to the fetch. Names and shapes are checked against the checkpoint this
+        engine loaded (dtype is not: vLLM casts on load)."""
+        import shutil
+        import tempfile
+
+        from rlexp.models.hf import write_hf_state_dict
+        from rlexp.transport.shm import default_root
+
+        if self._spec is None:
+            self._spec = checkpoint_spec(self.model_dir)
+        check_weights(version, spec_of(hf_state_dict), self._spec, where=where, check_dtype=False)
+        folder = Path(tempfile.mkdtemp(prefix=f"rlexp-vllm-v{version}-", dir=default_root()))
+        try:
+            write_hf_state_dict(hf_state_dict, folder)
+            self.update_weights(version, str(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
     def close(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+def checkpoint_spec(model_dir: str) -> WeightSpec:
+    """Names, shapes and dtypes of an HF checkpoint's tensors, from the safetensors headers (nothing loaded)."""
+    from safetensors import safe_open
+
+    spec: WeightSpec = {}
+    for f in weight_files(Path(model_dir)):
+        with safe_open(str(f), "pt") as fh:
+            for k in fh.keys():  # noqa: SIM118 - safe_open is not iterable
+                if not k.endswith(IGNORED_SUFFIXES):
+                    sl = fh.get_slice(k)
+                    spec[k] = (tuple(sl.get_shape()), _ST_DTYPES.get(sl.get_dtype(), torch.uint8))
+    return spec
 
 
 def build_backend(backend: str, model_dir: str, tokenizer: Tokenizer | None = None, seed: int = 0,

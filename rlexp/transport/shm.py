@@ -40,15 +40,16 @@ def default_root() -> Path:
 
 def check_shm(*, hosts: int = 1, root: str | Path | None = None, need_bytes: int | None = None) -> None:
     if hosts > 1:
-        raise TransportError(f"sync=shm needs the trainer and every generator on one host, but the layout spans "
-                             f"{hosts} hosts (/dev/shm is per host): use sync=torchstore, or cluster.hosts=1")
+        raise TransportError(f"cluster.transport=shm needs the trainer and every generator on one host, but the "
+                             f"layout spans {hosts} hosts (/dev/shm is per host): use cluster.transport=auto (shm "
+                             f"where a pair shares a host, monarch across hosts) or cluster.transport=monarch")
     r = Path(root) if root else default_root()
     if not r.is_dir() or not os.access(r, os.W_OK):
-        raise TransportError(f"sync=shm: {r} is not a writable folder")
+        raise TransportError(f"transport=shm: {r} is not a writable folder")
     if need_bytes is not None:
         free = shutil.disk_usage(r).free
         if need_bytes > free:
-            raise TransportError(f"sync=shm: needs {need_bytes / 2**30:.1f} GiB in {r} (weights x versions kept), "
+            raise TransportError(f"transport=shm: needs {need_bytes / 2**30:.1f} GiB in {r} (weights x versions kept), "
                                  f"only {free / 2**30:.1f} GiB free; in Docker raise --shm-size, or lower `keep`")
 
 
@@ -83,7 +84,7 @@ class ShmTransport(WeightTransport):
         need = sum(t.numel() * t.element_size() for t in hf_state_dict.values())
         free = shutil.disk_usage(self.dir).free
         if need > free:
-            raise TransportError(f"sync=shm: version {version} needs {need / 2**30:.2f} GiB in {self.dir}, "
+            raise TransportError(f"transport=shm: version {version} needs {need / 2**30:.2f} GiB in {self.dir}, "
                                  f"{free / 2**30:.2f} GiB free; in Docker raise --shm-size, or lower `keep`")
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-v{version}-", dir=self.dir))
         try:
@@ -122,7 +123,7 @@ class ShmTransport(WeightTransport):
     def fetch(self, location: str) -> dict[str, torch.Tensor]:
         p = Path(location)
         if not p.is_dir():
-            raise TransportError(f"sync=shm: {p} does not exist (garbage-collected? raise `keep`)")
+            raise TransportError(f"transport=shm: {p} does not exist (garbage-collected? raise `keep`)")
         return read_hf_state_dict(p)
 
     def fetch_into(self, location: str, dest: dict[str, torch.Tensor]) -> set[str]:
@@ -130,7 +131,7 @@ class ShmTransport(WeightTransport):
         about one memcpy instead of mmap-fault + copy. Returns the keys written."""
         p = Path(location)
         if not p.is_dir():
-            raise TransportError(f"sync=shm: {p} does not exist (garbage-collected? raise `keep`)")
+            raise TransportError(f"transport=shm: {p} does not exist (garbage-collected? raise `keep`)")
         return read_hf_state_dict_into(p, dest)
 
     def close(self) -> None:
