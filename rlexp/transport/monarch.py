@@ -17,11 +17,12 @@ a chunk of another publish (the version was re-published, or dropped past `keep`
 clear error, so a generator never loads torn weights. Compatibility with the generator's own parameters
 is checked by the backend (`rlexp.transport.base.check_weights`).
 
-Why not Monarch RDMA buffers (`monarch.rdma.RDMABuffer`): they import on this CPU build, but without
-ibverbs hardware `get_rdma_backend()` is "tcp", a TCP fallback that Monarch itself warns is slow; on a
-2-core host it measured about 2x the message path's throughput for one 256 MiB buffer, but it needs
-buffer lifetimes managed across processes (an explicit `drop`) and 60 s per-transfer timeouts, so the
-message path is the one shipped; RDMA is the natural next step on hosts with ibverbs.
+Why not Monarch RDMA buffers (`monarch.rdma.RDMABuffer`): they import and work on this CPU build, but
+without ibverbs hardware `get_rdma_backend()` is "tcp", a TCP fallback Monarch itself warns is slow. On
+this 2-core host a 64 MiB read measured 0.19 GB/s by RDMABuffer (tcp) against 0.15 GB/s by a tensor in
+an actor reply (median of 3, machine under load; results/transport_cpu.md), while buffers need their
+lifetimes managed across processes (an explicit `drop` per version) and 60 s per-transfer timeouts. So
+the message path ships; RDMA is the next step on hosts where the backend is "ibverbs".
 """
 from __future__ import annotations
 
@@ -84,7 +85,7 @@ def parse_location(loc: str) -> tuple[str, int]:
 
 
 def pack(version: int, hf_state_dict: dict[str, torch.Tensor], chunk_bytes: int) -> Published:
-    """Copy the state dict into fresh byte chunks (the trainer's one copy)."""
+    """Copy the state dict into fresh byte chunks (the trainer's one copy; alignment padding is zeroed)."""
     entries, off = [], 0
     for k in sorted(hf_state_dict):
         t = hf_state_dict[k]
@@ -92,16 +93,23 @@ def pack(version: int, hf_state_dict: dict[str, torch.Tensor], chunk_bytes: int)
         entries.append(Entry(k, str(t.dtype).removeprefix("torch."), tuple(t.shape), off, n))
         off += -(-n // _ALIGN) * _ALIGN
     total = off
-    chunks = [torch.zeros(min(chunk_bytes, total - s), dtype=torch.uint8) for s in range(0, total, chunk_bytes)]
+    chunks = [torch.empty(min(chunk_bytes, total - s), dtype=torch.uint8) for s in range(0, total, chunk_bytes)]
+    pad = torch.zeros(_ALIGN, dtype=torch.uint8)
     for e in entries:
         src = hf_state_dict[e.name].detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        pos = 0
-        while pos < e.nbytes:  # a tensor may straddle chunk boundaries
-            c, within = divmod(e.offset + pos, chunk_bytes)
-            n = min(e.nbytes - pos, chunk_bytes - within)
-            chunks[c][within:within + n].copy_(src[pos:pos + n])
-            pos += n
+        _write(chunks, chunk_bytes, e.offset, src)
+        _write(chunks, chunk_bytes, e.offset + e.nbytes, pad[:(-e.nbytes) % _ALIGN])
     return Published(version, uuid.uuid4().hex, tuple(entries), total, chunk_bytes, tuple(chunks))
+
+
+def _write(chunks: list[torch.Tensor], chunk_bytes: int, start: int, src: torch.Tensor) -> None:
+    """Bytes `src` at flat offset `start` of the chunked buffer (a tensor may straddle chunk boundaries)."""
+    pos = 0
+    while pos < src.numel():
+        c, within = divmod(start + pos, chunk_bytes)
+        n = min(src.numel() - pos, chunk_bytes - within)
+        chunks[c][within:within + n].copy_(src[pos:pos + n])
+        pos += n
 
 
 def unpack(manifest: dict[str, Any], flat: torch.Tensor) -> dict[str, torch.Tensor]:
