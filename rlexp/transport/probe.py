@@ -42,7 +42,8 @@ class TransportProbe(Actor):
         from rlexp.transport.registry import build_transport
 
         if name not in self.transports:
-            self.transports[name] = build_transport(name, self.run_name, keep=1, shm_root=self.shm_root,
+            # keep=2: what a run keeps at least, and what lets shm reuse the dropped version's pages
+            self.transports[name] = build_transport(name, self.run_name, keep=2, shm_root=self.shm_root,
                                                     chunk_bytes=self.chunk_bytes)
         t0 = time.perf_counter()
         loc = await self.transports[name].apublish(version, self.sd)
@@ -51,12 +52,12 @@ class TransportProbe(Actor):
     @endpoint
     async def fetch(self, name: str, version: int, location: str, server: Any = None) -> float:
         """Seconds to get `location` into this probe's existing weights, the way a generator does."""
-        from rlexp.models.hf import read_hf_state_dict_into
         from rlexp.transport.monarch import MonarchWeightClient
+        from rlexp.transport.shm import fetch_into
 
         t0 = time.perf_counter()
-        if name == "shm":  # what ShmTransport.fetch_into does (the reader does not own the folder)
-            read_hf_state_dict_into(location, self.params)
+        if name == "shm":
+            fetch_into(location, self.params)
         elif name == "monarch":
             self.client = self.client or MonarchWeightClient(server)
             for k, v in (await self.client.afetch(location, version)).items():
