@@ -179,19 +179,20 @@ def test_generator_fed_by_monarch_samples_exactly_as_one_fed_by_shm(meshes, tiny
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sync", ["on_policy", "async"])
-def test_train_by_monarch_matches_shm_bit_for_bit(tmp_path: Path, tag: str, sync: str) -> None:
-    """20 steps with every generator fed by Monarch messages give the same metrics (timings aside) as by shm."""
+@pytest.mark.parametrize(("sync", "steps"), [("on_policy", 20), ("async", 6)])
+def test_train_by_monarch_matches_shm_bit_for_bit(tmp_path: Path, tag: str, sync: str, steps: int) -> None:
+    """Every generator fed by Monarch messages gives the same metrics (timings aside) as by shm; in async mode
+    the weight server answers while the trainer's own mailbox is busy training."""
     from rlexp.tracking.reproduce import compare_metrics
 
-    args = ["train", "steps=20", f"sync={sync}", "eval.every_n_steps=0", "algorithm.prompts_per_step=16",
+    args = ["train", f"steps={steps}", f"sync={sync}", "eval.every_n_steps=0", "algorithm.prompts_per_step=16",
             "algorithm.group_size=8"]
     runs = {}
     for t in ("shm", "monarch"):
         runs[t] = tmp_path / t
         p = rlexp(*args, f"cluster.transport={t}", f"hydra.run.dir={runs[t]}", tag=tag)
         assert f"trainer -> generators by {t} (cluster.transport={t})" in p.stdout
-    assert len(metrics(runs["monarch"])) == len(metrics(runs["shm"])) >= 20
+    assert len(metrics(runs["monarch"])) == len(metrics(runs["shm"])) >= steps
     assert compare_metrics(runs["shm"] / "metrics.jsonl", runs["monarch"] / "metrics.jsonl") is None
 
 

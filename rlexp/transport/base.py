@@ -17,9 +17,11 @@ class TransportError(RuntimeError):
 class WeightTransport(ABC):
     """Trainer side publishes a version; generator side turns a location back into weights.
 
-    A location is a string so it can travel through a Monarch endpoint as-is: `Generator.update_weights
-    (version, path)` receives it. For `shm` it is a folder of HF safetensors; for `torchstore` a
-    `torchstore://<key>` URI (use `materialize` to get a folder for vLLM).
+    A location is a string so it can travel through a Monarch endpoint as-is: `Trainer.push_weights` returns
+    {transport: location} and each `Generator.update_weights(version, locations)` picks its own. For `shm`
+    it is a folder of HF safetensors; for `monarch` a `monarch://<run>/v<version>` key served by the
+    trainer-side `WeightServer`; for `torchstore` a `torchstore://<key>` URI. Generators of the in-memory
+    transports load the fetched state dict (`GeneratorBackend.load_state_dict`; vLLM via a local folder).
     """
 
     name: str
