@@ -42,6 +42,7 @@ class Graph:
         self.placement: list[str] = []
         self.services: Services | None = None
         self.transports: list[str] = []  # per generator replica: how its weights arrive
+        self.weight_server: Any = None  # monarch transport: what a (re)spawned generator connects to
 
     def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, mesh: Any = None) -> Any:
         if mesh is None:
@@ -69,6 +70,8 @@ def build_graph(p: Prepared, run_name: str, *, trainer_host: str | None = None,
     c = p.cfg
     g = Graph()
     here = socket.gethostname()
+    if generator_hosts is not None and len(generator_hosts) != c.generator.replicas:
+        raise ValueError(f"build_graph: {len(generator_hosts)} generator hosts for {c.generator.replicas} replicas")
     gen_transports = g.transports = pair_transports(c.cluster.transport, trainer_host or here,
                                                     generator_hosts or [here] * c.generator.replicas)
     pad_id = load_tokenizer(p.model_dir).pad_id
@@ -90,10 +93,10 @@ def build_graph(p: Prepared, run_name: str, *, trainer_host: str | None = None,
                       world, port, c.cluster.device, tp, gpus.get("trainer"), c.cluster.transport_chunk_mb * 2**20,
                       procs=world)
     if "monarch" in gen_transports:  # serves versions from the trainer's first process, apart from its mailbox
-        weights = g.spawn("weights", WeightServer, mesh=g.mesh("trainer").slice(procs=0))
+        g.weight_server = g.spawn("weights", WeightServer, mesh=g.mesh("trainer").slice(procs=0))
         for gen, t in zip(gens, gen_transports):
             if t == "monarch":
-                gen.connect_weights.call_one(weights).get()
+                gen.connect_weights.call_one(g.weight_server).get()
     # The reference model shares the trainer's processes (and GPUs), sharded the same way.
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc, world, port,
                          c.cluster.device, tp, gpus.get("trainer"), c.trainer.mixed_precision, mesh=g.mesh("trainer"))

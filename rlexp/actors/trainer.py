@@ -205,7 +205,7 @@ class Trainer(Actor):
         self.model_cfg, self.model_dir = model_cfg, model_dir
         self.tcfg, self.acfg = trainer_cfg, algo_cfg
         self.total_steps, self.seed, self.pad_id = total_steps, seed, pad_id
-        # Every transport the generators need (resolved per pair by the launcher): each version is published once per.
+        # Every transport the generators need (resolved per pair by the launcher); a version is published to each.
         self.transport_names = (transports,) if isinstance(transports, str) else tuple(dict.fromkeys(transports))
         self.run_name = run_name
         self.world, self.master_port, self.device_kind = world_size, master_port, device
