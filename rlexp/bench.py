@@ -3,6 +3,8 @@ same run on the same machine, so the numbers mean something on any box (CPU lapt
 
 - weight sync (shm transport): seconds per GB for publish (trainer write) + fetch (generator read),
   against plain memcpy of the same bytes (the floor any RAM-backed transport pays at least once);
+- weight transports between two processes (shm, monarch): GB/s of publish + fetch into a generator's
+  existing weights, median and range over repeats, next to memcpy measured in the same run;
 - generation: tokens/s of the `titan` and `vllm` generator backends on the tiny model, against a
   single-process transformers sampling loop (KV cache, same batch, same lengths).
 
@@ -73,6 +75,7 @@ def synthetic_hf_state_dict(total_mb: int, seed: int = 0) -> dict[str, torch.Ten
 def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
     import torch
 
+    from rlexp.models.hf import read_hf_state_dict
     from rlexp.transport.shm import ShmTransport, default_root
 
     sd = synthetic_hf_state_dict(total_mb)
@@ -90,7 +93,7 @@ def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
     fresh_s = _median_time(lambda: torch.empty_like(src).copy_(src), reps)
 
     root = root or default_root()
-    t = ShmTransport(f"rlexp-bench-{os.getpid()}", root=root, keep=1)
+    t = ShmTransport(f"rlexp-bench-{os.getpid()}", root=root, keep=2)  # keep=2: the dropped version's pages are reused
     version = [0]
     locs: list[str] = []
     params = {k: v.clone() for k, v in sd.items()}  # the generator's existing (already faulted) weights
@@ -99,15 +102,16 @@ def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
         version[0] += 1
         locs.append(t.publish(version[0], sd))
 
-    def fetch_copy():
-        for k, v in t.fetch(locs[-1]).items():
+    def fetch_copy():  # what the titan generator's update_weights does
+        for k, v in read_hf_state_dict(locs[-1]).items():
             params[k].copy_(v)
 
     def fetch_into():
         t.fetch_into(locs[-1], params)
 
     try:
-        publish()  # warm-up (first write allocates shm pages)
+        publish()  # warm-up (the first writes allocate shm pages; later ones reuse the dropped version's)
+        publish()
         pub_s = _median_time(publish, reps)
         fetch_s = _median_time(fetch_into, reps)
         assert all(torch.equal(params[k], sd[k]) for k in sd)
@@ -121,9 +125,9 @@ def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
     where = f"{root}, {nbytes / 2**20:.0f} MiB bf16, median of {reps}"
     return [
         Row("shm publish (trainer write)", pub_s / gb, "s/GB", "memcpy", memcpy_per_gb,
-            f"{where}; safetensors write into fresh tmpfs pages + rename"),
+            f"{where}; pwrite into the dropped version's tmpfs pages (threads) + rename"),
         Row("shm fetch_into weights (generator)", fetch_s / gb, "s/GB", "memcpy", memcpy_per_gb,
-            f"{where}; preadv straight into existing parameter buffers"),
+            f"{where}; preadv straight into existing parameter buffers (threads)"),
         Row("shm fetch + copy_ (mmap'd safetensors)", copy_s / gb, "s/GB", "memcpy", memcpy_per_gb,
             f"{where}; load_file (mmap) then copy_ into parameters"),
         Row("shm publish + fetch", (pub_s + fetch_s) / gb, "s/GB", "2 x memcpy", 2 * memcpy_per_gb, where),
@@ -131,6 +135,58 @@ def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
         Row("memcpy into a fresh allocation", fresh_s / gb, "s/GB", "-", None,
             "first-touch page faults included: the floor for any write into new memory or new tmpfs pages"),
     ]
+
+
+def bench_transports(sizes_mb: list[int], reps: int, chunk_mb: int = 64,
+                     names: tuple[str, ...] = ("shm", "monarch")) -> list[Row]:
+    """Each transport from one process to another (Monarch actors: `rlexp.transport.probe`): publish by the
+    first, fetch into already-allocated weights by the second, checked bit for bit every time. Reported as
+    GB/s of the state dict over publish + fetch, median and range over `reps` after one warm-up; the
+    baseline is one memcpy of the same bytes into a faulted buffer, measured in this process in this run."""
+    import torch
+    from monarch.actor import this_host
+
+    from rlexp.transport.monarch import WeightServer
+    from rlexp.transport.probe import TransportProbe
+
+    rows: list[Row] = []
+    for mb in sizes_mb:
+        meshes = [this_host().spawn_procs(per_host={"procs": 1}) for _ in range(2)]
+        try:
+            run = f"rlexp-bench-transport-{os.getpid()}-{mb}"
+            pub = meshes[0].spawn("probe_pub", TransportProbe, run, mb, None, chunk_mb * 2**20)
+            server = meshes[0].spawn("weights", WeightServer)
+            sub = meshes[1].spawn("probe_sub", TransportProbe, run, mb)
+            nbytes = pub.nbytes.call_one().get()
+            src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+            dst = src.clone()
+            memcpy = [nbytes / 1e9 / _median_time(lambda a=dst, b=src: a.copy_(b), 1) for _ in range(reps)]
+            memcpy_gbps = statistics.median(memcpy)
+            version = 0
+            for name in names:
+                pubs, fetches = [], []
+                for r in range(reps + 1):  # the first is a warm-up (fresh pages, connections)
+                    version += 1
+                    loc, pub_s = pub.publish.call_one(name, version).get()
+                    fetch_s = sub.fetch.call_one(name, version, loc, server).get()
+                    if not sub.check_and_clear.call_one().get():
+                        raise RuntimeError(f"bench: {name} delivered different bytes than were published")
+                    if r:
+                        pubs.append(pub_s)
+                        fetches.append(fetch_s)
+                gbps = [nbytes / 1e9 / (p + f) for p, f in zip(pubs, fetches)]
+                rows.append(Row(
+                    f"{name} publish + fetch, {nbytes / 2**20:.0f} MiB bf16", statistics.median(gbps), "GB/s",
+                    "memcpy", memcpy_gbps,
+                    f"range {min(gbps):.3g}-{max(gbps):.3g} GB/s over {reps}; median publish "
+                    f"{statistics.median(pubs):.3f} s, fetch {statistics.median(fetches):.3f} s; process to process"
+                    + (f", {chunk_mb} MiB messages" if name == "monarch" else "")
+                    + f"; memcpy range {min(memcpy):.3g}-{max(memcpy):.3g} GB/s"))
+            pub.close.call_one().get()
+        finally:
+            for m in meshes:
+                m.stop().get(timeout=30)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------- generation
@@ -261,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--backends", default="titan,vllm", help="comma-separated generator backends ('' for none)")
+    p.add_argument("--transport-mb", default="64,256", help="state-dict sizes for the transport rows ('' for none)")
+    p.add_argument("--chunk-mb", type=int, default=64, help="monarch transport message size")
     p.add_argument("--skip-sync", action="store_true")
     p.add_argument("--skip-gen", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_cpu.md")
@@ -269,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     if not args.skip_sync:
         rows += bench_sync(args.sync_mb, args.reps)
+    sizes = [int(x) for x in args.transport_mb.split(",") if x]
+    if sizes:
+        rows += bench_transports(sizes, args.reps, args.chunk_mb)
     if not args.skip_gen:
         rows += bench_generation(args.batch, args.prompt_len, args.max_tokens, args.reps,
                                  [b for b in args.backends.split(",") if b])

@@ -38,6 +38,8 @@ from rlexp.services import Collective, Service, ServiceDown, Services, is_proces
 from rlexp.tracking import runlog
 from rlexp.tracking.manifest import write_start_manifest
 from rlexp.tracking.registry import build_trackers
+from rlexp.transport.monarch import WeightServer
+from rlexp.transport.registry import pair_transports
 
 
 def role_of(name: str) -> str:
@@ -55,6 +57,8 @@ class Graph:
         self.placement: list[str] = []
         self.services: Services | None = None
         self.add_generator: Callable[[], None] | None = None  # set by build_graph
+        self.transports: list[str] = []  # per generator replica: how its weights arrive
+        self.weight_server: Any = None  # monarch transport: what a (re)spawned generator connects to
 
     def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, host: Host | None = None,
               mesh: Any = None) -> Any:
@@ -73,12 +77,17 @@ class Graph:
     def mesh(self, name: str) -> Any:
         return self.meshes[name][0]
 
+    def drop(self, name: str) -> Host:
+        """Stop `name`'s processes (after one died: Monarch may still report the stop as failed); returns its host."""
+        mesh, host = self.meshes.pop(name)
+        self.where.pop(name, None)
+        with contextlib.suppress(Exception):
+            mesh.stop().get(timeout=10)
+        return host
+
     def respawn(self, name: str, cls: type, *args: Any, procs: int = 1) -> Any:
         """A new process for `name` on the same host, after its old one died."""
-        mesh, host = self.meshes.pop(name)
-        with contextlib.suppress(Exception):  # the process is already gone; Monarch may still say so
-            mesh.stop().get(timeout=10)
-        return self.spawn(name, cls, *args, procs=procs, host=host)
+        return self.spawn(name, cls, *args, procs=procs, host=self.drop(name))
 
     def pids(self) -> dict[str, list[int]]:
         return {name: [w["pid"] for w in where] for name, where in self.where.items()}
@@ -102,7 +111,8 @@ class Graph:
 
 def build_graph(p: Prepared, run_name: str, g: Graph, run_dir: Path | None = None) -> Graph:
     """Spawn every role on its hosts (into `g`, so a failure half-way still stops what started) and wire them
-    into `Services`, with a respawn for each replica."""
+    into `Services`, with a respawn for each replica. Each trainer->generator pair gets its weight transport
+    from the hosts they turned out to run on (`pair_transports`: shm on one machine, monarch across)."""
     c = p.cfg
     hosts = g.hosts
     pad_id = load_tokenizer(p.model_dir).pad_id
@@ -113,27 +123,54 @@ def build_graph(p: Prepared, run_name: str, g: Graph, run_dir: Path | None = Non
         "max_num_seqs": c.generator.max_num_seqs, "max_num_batched_tokens": c.generator.max_num_batched_tokens,
         "device": c.cluster.device}
     gen_seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.shards))
+    # The trainer's processes first: the machine they run on decides each generator's weight transport.
+    world, tp = c.model.parallelism.trainer_world, c.model.parallelism.trainer_tp
+    trainer_mesh = g.procs("trainer", world // len(hosts.roles["trainer"]), hosts.whole("trainer"))
+    trainer_machine = g.where["trainer"][0]["hostname"]
+
+    def transport_for(name: str) -> str:
+        return pair_transports(c.cluster.transport, trainer_machine, [g.where[name][0]["hostname"]])[0]
 
     def gen_args(i: int) -> tuple[Any, ...]:
         return (c.model, p.model_dir, c.generator.backend, gen_seeds[i % len(gen_seeds)], c.cluster.threads_per_proc,
-                gen_opts, gpus.get(f"generator{i}", [None])[0])
+                gen_opts, gpus.get(f"generator{i}", [None])[0], transport_for(f"generator{i}"))
 
-    gens = [g.spawn(f"generator{i}", Generator, *gen_args(i), host=hosts.host("generator", i))
+    def connect(gen: Any, i: int) -> Any:
+        if transport_for(f"generator{i}") == "monarch":
+            gen.connect_weights.call_one(g.weight_server).get()
+        return gen
+
+    def new_generator(i: int) -> Any:
+        """Generator replica i on its host (a respawn or an added replica), set up and connected to the weights;
+        the generators service then gives it the current version before it serves."""
+        g.procs(f"generator{i}", 1, hosts.host("generator", i))
+        if transport_for(f"generator{i}") not in g.transports:
+            raise RuntimeError(f"generator{i} would need the {transport_for(f'generator{i}')} weight transport, which "
+                               f"this run's trainer does not publish ({sorted(set(g.transports))})")
+        gen = g.spawn(f"generator{i}", Generator, *gen_args(i), mesh=g.mesh(f"generator{i}"))
+        gen.setup.call_one().get()
+        return connect(gen, i)
+
+    gen_meshes = [g.procs(f"generator{i}", 1, hosts.host("generator", i)) for i in range(c.generator.replicas)]
+    g.transports = [transport_for(f"generator{i}") for i in range(c.generator.replicas)]
+    gens = [g.spawn(f"generator{i}", Generator, *gen_args(i), mesh=gen_meshes[i])
             for i in range(c.generator.replicas)]
-    # The trainer is one proc, or one proc per (FSDP x TP) rank (one GPU each on CUDA); see rlexp/actors/trainer.py.
-    world, tp = c.model.parallelism.trainer_world, c.model.parallelism.trainer_tp
-    # A trainer spanning hosts runs `world / hosts` ranks on each; rank 0's host holds the rendezvous.
-    trainer_host = hosts.whole("trainer")
-    trainer_mesh = g.procs("trainer", world // len(hosts.roles["trainer"]), trainer_host)
+    # The trainer is one proc, or one proc per (FSDP x TP) rank (one GPU each on CUDA), `world / hosts` ranks on
+    # each host when it spans hosts; rank 0's host holds the rendezvous. See rlexp/actors/trainer.py.
     port: int | str = 0
     if world > 1:
         port = free_port()
         if c.cluster.job in ("slurm", "kubernetes") and c.cluster.role_hosts.get("trainer"):
             rank0 = first_proc(trainer_mesh).spawn("port_probe", Probe)
-            port = f"{g.where['trainer'][0]['hostname']}:{rank0.free_port.call_one().get()}"
+            port = f"{trainer_machine}:{rank0.free_port.call_one().get()}"
     trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
-                      pad_id, c.cluster.transport, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir,
-                      world, port, c.cluster.device, tp, gpus.get("trainer"), mesh=trainer_mesh)
+                      pad_id, g.transports, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir,
+                      world, port, c.cluster.device, tp, gpus.get("trainer"), c.cluster.transport_chunk_mb * 2**20,
+                      mesh=trainer_mesh)
+    if "monarch" in g.transports:  # serves versions from the trainer's first process, apart from its mailbox
+        g.weight_server = g.spawn("weights", WeightServer, mesh=first_proc(trainer_mesh))
+        for i, gen in enumerate(gens):
+            connect(gen, i)
     # The reference model shares the trainer's processes (and GPUs), sharded the same way.
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc, world, port,
                          c.cluster.device, tp, gpus.get("trainer"), c.trainer.mixed_precision, mesh=g.mesh("trainer"))
@@ -178,9 +215,8 @@ def build_graph(p: Prepared, run_name: str, g: Graph, run_dir: Path | None = Non
     def respawn_generator(i: int, error: BaseException) -> Any:
         if not c.cluster.fault.respawn:
             return None
-        gen = g.respawn(f"generator{i}", Generator, *gen_args(i))
-        gen.setup.call_one().get()
-        return respawned(gen)  # the service replays the current weights version into it before it serves
+        g.drop(f"generator{i}")
+        return respawned(new_generator(i))  # the service replays the current weights version into it first
 
     def respawn_reward(i: int, error: BaseException) -> Any:
         if not c.cluster.fault.respawn:
@@ -191,8 +227,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph, run_dir: Path | None = Non
         """One more generator replica (elastic): a new process on the role's next host, given the current weights
         by the service before it serves."""
         i = len(g.services.generators.replicas)
-        gen = g.spawn(f"generator{i}", Generator, *gen_args(i), host=hosts.host("generator", i))
-        gen.setup.call_one().get()
+        gen = new_generator(i)
         g.services.generators.add_replica(gen, f"generator{i}@{g.meshes[f'generator{i}'][1].label}")
         respawned(gen)
 
@@ -261,6 +296,8 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
         if name in gpus:
             on += f", GPUs {'|'.join(gpus[name])}"
         lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
+    lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
+                 f"{c.cluster.transport})")
     lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/loop.py), data order, evaluation, "
                  f"checkpoints; replica faults: respawn up to {c.cluster.fault.max_restarts}x, then retire")
     return lines
@@ -346,7 +383,7 @@ def release_stale_weights(c: Any) -> None:
     """Remove weights published by runs that died without tearing down (kill -9, OOM): folder names end in
     the controller's pid, so a folder whose process is gone belongs to nobody."""
     root = Path(c.cluster.shm_dir)
-    if c.cluster.transport != "shm" or not root.is_dir():
+    if c.cluster.transport not in ("shm", "auto") or not root.is_dir():
         return
     for d in root.iterdir():
         pid = d.name.rsplit("-", 1)[-1]
@@ -362,7 +399,7 @@ def release_stale_weights(c: Any) -> None:
 
 def release_weights(c: Any, run_name: str) -> None:
     """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died first."""
-    if c.cluster.transport == "shm":
+    if c.cluster.transport in ("shm", "auto"):
         shutil.rmtree(Path(c.cluster.shm_dir) / run_name, ignore_errors=True)
 
 

@@ -46,3 +46,34 @@ class Versioned(Actor):
     @endpoint
     def who(self) -> tuple[int, int | None]:
         return self.replica, self.version
+
+
+class Publisher(Actor):
+    """Trainer stand-in for the transport tests: publishes given state dicts by shm and by monarch from its
+    process (where a real `WeightServer` is spawned next to it, as the launcher does on the trainer's)."""
+
+    def __init__(self, run_name: str, chunk_bytes: int, shm_root: str, keep: int = 2) -> None:
+        from rlexp.transport.monarch import MonarchTransport
+        from rlexp.transport.shm import ShmTransport
+
+        self.transports = {"monarch": MonarchTransport(run_name, keep=keep, chunk_bytes=chunk_bytes),
+                           "shm": ShmTransport(run_name, root=shm_root, keep=keep)}
+
+    @endpoint
+    async def publish(self, version: int, sd: dict, names: list[str]) -> dict[str, str]:
+        return {n: self.transports[n].publish(version, sd) for n in names}
+
+    @endpoint
+    async def close(self) -> None:
+        for t in self.transports.values():
+            t.close()
+
+
+class Fetcher(Actor):
+    """Generator-side stand-in: pulls a version from a `WeightServer` on another process mesh."""
+
+    @endpoint
+    async def fetch(self, server: object, location: str, version: int) -> dict:
+        from rlexp.transport.monarch import MonarchWeightClient
+
+        return await MonarchWeightClient(server).afetch(location, version)

@@ -104,7 +104,7 @@ def test_two_rank_fsdp_matches_single_rank(runs) -> None:
     # push_weights: rank 0 published the gathered weights (HF names) through the shm transport
     from rlexp.models.hf import read_hf_state_dict
 
-    pub = read_hf_state_dict(runs["published"])
+    pub = read_hf_state_dict(runs["published"]["shm"])
     assert all(torch.equal(pub[k], runs["fsdp"][k]) for k in runs["fsdp"])
 
 

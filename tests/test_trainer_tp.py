@@ -121,7 +121,7 @@ def test_tensor_parallel_logits_stay_vocab_sharded(env) -> None:
 def test_tensor_parallel_checkpoint_and_publish(env, runs) -> None:
     from rlexp.models.hf import read_hf_state_dict
 
-    pub = read_hf_state_dict(runs["published"])
+    pub = read_hf_state_dict(runs["published"]["shm"])
     assert all(torch.equal(pub[k], runs["tp"][k]) for k in runs["tp"])
     last = env["batches"][2:]
     again, ready = env["trainer"](env["two"], "tp_resumed", 2, 2)

@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
+from rlexp.models.hf import read_hf_state_dict
 from rlexp.transport import TransportError, build_transport, check_transport
-from rlexp.transport.shm import ShmTransport
+from rlexp.transport.shm import ShmTransport, check_intact
 
 
 def _state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
@@ -71,21 +75,32 @@ def test_shm_fetch_into_existing_tensors_bit_exact(tmp_path):
 
 
 def test_shm_failed_publish_leaves_no_partial_version(tmp_path, monkeypatch):
-    t = ShmTransport("run3", root=tmp_path)
+    t = ShmTransport("run3", root=tmp_path, keep=2)
     t.publish(1, _state_dict(1))
 
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr("rlexp.transport.shm.write_hf_state_dict", boom)
-    with pytest.raises(OSError):
-        t.publish(2, _state_dict(2))
+    with monkeypatch.context() as m:
+        m.setattr("rlexp.transport.shm._pwrite_all", boom)
+        with pytest.raises(OSError):
+            t.publish(2, _state_dict(2))
     assert t.versions() == [1] and t.latest()[0] == 1
     assert [p.name for p in (tmp_path / "run3").iterdir() if p.is_dir()] == ["v1"]
+    # A failed publish into recycled pages loses only the version it was recycling (the one past `keep`
+    # that a successful publish drops): the newest stays whole and LATEST.
+    t.publish(2, _state_dict(2))
+    with monkeypatch.context() as m:
+        m.setattr("rlexp.transport.shm._pwrite_all", boom)
+        with pytest.raises(OSError):
+            t.publish(3, _state_dict(3))
+    assert t.versions() == [2] and t.latest()[0] == 2
+    assert [p.name for p in (tmp_path / "run3").iterdir() if p.is_dir()] == ["v2"]
+    _same_bits(_state_dict(2), t.fetch(t.latest()[1]))
 
 
 def test_check_transport_errors():
-    with pytest.raises(TransportError, match=r"spans 2 hosts.*sync=torchstore"):
+    with pytest.raises(TransportError, match=r"spans 2 hosts.*cluster.transport=auto.*cluster.transport=monarch"):
         check_transport("shm", hosts=2)
     with pytest.raises(TransportError, match="unknown weight transport 'nccl'"):
         check_transport("nccl")
@@ -111,7 +126,7 @@ def test_torchstore_missing_says_how_to_install():
     with pytest.raises(TransportError) as e:
         check_transport("torchstore")
     msg = str(e.value)
-    assert "not installed" in msg and "pip install" in msg and "torchmonarch" in msg and "sync=shm" in msg
+    assert "not installed" in msg and "pip install" in msg and "torchmonarch" in msg and "cluster.transport=auto" in msg
 
 
 def test_torchstore_0_1_2_mixed_endpoints_refused_fake_torchstore(monkeypatch):
@@ -154,3 +169,64 @@ def test_torchstore_round_trip_bit_exact():
         await t.ts.shutdown()
 
     asyncio.run(go())
+
+
+def _const_state_dict(value: int, mb: int = 4) -> dict[str, torch.Tensor]:
+    n = mb * 2**20 // 4 // 2
+    return {"a.weight": torch.full((n,), float(value)), "b.weight": torch.full((n // 2, 2), float(value))}
+
+
+def test_shm_recycles_the_dropped_version_in_place_and_refuses_a_torn_read(tmp_path):
+    t = ShmTransport("run5", root=tmp_path, keep=2)
+    v1, v2 = t.publish(1, _const_state_dict(1)), t.publish(2, _const_state_dict(2))
+    inode = os.stat(Path(v1) / "model.safetensors").st_ino
+    reading = read_hf_state_dict(v1)  # a reader mid-way through v1 (safetensors maps the file)
+    v3 = t.publish(3, _const_state_dict(3))  # v1 is dropped: its pages are reused for v3
+    assert os.stat(Path(v3) / "model.safetensors").st_ino == inode and t.versions() == [2, 3]
+    assert reading["a.weight"][0] == 3.0  # what the slow reader holds changed under it...
+    with pytest.raises(TransportError, match=r"does not exist .*while it was being read"):
+        check_intact(v1, 1)  # ...and it is told so before using it
+    check_intact(v2, 2)
+    with pytest.raises(TransportError, match=r"asked to load version 3 from .*v2"):
+        check_intact(v2, 3)
+    dest = {k: torch.zeros_like(v) for k, v in _const_state_dict(0).items()}
+    t.fetch_into(v3, dest)
+    assert all(bool((x == 3.0).all()) for x in dest.values())
+    t.close()
+
+
+def test_shm_reads_racing_publishes_never_return_torn_weights(tmp_path):
+    """A reader keeps fetching the version the next publish recycles while a writer publishes: every read
+    either returns one whole version or is refused; never a mix of two."""
+    t = ShmTransport("run6", root=tmp_path, keep=2)
+    for v in (1, 2):
+        t.publish(v, _const_state_dict(v, mb=8))
+    stop = threading.Event()
+    outcome = {"whole": 0, "refused": 0, "torn": 0}
+    dest = {k: torch.zeros_like(v) for k, v in _const_state_dict(0, mb=8).items()}
+
+    def reader() -> None:
+        while not stop.is_set():
+            vs = t.versions()
+            if not vs:
+                continue
+            loc = str(t.version_dir(vs[0]))  # the oldest: next in line to be overwritten
+            try:
+                t.fetch_into(loc, dest)
+            except (TransportError, FileNotFoundError, KeyError, ValueError, OSError):
+                outcome["refused"] += 1
+                continue
+            values = torch.cat([x.reshape(-1) for x in dest.values()])
+            outcome["whole" if bool((values == float(vs[0])).all()) else "torn"] += 1
+
+    th = threading.Thread(target=reader)
+    th.start()
+    try:
+        for v in range(3, 30):
+            t.publish(v, _const_state_dict(v, mb=8))
+    finally:
+        stop.set()
+        th.join()
+        t.close()
+    assert outcome["torn"] == 0, outcome
+    assert outcome["whole"] > 0, outcome

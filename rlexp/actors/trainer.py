@@ -23,6 +23,7 @@ import contextlib
 import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ from rlexp.models.hf import (
 from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.titan import hf_state_dict, titan_config, torch_dtype
 from rlexp.seeding import apply_process_determinism
-from rlexp.transport import build_transport
+from rlexp.transport import WeightTransport, build_transport
 from rlexp.types import TrainBatch
 
 
@@ -198,15 +199,17 @@ def loss_parallel_if(tp: int) -> Any:
 
 class Trainer(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, trainer_cfg: Any, algo_cfg: Any, total_steps: int,
-                 seed: int, pad_id: int, transport: str, run_name: str, threads: int = 0,
+                 seed: int, pad_id: int, transports: str | Sequence[str], run_name: str, threads: int = 0,
                  shm_dir: str | None = None, world_size: int = 1, master_port: int | str = 0, device: str = "cpu",
-                 tp: int = 1, gpus: list[str] | None = None) -> None:
+                 tp: int = 1, gpus: list[str] | None = None, chunk_bytes: int | None = None) -> None:
         apply_process_determinism()
-        self.shm_dir = shm_dir
+        self.shm_dir, self.chunk_bytes = shm_dir, chunk_bytes
         self.model_cfg, self.model_dir = model_cfg, model_dir
         self.tcfg, self.acfg = trainer_cfg, algo_cfg
         self.total_steps, self.seed, self.pad_id = total_steps, seed, pad_id
-        self.transport_name, self.run_name = transport, run_name
+        # Every transport the generators need (resolved per pair by the launcher); a version is published to each.
+        self.transport_names = (transports,) if isinstance(transports, str) else tuple(dict.fromkeys(transports))
+        self.run_name = run_name
         self.world, self.master_port, self.device_kind = world_size, master_port, device
         self.rank = current_rank().rank if world_size > 1 else 0
         if world_size % tp:
@@ -216,7 +219,7 @@ class Trainer(Actor):
         self.dp_rank, self.dp_world = self.rank // tp, world_size // tp
         self.dp_group: Any = None
         self.device = claim_device(device, gpus, self.rank)
-        self.transport = None
+        self.transports: dict[str, WeightTransport] = {}
         if threads:
             torch.set_num_threads(threads)
 
@@ -238,7 +241,10 @@ class Trainer(Actor):
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lr_lambda(t.lr_schedule, t.warmup_steps, self.total_steps, t.min_lr_ratio))
         if self.rank == 0:
-            self.transport = build_transport(self.transport_name, self.run_name, keep=4, root=self.shm_dir)
+            for name in self.transport_names:
+                self.transports[name] = build_transport(name, self.run_name, keep=4, shm_root=self.shm_dir,
+                                                        chunk_bytes=self.chunk_bytes)
+                await self.transports[name].astart()
         self.version = 0
         return sum(p.numel() for p in self.model.parameters())
 
@@ -320,14 +326,16 @@ class Trainer(Actor):
         return dict(zip(keys, vals[:-2])), float(mx.item()), vals[-2], vals[-1]
 
     @endpoint
-    async def push_weights(self, version: int) -> str:
-        """Publish the current weights (HF naming) as `version`; returns where generators read them
-        (rank 0's answer; every rank takes part in the all-gather when sharded)."""
+    async def push_weights(self, version: int) -> dict[str, str]:
+        """Publish the current weights (HF naming) as `version`, once per transport the generators need;
+        returns {transport: location} (rank 0's answer; every rank takes part in the all-gather when
+        sharded). Each generator picks its own transport's location."""
         self.version = version
-        if self.world == 1:
-            return self.transport.publish(version, hf_state_dict(self.model, self.model_cfg.arch))
-        sd = titan_full_hf_state_dict(self.model, self.model_cfg)
-        return self.transport.publish(version, sd) if self.rank == 0 else ""
+        sd = (hf_state_dict(self.model, self.model_cfg.arch) if self.world == 1
+              else titan_full_hf_state_dict(self.model, self.model_cfg))
+        if self.rank != 0:
+            return {}
+        return {name: await t.apublish(version, sd) for name, t in self.transports.items()}
 
     def _full_state(self) -> dict[str, Any]:
         """Model and optimizer state as full CPU tensors (the single-rank file format). Collective."""
@@ -402,8 +410,8 @@ class Trainer(Actor):
 
     @endpoint
     async def shutdown(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
+        for t in self.transports.values():
+            t.close()
         if self.world > 1:
             import torch.distributed as dist
 

@@ -33,7 +33,7 @@ Backend = _choices("Backend", "titan", "vllm")
 LRSchedule = _choices("LRSchedule", "constant", "linear", "cosine")
 SyncMode = _choices("SyncMode", "on_policy", "async")
 Device = _choices("Device", "cpu", "cuda")
-Transport = _choices("Transport", "shm", "torchstore")
+Transport = _choices("Transport", "auto", "shm", "monarch", "torchstore")
 JobKind = _choices("JobKind", "local", "process", "slurm", "kubernetes")
 Determinism = _choices("Determinism", "off", "seeded", "full")
 
@@ -172,7 +172,10 @@ class ClusterConfig:
     gpu_memory_gb: float = 0.0
     # Where the weight transport stages safetensors (shared memory on one host).
     shm_dir: str = "/dev/shm/rlexp"
-    transport: Transport = Transport.shm
+    # How weights go from the trainer to each generator: auto = shm when the pair shares a host, monarch
+    # (chunked Monarch actor messages) across hosts; rlexp/transport/registry.py pair_transport.
+    transport: Transport = Transport.auto
+    transport_chunk_mb: int = 64  # monarch: bytes per actor message, so no message is unbounded
     # torch intra-op threads per generator/trainer process (0 = torch's default). One thread per process
     # on a small CPU host: processes take turns, and OpenMP spin-waiting across oversubscribed cores is
     # far slower than a single thread.

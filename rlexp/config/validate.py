@@ -21,7 +21,8 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
     """`check_weights(model_cfg)` raises when the model's files are missing; given, its message joins the
     report for a model that cannot train here, so a user learns every blocker at once."""
     for key in ("algorithm.group_size", "algorithm.prompts_per_step", "algorithm.max_tokens", "steps",
-                "generator.replicas", "generator.shards", "reward.replicas", "trainer.micro_batch_size"):
+                "generator.replicas", "generator.shards", "reward.replicas", "trainer.micro_batch_size",
+                "cluster.transport_chunk_mb"):
         _positive(key, _get(c, key))
     for key in ("trainer.lr", "algorithm.temperature"):
         _positive(key, _get(c, key))

@@ -16,16 +16,25 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from rlexp.config.model import ModelConfig
-from rlexp.models.hf import model_config_from_dir, read_hf_state_dict
+from rlexp.models.hf import (
+    _IGNORED_SUFFIXES as IGNORED_SUFFIXES,
+    _ST_DTYPES,
+    model_config_from_dir,
+    read_hf_state_dict,
+    weight_files,
+)
 from rlexp.models.kv_decode import KVDecoder
 from rlexp.models.policy import load_policy, pad_sequences, sequence_logprobs
-from rlexp.models.titan import load_hf_state_dict
+from rlexp.models.titan import hf_state_dict as titan_hf_state_dict, load_hf_state_dict
 from rlexp.models.tokenizer import Tokenizer, load_tokenizer
+from rlexp.transport.base import TransportError, WeightSpec, check_weights, spec_of
+from rlexp.transport.shm import check_intact
 from rlexp.types import Completion
 
 
@@ -38,6 +47,8 @@ class GeneratorBackend(Protocol):
     def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]: ...
 
     def update_weights(self, version: int, location: str) -> None: ...
+
+    def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None: ...
 
     def close(self) -> None: ...
 
@@ -85,10 +96,13 @@ class TitanBackend:
         self.model = load_policy(model_cfg, model_dir, device=device).eval()
         self.decoder = KVDecoder(self.model)
         self.policy_version = 0
+        self.torn = False  # a weight update failed half-way: refuse to sample until the next one succeeds
+        self._spec: WeightSpec | None = None
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                  stop: list[str] | None = None) -> list[Completion]:
+        _refuse_torn(self)
         rows = [p for p in prompt_ids for _ in range(n)]  # prompt-major: row i*n+j is sample j of prompt i
         gen = torch.Generator().manual_seed(seed)
         responses: list[list[int]] = [[] for _ in rows]
@@ -188,7 +202,21 @@ class TitanBackend:
     def update_weights(self, version: int, location: str) -> None:
         if not os.path.isdir(location):
             raise FileNotFoundError(f"generator: weights for version {version} are not at {location}")
+        check_intact(location, version)
+        self.torn = True  # until the read is known to be whole
         load_hf_state_dict(self.model, read_hf_state_dict(location), self.cfg.arch)
+        check_intact(location, version)  # the file was not overwritten in place while it was read
+        self.torn = False
+        self.policy_version = version
+
+    def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None:
+        """Weights that arrived in memory (the monarch and torchstore transports): checked against this
+        model's own parameters (names, shapes, dtypes) before anything is copied into them."""
+        if self._spec is None:
+            self._spec = spec_of(titan_hf_state_dict(self.model, self.cfg.arch))
+        check_weights(version, spec_of(hf_state_dict), self._spec, where=where)
+        load_hf_state_dict(self.model, hf_state_dict, self.cfg.arch)
+        self.torn = False
         self.policy_version = version
 
     def close(self) -> None:
@@ -206,6 +234,12 @@ def _cut_at_stop(ids: list[int], stop: list[str], tok: Tokenizer) -> list[int]:
     return ids
 
 
+def _refuse_torn(backend: Any) -> None:
+    if backend.torn:
+        raise TransportError(f"generator: the last weight update (after version {backend.policy_version}) was torn "
+                             f"and refused; load a whole version before sampling")
+
+
 _JUDGE_TOP_K = 20  # vLLM's default cap on logprobs per position
 
 
@@ -217,6 +251,9 @@ class VLLMBackend:
 
         self.tok = tokenizer
         self.policy_version = 0
+        self.model_dir = model_dir
+        self.torn = False
+        self._spec: WeightSpec | None = None
         kwargs: dict[str, Any] = dict(
             model=model_dir, skip_tokenizer_init=True, dtype=model_cfg.dtype, seed=seed,
             max_model_len=model_cfg.arch.max_seq_len, tensor_parallel_size=tp, enforce_eager=enforce_eager,
@@ -231,6 +268,7 @@ class VLLMBackend:
 
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                  stop: list[str] | None = None) -> list[Completion]:
+        _refuse_torn(self)
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -268,16 +306,57 @@ class VLLMBackend:
         return rows
 
     def update_weights(self, version: int, location: str) -> None:
+        check_intact(location, version)
+        self.torn = True  # until the read is known to be whole
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": location})
+        check_intact(location, version)  # else raise before the version counts as loaded
+        self.torn = False
         # Cached prompt KV was computed by the old weights: reusing it would mix two policies.
         self.llm.reset_prefix_cache()
         self.policy_version = version
+
+    def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None:
+        """Weights that arrived in memory (monarch, torchstore) are written to a folder in this host's /dev/shm
+        and reloaded from there. Why not hand the tensors to vLLM: its V1 engine core runs in another
+        process, so in-memory tensors would be pickled across that boundary anyway, and `reload_weights`
+        from a folder is the one reload path vLLM keeps stable (the shm transport uses it too); one RAM write
+        plus one read is small next to the fetch. Names and shapes are checked against the checkpoint this
+        engine loaded (dtype is not: vLLM casts on load)."""
+        import shutil
+        import tempfile
+
+        from rlexp.models.hf import write_hf_state_dict
+        from rlexp.transport.shm import default_root
+
+        if self._spec is None:
+            self._spec = checkpoint_spec(self.model_dir)
+        check_weights(version, spec_of(hf_state_dict), self._spec, where=where, check_dtype=False)
+        folder = Path(tempfile.mkdtemp(prefix=f"rlexp-vllm-v{version}-", dir=default_root()))
+        try:
+            write_hf_state_dict(hf_state_dict, folder)
+            self.update_weights(version, str(folder))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:
         engine = getattr(self.llm, "llm_engine", None)
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
             shutdown()
+
+
+def checkpoint_spec(model_dir: str) -> WeightSpec:
+    """Names, shapes and dtypes of an HF checkpoint's tensors, from the safetensors headers (nothing loaded)."""
+    from safetensors import safe_open
+
+    spec: WeightSpec = {}
+    for f in weight_files(Path(model_dir)):
+        with safe_open(str(f), "pt") as fh:
+            for k in fh.keys():  # noqa: SIM118 - safe_open is not iterable
+                if not k.endswith(IGNORED_SUFFIXES):
+                    sl = fh.get_slice(k)
+                    spec[k] = (tuple(sl.get_shape()), _ST_DTYPES.get(sl.get_dtype(), torch.uint8))
+    return spec
 
 
 def build_backend(backend: str, model_dir: str, tokenizer: Tokenizer | None = None, seed: int = 0,

@@ -1,11 +1,14 @@
 """Weight transports: how a new policy version gets from the trainer to the generators.
 
-`shm` (default) writes HF-named safetensors to /dev/shm and generators reload from that folder
-(what vLLM's `reload_weights(weights_path=...)` takes). `torchstore` moves the same state dict
-through TorchStore's Monarch storage volumes, for trainer and generators on different hosts.
-`check_transport(name)` runs in the launcher before anything spawns.
+`shm` writes HF-named safetensors to /dev/shm and generators reload from that folder (what vLLM's
+`reload_weights(weights_path=...)` takes): the same-host fast path. `monarch` sends the same state dict
+in chunked Monarch actor messages from a weight-server actor on the trainer's process: it crosses hosts
+with nothing but Monarch. `torchstore` is an optional adapter for TorchStore's storage volumes.
+`cluster.transport=auto` (the default) picks per trainer->generator pair (`pair_transport`): shm on one
+host, monarch across hosts. `check_transport(name)` runs in `prepare` before anything spawns.
 """
-from rlexp.transport.base import TransportError, WeightTransport
-from rlexp.transport.registry import build_transport, check_transport
+from rlexp.transport.base import TransportError, WeightTransport, check_weights, spec_of
+from rlexp.transport.registry import build_transport, check_transport, pair_transport, pair_transports
 
-__all__ = ["TransportError", "WeightTransport", "build_transport", "check_transport"]
+__all__ = ["TransportError", "WeightTransport", "build_transport", "check_transport", "check_weights",
+           "pair_transport", "pair_transports", "spec_of"]

@@ -9,6 +9,15 @@ Atomicity: a version is written into a hidden temporary folder and renamed into 
 atomic on one filesystem), so a `v<version>` folder is always complete; `LATEST` is replaced
 atomically after it. Old versions beyond `keep` are deleted on publish; with async (off-policy)
 generation keep at least max policy lag + 2 so no generator loses the version it is loading.
+
+Recycled pages: writing into fresh tmpfs pages costs page faults (about 6x a memcpy into faulted
+memory, results/bench_cpu.md), so a publish that would drop the oldest version (and leaves at least one
+other complete version readable meanwhile) takes that version's folder instead: renamed out of sight
+(opening it by path now fails), its single safetensors file overwritten in place with `pwrite` (same
+layout: same names, shapes, dtypes), then renamed in as the new version. A reader that opened the old
+file before the rename could see it change, so each file carries its version in the safetensors
+metadata (`rlexp_version`, fixed width), set to a "writing" mark before the data is overwritten and to
+the new version after; readers check it after reading (`check_intact`) and refuse torn weights.
 """
 from __future__ import annotations
 
@@ -16,12 +25,17 @@ import json
 import os
 import re
 import shutil
+import struct
 import tempfile
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from rlexp.models.hf import (
+    _ST_DTYPES,
     read_hf_state_dict,
     read_hf_state_dict_into,
     write_hf_state_dict,
@@ -31,6 +45,135 @@ from rlexp.transport.base import TransportError, WeightTransport
 SHM = Path("/dev/shm")
 LATEST = "LATEST"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
+WEIGHTS = "model.safetensors"
+MARK = "rlexp_version"
+_WRITING = "w" * 20  # the mark while a recycled file is being overwritten (as wide as a version)
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+_THREADS = max(1, min(4, os.cpu_count() or 1))  # parallel pwrite/preadv: one kernel copy per thread
+
+
+def _mark(version: int) -> str:
+    return f"{version:020d}"
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
+    mv = memoryview(data).cast("B")
+    done = 0
+    while done < len(mv):
+        done += os.pwrite(fd, mv[done:], offset + done)
+
+
+def _pread_all(fd: int, dest: memoryview, offset: int, what: str) -> None:
+    done = 0
+    while done < len(dest):
+        n = os.preadv(fd, [dest[done:]], offset + done)
+        if n <= 0:
+            raise TransportError(f"transport=shm: {what} is truncated")
+        done += n
+
+
+def _parallel(fn, items: list) -> None:
+    """Large copies split over threads: os.pwrite/preadv release the GIL, so each runs a kernel copy."""
+    if len(items) < 2 or _THREADS == 1:
+        for it in items:
+            fn(it)
+        return
+    with ThreadPoolExecutor(_THREADS) as pool:
+        list(pool.map(fn, items))
+
+
+def _pieces(entries: list[tuple[str, int, int]], size: int = 8 * 2**20) -> list[tuple[str, int, int]]:
+    """(key, start, stop) byte ranges of at most `size`, so threads share big tensors too."""
+    return [(k, s, min(s + size, n)) for k, _, n in entries for s in range(0, n, size)]
+
+
+@dataclass
+class Layout:
+    """One-file safetensors layout of a state dict, with a fixed-width version mark in its metadata, so a
+    file of the same names/shapes/dtypes can be overwritten in place (see the module docstring)."""
+
+    header: bytes  # 8-byte length + JSON (mark placeholder), padded to 8 bytes
+    mark_at: int  # byte offset of the mark's value in the file
+    entries: list[tuple[str, int, int]]  # (key, data offset from the data start, nbytes)
+
+    @staticmethod
+    def of(sd: dict[str, torch.Tensor]) -> Layout:
+        meta: dict = {"__metadata__": {"format": "pt", MARK: _WRITING}}
+        entries, off = [], 0
+        for k in sorted(sd):
+            t = sd[k]
+            n = t.numel() * t.element_size()
+            meta[k] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
+            entries.append((k, off, n))
+            off += n
+        js = json.dumps(meta, separators=(",", ":")).encode()
+        js += b" " * (-len(js) % 8)
+        header = struct.pack("<Q", len(js)) + js
+        return Layout(header, header.index(f'"{MARK}":"{_WRITING}"'.encode()) + len(MARK) + 4, entries)
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + sum(n for _, _, n in self.entries)
+
+    def matches(self, path: Path) -> bool:
+        """Whether `path` has exactly this layout (only its mark may differ): safe to overwrite in place."""
+        try:
+            if path.stat().st_size != self.size:
+                return False
+            with open(path, "rb") as fh:
+                old = fh.read(len(self.header))
+        except OSError:
+            return False
+        cut = slice(self.mark_at, self.mark_at + len(_WRITING))
+        return old[:cut.start] == self.header[:cut.start] and old[cut.stop:] == self.header[cut.stop:]
+
+    def write(self, path: Path, version: int, sd: dict[str, torch.Tensor], *, fresh: bool) -> None:
+        """Mark "writing", write the data (threads share the copy), then mark `version`."""
+        fd = os.open(path, os.O_WRONLY | (os.O_CREAT | os.O_TRUNC if fresh else 0), 0o644)
+        try:
+            _pwrite_all(fd, self.header, 0)  # carries the "writing" mark
+            base = len(self.header)
+            offsets = {k: off for k, off, _ in self.entries}
+            _parallel(lambda p: _pwrite_all(fd, _bytes(sd[p[0]])[p[1]:p[2]], base + offsets[p[0]] + p[1]),
+                      _pieces(self.entries))
+            _pwrite_all(fd, _mark(version).encode(), self.mark_at)
+        finally:
+            os.close(fd)
+
+
+def read_mark(folder: str | Path) -> str | None:
+    """The version mark of a folder's weights file; None for files without one (never overwritten in place)."""
+    f = Path(folder) / WEIGHTS
+    try:
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            return json.loads(fh.read(n)).get("__metadata__", {}).get(MARK)
+    except (OSError, struct.error, ValueError):
+        return None
+
+
+def check_intact(location: str | Path, version: int | None = None) -> None:
+    """Call before and after reading `location` (a `v<version>` folder) as `version`: refuses a folder of
+    another version, and one whose file was overwritten in place for a newer version meanwhile (the reader
+    fell more than `keep` versions behind), so torn weights are refused, never used."""
+    p = Path(location)
+    m = _VERSION_DIR.match(p.name)
+    if m is not None and version is not None and int(m.group(1)) != version:
+        raise TransportError(f"transport=shm: asked to load version {version} from {p}, which holds version "
+                             f"{m.group(1)}; refusing a mismatched version")
+    if not p.is_dir():  # renamed away for recycling (or dropped) while it was being read: cannot vouch for it
+        raise TransportError(f"transport=shm: {p} does not exist (any more): dropped or overwritten past `keep` "
+                             f"while it was being read; what was read must not be used: raise `keep`")
+    expected = int(m.group(1)) if m is not None else version
+    mark = read_mark(p)
+    if expected is not None and mark is not None and mark != _mark(expected):
+        raise TransportError(f"transport=shm: {p} was overwritten with a newer version while it was being read "
+                             f"(the reader was more than `keep` versions behind); the weights read are torn and "
+                             f"must not be used: load the latest version, or raise `keep`")
 
 
 def default_root() -> Path:
@@ -40,15 +183,16 @@ def default_root() -> Path:
 
 def check_shm(*, hosts: int = 1, root: str | Path | None = None, need_bytes: int | None = None) -> None:
     if hosts > 1:
-        raise TransportError(f"sync=shm needs the trainer and every generator on one host, but the layout spans "
-                             f"{hosts} hosts (/dev/shm is per host): use sync=torchstore, or cluster.hosts=1")
+        raise TransportError(f"cluster.transport=shm needs the trainer and every generator on one host, but the "
+                             f"layout spans {hosts} hosts (/dev/shm is per host): use cluster.transport=auto (shm "
+                             f"where a pair shares a host, monarch across hosts) or cluster.transport=monarch")
     r = Path(root) if root else default_root()
     if not r.is_dir() or not os.access(r, os.W_OK):
-        raise TransportError(f"sync=shm: {r} is not a writable folder")
+        raise TransportError(f"transport=shm: {r} is not a writable folder")
     if need_bytes is not None:
         free = shutil.disk_usage(r).free
         if need_bytes > free:
-            raise TransportError(f"sync=shm: needs {need_bytes / 2**30:.1f} GiB in {r} (weights x versions kept), "
+            raise TransportError(f"transport=shm: needs {need_bytes / 2**30:.1f} GiB in {r} (weights x versions kept), "
                                  f"only {free / 2**30:.1f} GiB free; in Docker raise --shm-size, or lower `keep`")
 
 
@@ -79,17 +223,36 @@ class ShmTransport(WeightTransport):
                 out.append(int(m.group(1)))
         return sorted(out)
 
+    def _recyclable(self, version: int, layout: Layout) -> Path | None:
+        """The oldest version's folder when this publish would drop it anyway, another complete version stays
+        readable meanwhile, and its file has this exact layout."""
+        vs = self.versions()
+        if version in vs or len(vs) < 2 or len(vs) + 1 <= self.keep:
+            return None
+        old = self.version_dir(vs[0])
+        return old if layout.matches(old / WEIGHTS) else None
+
     def publish(self, version: int, hf_state_dict: dict[str, torch.Tensor]) -> str:
-        need = sum(t.numel() * t.element_size() for t in hf_state_dict.values())
+        sd = {k: v.detach().to("cpu").contiguous() for k, v in hf_state_dict.items()}
+        need = sum(t.numel() * t.element_size() for t in sd.values())
+        layout = Layout.of(sd) if need <= self.max_shard_bytes and all(t.dtype in _ST_NAMES for t in sd.values()) \
+            else None
+        recycled = self._recyclable(version, layout) if layout is not None else None
         free = shutil.disk_usage(self.dir).free
-        if need > free:
-            raise TransportError(f"sync=shm: version {version} needs {need / 2**30:.2f} GiB in {self.dir}, "
+        if need > free and recycled is None:
+            raise TransportError(f"transport=shm: version {version} needs {need / 2**30:.2f} GiB in {self.dir}, "
                                  f"{free / 2**30:.2f} GiB free; in Docker raise --shm-size, or lower `keep`")
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-v{version}-", dir=self.dir))
+        if recycled is not None:
+            tmp = self.dir / f".tmp-v{version}-{uuid.uuid4().hex[:8]}"
+            os.rename(recycled, tmp)  # from here, opening the old version by path fails ("does not exist")
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-v{version}-", dir=self.dir))
         try:
-            write_hf_state_dict({k: v.detach().to("cpu").contiguous() for k, v in hf_state_dict.items()}, tmp,
-                                max_shard_bytes=self.max_shard_bytes)
-            if self.config is not None:
+            if layout is not None:
+                layout.write(tmp / WEIGHTS, version, sd, fresh=recycled is None)
+            else:
+                write_hf_state_dict(sd, tmp, max_shard_bytes=self.max_shard_bytes)
+            if self.config is not None and not (tmp / "config.json").exists():
                 (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
             final = self.version_dir(version)
             if final.exists():  # re-publishing a version (e.g. after a trainer restart): swap it out
@@ -122,16 +285,50 @@ class ShmTransport(WeightTransport):
     def fetch(self, location: str) -> dict[str, torch.Tensor]:
         p = Path(location)
         if not p.is_dir():
-            raise TransportError(f"sync=shm: {p} does not exist (garbage-collected? raise `keep`)")
-        return read_hf_state_dict(p)
+            raise TransportError(f"transport=shm: {p} does not exist (garbage-collected? raise `keep`)")
+        sd = {k: v.clone() for k, v in read_hf_state_dict(p).items()}  # copies, not views of a recyclable file
+        check_intact(p)
+        return sd
 
     def fetch_into(self, location: str, dest: dict[str, torch.Tensor]) -> set[str]:
         """Read `location` straight into existing tensors (the titan backend's parameters, in HF naming):
-        about one memcpy instead of mmap-fault + copy. Returns the keys written."""
-        p = Path(location)
-        if not p.is_dir():
-            raise TransportError(f"sync=shm: {p} does not exist (garbage-collected? raise `keep`)")
-        return read_hf_state_dict_into(p, dest)
+        about one memcpy instead of mmap-fault + copy, split over threads. Returns the keys written; raises
+        (after writing) when the file was recycled meanwhile: `dest` then holds torn values and must not be used."""
+        return fetch_into(location, dest)
 
     def close(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def fetch_into(location: str | Path, dest: dict[str, torch.Tensor]) -> set[str]:
+    """`ShmTransport.fetch_into` for a reader that does not own the run's folder (generators, bench probes)."""
+    p = Path(location)
+    if not p.is_dir():
+        raise TransportError(f"transport=shm: {p} does not exist (garbage-collected? raise `keep`)")
+    f = p / WEIGHTS
+    if read_mark(p) is None or not f.is_file():
+        return read_hf_state_dict_into(p, dest)
+    with open(f, "rb", buffering=0) as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        header = json.loads(fh.read(n))
+        base = 8 + n
+        fast, slow = [], []
+        for k, meta in header.items():
+            if k == "__metadata__":
+                continue
+            t = dest[k]
+            s, e = meta["data_offsets"]
+            ok = (t.device.type == "cpu" and t.is_contiguous() and _ST_DTYPES.get(meta["dtype"]) == t.dtype
+                  and list(t.shape) == meta["shape"])
+            (fast if ok else slow).append((k, s, e - s))
+        offsets = {k: s for k, s, _ in fast}
+        _parallel(lambda pc: _pread_all(fh.fileno(), _bytes(dest[pc[0]])[pc[1]:pc[2]],
+                                        base + offsets[pc[0]] + pc[1], f"{f} ({pc[0]})"), _pieces(fast))
+    if slow:
+        from safetensors import safe_open
+
+        with safe_open(str(f), framework="pt") as st, torch.no_grad():
+            for k, _, _ in slow:
+                dest[k].copy_(st.get_tensor(k))
+    check_intact(p)
+    return {k for k, _, _ in fast + slow}

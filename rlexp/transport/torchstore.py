@@ -43,7 +43,7 @@ def _install_hint(monarch: str | None) -> str:
             f"`pip install --no-deps git+https://github.com/meta-pytorch/torchstore@<commit>` choosing a commit whose "
             f"pyproject.toml pins torchmonarch=={monarch} (PyPI's torchstore 0.1.2 only works with torchmonarch 0.1.x; "
             f"torchstore main as of mid-2026 pins torchmonarch==0.4.1); "
-            f"or use sync=shm when trainer and generators share one host")
+            f"or use cluster.transport=auto (shm on one host, Monarch messages across hosts): no TorchStore needed")
 
 
 def check_torchstore() -> None:
@@ -51,7 +51,8 @@ def check_torchstore() -> None:
     try:
         import torchstore
     except ImportError as e:
-        raise TransportError(f"sync=torchstore: TorchStore is not installed ({e}). {_install_hint(monarch)}") from None
+        raise TransportError(f"transport=torchstore: TorchStore is not installed ({e}). "
+                             f"{_install_hint(monarch)}") from None
     ts_ver = _version("torchstore") or getattr(torchstore, "__version__", "unknown")
     # 1. Monarch's own rule, applied to TorchStore's actor classes (what would fail at spawn time).
     try:
@@ -67,17 +68,17 @@ def check_torchstore() -> None:
             try:
                 _actor_kind(cls)
             except ValueError as e:
-                raise TransportError(f"sync=torchstore: TorchStore {ts_ver} does not work with Monarch {monarch}: "
+                raise TransportError(f"transport=torchstore: TorchStore {ts_ver} does not work with Monarch {monarch}: "
                                      f"{e} {_install_hint(monarch)}") from None
     elif monarch and _vtuple(monarch) >= (0, 2) and ts_ver != "unknown" and _vtuple(ts_ver) <= (0, 1, 2):
-        raise TransportError(f"sync=torchstore: TorchStore {ts_ver} mixes both async and sync endpoints, which "
+        raise TransportError(f"transport=torchstore: TorchStore {ts_ver} mixes both async and sync endpoints, which "
                              f"Monarch {monarch} refuses. {_install_hint(monarch)}")
     # 2. The Monarch version this TorchStore declares; other pairings are untested upstream.
     pins = [r for r in (md.requires("torchstore") or []) if re.match(r"torchmonarch\s*==", r)]
     if pins and monarch and os.environ.get(IGNORE_PIN_ENV) != "1":
         want = pins[0].split("==", 1)[1].split(";")[0].strip()
         if want != monarch:
-            raise TransportError(f"sync=torchstore: TorchStore {ts_ver} requires torchmonarch=={want}, installed "
+            raise TransportError(f"transport=torchstore: TorchStore {ts_ver} requires torchmonarch=={want}, installed "
                                  f"{monarch}. {_install_hint(monarch)} (set {IGNORE_PIN_ENV}=1 to try anyway)")
 
 
@@ -111,6 +112,10 @@ class TorchStoreTransport(WeightTransport):
         """Spawn the store (once per run, from the process that owns the Monarch context)."""
         await self.ts.initialize(**kwargs, **self.store_kw)
 
+    async def astart(self) -> None:
+        """The trainer starts the store in `Trainer.setup` (untested here: no TorchStore for Monarch 0.7 installs)."""
+        await self.ainitialize()
+
     async def apublish(self, version: int, hf_state_dict: dict[str, torch.Tensor]) -> str:
         await self.ts.put_state_dict({k: v.detach() for k, v in hf_state_dict.items()}, self.key(version),
                                      **self.store_kw)
@@ -121,7 +126,7 @@ class TorchStoreTransport(WeightTransport):
 
     async def afetch(self, location: str) -> dict[str, torch.Tensor]:
         if not location.startswith(URI):
-            raise TransportError(f"sync=torchstore: {location!r} is not a {URI} location")
+            raise TransportError(f"transport=torchstore: {location!r} is not a {URI} location")
         return await self.ts.get_state_dict(location[len(URI):], **self.store_kw)
 
     async def _delete_version(self, version: int) -> None:
