@@ -90,6 +90,8 @@ def inject(args: list[str], run: Path, env: dict[str, str], target: str, at_step
         time.sleep(0.1)
     if proc.poll() is None:
         proc.kill()
+    elif proc.returncode != 0:
+        recovery = time.time() - killed_at  # a run that stops: how long until it has stopped
     out, err = proc.communicate()
     last = rows(run)[-1] if rows(run) else {}
     return Outcome(target, f"{target} pid {pid}", step_at_kill, proc.returncode, int(last.get("step", 0)),
@@ -120,9 +122,9 @@ def scenarios(steps: int, seed: int, work: Path, env: dict[str, str]) -> list[Ou
 def report(outcomes: list[Outcome], cmd: str) -> str:
     lines = ["# Fault tolerance on simulated hosts (`cluster=process`)", "",
              f"Reproduce: `{cmd}` (2-core CPU machine, tiny Qwen3 policy, default arithmetic task).", "",
-             "| fault (kill -9) | at step | exit | steps done | recovery s | requests issued / retried / completed "
-             "| replicas respawned | samples lost | metrics vs fault-free |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| fault (kill -9) | at step | exit | steps done | recovery s | failures seen "
+             "| requests issued / retried / completed | replicas respawned | requests lost | metrics vs fault-free |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
         a = o.accounting
         svc = "generators" if o.scenario.startswith("generator") else "rewards"
@@ -131,14 +133,19 @@ def report(outcomes: list[Outcome], cmd: str) -> str:
         lost = (a.get(f"service/{svc}/issued", 0) - a.get(f"service/{svc}/completed", 0)
                 if o.scenario != "trainer" else 0)
         resp = f"{a.get(f'service/{svc}/respawned', 0):.0f}" if o.scenario != "trainer" else "-"
+        seen = f"{a.get(f'service/{svc}/failures', 0):.0f}" if o.scenario != "trainer" else "1 (rank 0)"
+        rec = f"{o.recovery_s:.1f}" if o.scenario != "trainer" else f"stopped in {o.recovery_s:.1f}"
         lines.append(f"| {o.killed.split(' pid')[0]} | {o.at_step} | {o.returncode} | {o.steps_done} | "
-                     f"{o.recovery_s:.1f} | {acc} | {resp} | {lost:.0f} | "
+                     f"{rec} | {seen} | {acc} | {resp} | {lost:.0f} | "
                      f"{'identical' if o.matched is None else o.matched} |")
     lines += ["", "Recovery time runs from the kill to the next logged step: Monarch's supervision reports the dead "
-              "process (most of the time), the service starts a new process on the same host, replays the current "
-              "weights version into it, and re-issues the lost requests with their own seeds. The trainer row: "
-              "the run stops with exit code 3 and its last checkpoint; the metrics column is for the run after "
-              "`resume=auto` finished it.", ""]
+              "process (most of the time: about 7-10 s here), the service starts a new process on the same host, "
+              "replays the current weights version into it, and re-issues the lost requests with their own seeds. "
+              "`retried` is 0 when the death was first seen by a weights update (the replacement receives that "
+              "version when it starts, so nothing is re-sent). Requests lost = issued - completed. The trainer row: "
+              "the run stops with exit code 3 naming its last checkpoint (every 5 steps here); the steps and "
+              "metrics columns are for the same run after `resume=auto` finished it. Metrics are compared as "
+              "`rlexp reproduce` does: every value except timings and request accounting, every step.", ""]
     return "\n".join(lines)
 
 
