@@ -37,6 +37,7 @@ def floats(cells: list[str]) -> list[float]:
     return [float(c) for c in cells]
 
 
+@pytest.mark.slow  # ~15 s, most of it importing transformers and TorchTitan
 def test_cpu_tiny_report(tmp_path: Path) -> None:
     gc = load_script()
     out = tmp_path / "gpu.md"
