@@ -27,6 +27,7 @@ from rlexp.config.schema import ClusterConfig, HostsPerRole
 ROLES = tuple(vars(HostsPerRole()))
 
 LOCAL = "local"
+ATTACH_TIMEOUT = "120s"
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,11 @@ class Hosts:
         local = [Host(LOCAL, this_host())]
         kind, meshes, kw = job_spec(c)
         if meshes:
+            from monarch.config import configure
+
+            # Attaching pushes config to every host; on a loaded machine (or a slow network) Monarch's 10 s
+            # default for that barrier fails the start.
+            configure(mesh_attach_config_timeout=ATTACH_TIMEOUT)
             self.job = _make_job(kind, meshes, kw, env)
             self.job.apply()
             if kind == "ProcessJob":

@@ -109,11 +109,12 @@ class Graph:
         self.hosts.close()
 
 
-def build_graph(p: Prepared, run_name: str, g: Graph, run_dir: Path | None = None) -> Graph:
+def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Path | None = None) -> Graph:
     """Spawn every role on its hosts (into `g`, so a failure half-way still stops what started) and wire them
     into `Services`, with a respawn for each replica. Each trainer->generator pair gets its weight transport
     from the hosts they turned out to run on (`pair_transports`: shm on one machine, monarch across)."""
     c = p.cfg
+    g = g if g is not None else Graph(Hosts(c.cluster))
     hosts = g.hosts
     pad_id = load_tokenizer(p.model_dir).pad_id
     gpus = assign_gpus(c)

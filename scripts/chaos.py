@@ -73,14 +73,17 @@ class Outcome:
 
 
 def inject(args: list[str], run: Path, env: dict[str, str], target: str, at_step: int,
-           timeout: float = 600) -> Outcome:
+           timeout: float = 600, more: list[tuple[str, int]] = ()) -> Outcome:
     """Run `args`, SIGKILL the process of mesh `target` (e.g. "generator1", "reward0", "trainer") once step
-    `at_step` is logged, and let the run go on."""
+    `at_step` is logged, then each (target, step) of `more` in turn, and let the run go on."""
     proc = start(args, run, env)
-    wait_step(run, at_step, proc)
-    pid = json.loads((run / "placement.json").read_text())[target][0]["pid"]
-    killed_at = time.time()
-    os.kill(pid, signal.SIGKILL)
+    killed_at, pids = 0.0, []
+    for name, step in [(target, at_step), *more]:
+        wait_step(run, step, proc)
+        pid = json.loads((run / "placement.json").read_text())[name][0]["pid"]
+        pids.append(pid)
+        killed_at = time.time()
+        os.kill(pid, signal.SIGKILL)
     step_at_kill = max(r["step"] for r in rows(run))
     recovery = float("nan")
     deadline = time.time() + timeout
@@ -94,7 +97,7 @@ def inject(args: list[str], run: Path, env: dict[str, str], target: str, at_step
         recovery = time.time() - killed_at  # a run that stops: how long until it has stopped
     out, err = proc.communicate()
     last = rows(run)[-1] if rows(run) else {}
-    return Outcome(target, f"{target} pid {pid}", step_at_kill, proc.returncode, int(last.get("step", 0)),
+    return Outcome(target, f"{target} pid {pids[0]}", step_at_kill, proc.returncode, int(last.get("step", 0)),
                    recovery, None, {k: v for k, v in last.items() if k.startswith("service/")}, out, err)
 
 

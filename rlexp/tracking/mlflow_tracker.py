@@ -352,6 +352,13 @@ class MlflowTracker(Tracker):
         monitor, self.monitor = self.monitor, None
         if monitor is not None:
             monitor.finish()  # before the run ends: the sampler stops when it sees the run terminated
+            # One last sample, so a run shorter than the sampling interval shows its system metrics too.
+            try:
+                monitor.collect_metrics()
+                monitor.publish_metrics(monitor.aggregate_metrics())
+                monitor.mlflow_logger.flush()
+            except Exception as e:  # the sampler's own failure must not fail the run's ending
+                log.warning("MLflow system metrics: last sample not logged: %s", e)
         self.run_id = None
         if self.model_version is not None:
             self.client.set_tag(run_id, "rlexp.registered_model", f"{self.registered_model}/{self.model_version}")
