@@ -15,6 +15,7 @@ from tests.conftest import metrics, rlexp, wait_no_orphans
 pytestmark = pytest.mark.slow  # a 2x2 sweep of real `rlexp train` runs
 
 
+@pytest.mark.soak  # parent/child names: test_tracking_sweeps; MLflow/W&B readbacks: test_tracking_trackers
 def test_sweep_2x2_tracked_in_mlflow_and_wandb_then_compared(tmp_path: Path, tag: str) -> None:
     sweep = tmp_path / "sweep"
     rlexp("train", "-m", "reward=rule,annotated", "seed=0,1", "steps=3", "eval.every_n_steps=3",

@@ -74,6 +74,7 @@ def test_async_mode_with_kl_reference_and_benchmark_eval(tmp_path: Path, tag: st
     assert wait_no_orphans(tag) == []
 
 
+@pytest.mark.soak  # multirun: test_tracking_sweeps
 def test_multirun_seeds_yield_two_runs(tmp_path: Path, tag: str) -> None:
     sweep = tmp_path / "sweep"
     rlexp("train", "-m", "seed=0,1", "steps=2", "eval.every_n_steps=0", "algorithm.prompts_per_step=8",
@@ -114,6 +115,7 @@ def test_interrupted_run_tears_down_everything(tmp_path: Path, tag: str, sig: in
     assert wait_no_orphans(tag, timeout=30) == []
 
 
+@pytest.mark.soak  # kill -9 + resume=auto: multi-turn and trainer-fault tests
 def test_resume_after_kill_9_matches_an_uninterrupted_run(tmp_path: Path, tag: str) -> None:
     shm = tmp_path / "shm"
     common = ["steps=8", "eval.every_n_steps=4", "checkpoint.every_n_steps=4", "algorithm.prompts_per_step=16",
@@ -138,6 +140,7 @@ def test_resume_after_kill_9_matches_an_uninterrupted_run(tmp_path: Path, tag: s
     assert bad.returncode == 2 and "force_resume=true" in bad.stderr
 
 
+@pytest.mark.soak  # reproduce: the multi-turn guess run
 def test_reproduce_reruns_and_matches(tmp_path: Path, tag: str) -> None:
     run = tmp_path / "run"
     rlexp("train", "steps=4", "eval.every_n_steps=2", "algorithm.prompts_per_step=16", f"hydra.run.dir={run}", tag=tag)
@@ -193,6 +196,7 @@ def test_weaver_over_learned_verifiers_each_in_its_own_service(tmp_path: Path, t
     assert wait_no_orphans(tag) == []
 
 
+@pytest.mark.soak  # Weaver e2e: the learned-verifier run; GPQA: eval tests
 def test_gpqa_weaver_end_to_end_with_stand_in_verifiers(tmp_path: Path, tag: str) -> None:
     """`rlexp train environment=gpqa reward=weaver steps=2` runs end to end; the public verifiers of the gpqa
     set are not on this machine, so the stand-in set (tiny reward models, majority, format) scores it."""

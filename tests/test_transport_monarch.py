@@ -179,7 +179,7 @@ def test_generator_fed_by_monarch_samples_exactly_as_one_fed_by_shm(meshes, tiny
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("sync", "steps"), [("on_policy", 8), ("async", 6)])
+@pytest.mark.parametrize(("sync", "steps"), [pytest.param("on_policy", 8, marks=pytest.mark.soak), ("async", 6)])
 def test_train_by_monarch_matches_shm_bit_for_bit(tmp_path: Path, tag: str, sync: str, steps: int) -> None:
     """Every generator fed by Monarch messages gives the same metrics (timings aside) as by shm; in async mode
     the weight server answers while the trainer's own mailbox is busy training."""
@@ -198,6 +198,7 @@ def test_train_by_monarch_matches_shm_bit_for_bit(tmp_path: Path, tag: str, sync
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("RLEXP_SKIP_VLLM") == "1", reason="RLEXP_SKIP_VLLM=1")
+@pytest.mark.soak  # vLLM e2e: test_train_e2e's vLLM run; monarch e2e: the async run here
 def test_train_vllm_generator_fed_by_monarch(tmp_path: Path, tag: str) -> None:
     """vLLM gets monarch weights by a local /dev/shm folder and `reload_weights`: after every update its logprobs
     stay those of the trainer's weights (a generator left on old weights would drift away from them)."""
