@@ -23,10 +23,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import torch
 
 # torch is imported inside the functions that use it, so that `rlexp bench --help` stays instant.
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -61,21 +57,11 @@ def _median_time(fn, reps: int) -> float:
 # ---------------------------------------------------------------------------------------------- sync
 
 
-def synthetic_hf_state_dict(total_mb: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    """bf16 tensors shaped like Qwen3-0.6B's MLP weights (3072 x 1024, 6 MiB each) up to `total_mb`."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    per = 3072 * 1024 * 2
-    n = max(1, total_mb * 2**20 // per)
-    return {f"model.layers.{i // 3}.mlp.{('gate', 'up', 'down')[i % 3]}_proj.weight":
-            torch.randn(3072, 1024, generator=g).to(torch.bfloat16) for i in range(n)}
-
-
 def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
     import torch
 
     from rlexp.models.hf import read_hf_state_dict
+    from rlexp.transport.probe import synthetic_hf_state_dict  # Monarch loads only when the sync rows run
     from rlexp.transport.shm import ShmTransport, default_root
 
     sd = synthetic_hf_state_dict(total_mb)

@@ -131,9 +131,6 @@ class Hosts:
         """All of the role's hosts as one mesh (a trainer whose ranks span hosts)."""
         return self._whole.get(role, self.roles[role][0])
 
-    def labels(self, role: str) -> list[str]:
-        return [h.label for h in self.roles[role]]
-
     def close(self) -> None:
         if self.job is not None:
             try:

@@ -89,9 +89,6 @@ class Graph:
         """A new process for `name` on the same host, after its old one died."""
         return self.spawn(name, cls, *args, procs=procs, host=self.drop(name))
 
-    def pids(self) -> dict[str, list[int]]:
-        return {name: [w["pid"] for w in where] for name, where in self.where.items()}
-
     def write_placement(self, path: Path) -> None:
         """Where every role's processes run (name -> host label, hostname, pid), rewritten after a respawn."""
         data = {name: [{**w, "host": self.meshes[name][1].label} for w in where] for name, where in self.where.items()}
@@ -145,9 +142,10 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
         """Generator replica i on its host (a respawn or an added replica), set up and connected to the weights;
         the generators service then gives it the current version before it serves."""
         g.procs(f"generator{i}", 1, hosts.host("generator", i))
-        if transport_for(f"generator{i}") not in g.transports:
-            raise RuntimeError(f"generator{i} would need the {transport_for(f'generator{i}')} weight transport, which "
-                               f"this run's trainer does not publish ({sorted(set(g.transports))})")
+        needed = transport_for(f"generator{i}")
+        if needed not in g.transports:
+            raise RuntimeError(f"generator{i} would need the {needed} weight transport, which this run's trainer "
+                               f"does not publish ({sorted(set(g.transports))})")
         gen = g.spawn(f"generator{i}", Generator, *gen_args(i), mesh=g.mesh(f"generator{i}"))
         gen.setup.call_one().get()
         return connect(gen, i)

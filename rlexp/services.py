@@ -247,9 +247,6 @@ class Service:
                 p + "failures": float(s.failures), p + "respawned": float(s.respawned),
                 p + "retired": float(s.retired), p + "replicas": float(len(self.healthy()))}
 
-    def next_replica(self) -> int:
-        return self.pick()
-
     def __getattr__(self, endpoint: str) -> _Endpoint:
         if endpoint.startswith("_"):
             raise AttributeError(endpoint)
