@@ -6,7 +6,11 @@ same run on the same machine, so the numbers mean something on any box (CPU lapt
 - weight transports between two processes (shm, monarch): GB/s of publish + fetch into a generator's
   existing weights, median and range over repeats, next to memcpy measured in the same run;
 - generation: tokens/s of the `titan` and `vllm` generator backends on the tiny model, against a
-  single-process transformers sampling loop (KV cache, same batch, same lengths).
+  single-process transformers sampling loop (KV cache, same batch, same lengths);
+- overhead (`--overhead-steps`): the actor graph's step (`rlexp train`, on-policy) against the same
+  components called in one process (`rlexp.inprocess`), whose metrics must be identical;
+- overlap (`--overlap-steps`): a `sync=async` step against its ideal max(generation, the rest) measured in
+  the same run (`perf/overlap_efficiency`, rlexp/loop.py).
 
 Writes a markdown table with the command line that produced it (default results/bench_cpu.md).
 Not a timed test: numbers depend on the machine and its load.
@@ -18,6 +22,7 @@ import os
 import platform
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -268,6 +273,85 @@ def bench_generation(batch: int, prompt_len: int, max_tokens: int, reps: int, ba
     return rows
 
 
+# ---------------------------------------------------------------------------------------------- overhead, overlap
+
+
+def _train_rows(overrides: list[str], out: Path) -> list[dict[str, float]]:
+    """`rlexp train` in a subprocess, as a user runs it; its step rows from metrics.jsonl."""
+    import json
+
+    cmd = [sys.executable, "-m", "rlexp", "train", *overrides, f"hydra.run.dir={out}"]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{shlex.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "time/step_s" in r]
+
+
+def _median(rows: list[dict[str, float]], key: str, warmup: int) -> float:
+    return statistics.median(r[key] for r in rows if r["step"] > warmup)
+
+
+def _iqr(xs: list[float]) -> str:
+    q = statistics.quantiles(xs, n=4)
+    return f"[{q[0]:.4g}, {q[2]:.4g}]"
+
+
+def bench_overhead(steps: int, rounds: int, warmup: int, overrides: list[str]) -> list[Row]:
+    """Median step time, actor graph vs one process, over `rounds` alternating pairs of runs (so drifting load
+    falls on both); the loop's metrics must agree exactly between the two, or the row says so."""
+    from rlexp.inprocess import train_inprocess
+    from rlexp.models.plan_cli import compose_run_config
+    from rlexp.prepare import prepare
+    from rlexp.tracking.reproduce import is_operational_key
+
+    args = ["sync=on_policy", f"steps={steps}", "eval.every_n_steps=0", *overrides]
+    graph: list[dict[str, float]] = []
+    local: list[dict[str, float]] = []
+    same = True
+    with tempfile.TemporaryDirectory(prefix="rlexp-overhead-") as tmp:
+        for r in range(rounds):
+            g = _train_rows(args, Path(tmp) / f"graph{r}")
+            one = train_inprocess(prepare(compose_run_config(args)), f"overhead{os.getpid()}-{r}")
+            # The one-process rows hold the loop's metrics only; the run's rows add evaluation and service accounting.
+            same = same and len(g) == len(one) and all(
+                a.get(k) == v for a, b in zip(g, one) for k, v in b.items() if not is_operational_key(k))
+            graph += g
+            local += one
+    rows = []
+    for key, what in (("time/step_s", "step"), ("time/train_step_s", "train step"), ("time/score_s", "scoring"),
+                      ("time/generate_busy_s", "generation (generator busy)"), ("time/weight_sync_s", "weight sync")):
+        gs = [r[key] for r in graph if r["step"] > warmup]
+        ls = [r[key] for r in local if r["step"] > warmup]
+        rows.append(Row(f"overhead: {what}, actor graph ({' '.join(args)})", statistics.median(gs), "s",
+                        "same components, one process (rlexp.inprocess)", statistics.median(ls),
+                        f"IQR {_iqr(gs)} vs {_iqr(ls)}; {rounds} alternating pairs, steps {warmup + 1}-{steps}"
+                        + (f"; loop metrics identical: {'yes' if same else 'NO'}" if key == "time/step_s" else "")))
+    return rows
+
+
+def bench_overlap(steps: int, warmup: int, overrides: list[str]) -> list[Row]:
+    """A `sync=async` run's step against its own ideal, and against an on-policy run of the same config."""
+    args = [f"steps={steps}", "eval.every_n_steps=0", *overrides]
+    with tempfile.TemporaryDirectory(prefix="rlexp-overlap-") as tmp:
+        on = _train_rows(["sync=on_policy", *args], Path(tmp) / "on")
+        asy = _train_rows(["sync=async", *args], Path(tmp) / "async")
+    kept = [r for r in asy if r["step"] > warmup]
+    ideal = [max(r["time/generate_busy_s"], r["time/serial_s"]) for r in kept]
+    eff = [r["perf/overlap_efficiency"] for r in kept]
+    return [
+        Row(f"overlap: sync=async step ({' '.join(args)})", statistics.median(r["time/step_s"] for r in kept), "s",
+            "ideal max(generator busy, score+train+sync) of the same steps", statistics.median(ideal),
+            f"perf/overlap_efficiency median {statistics.median(eff):.3f} IQR {_iqr(eff)}; "
+            f"generator busy {_median(asy, 'time/generate_busy_s', warmup):.4g} s, "
+            f"rest {_median(asy, 'time/serial_s', warmup):.4g} s; steps {warmup + 1}-{steps}"),
+        Row("overlap: sync=async step", statistics.median(r["time/step_s"] for r in kept), "s",
+            "sync=on_policy step, same config, run just before", _median(on, "time/step_s", warmup),
+            f"on-policy perf/overlap_efficiency median {_median(on, 'perf/overlap_efficiency', warmup):.3f} "
+            f"(the most an overlap could gain, inverted)"),
+    ]
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 
@@ -305,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backends", default="titan,vllm", help="comma-separated generator backends ('' for none)")
     p.add_argument("--transport-mb", default="64,256", help="state-dict sizes for the transport rows ('' for none)")
     p.add_argument("--chunk-mb", type=int, default=64, help="monarch transport message size")
+    p.add_argument("--overhead-steps", type=int, default=0, help="actor graph vs one process, steps per run (0: skip)")
+    p.add_argument("--overhead-rounds", type=int, default=2, help="alternating (graph, one-process) pairs of runs")
+    p.add_argument("--overlap-steps", type=int, default=0, help="sync=async vs its ideal, steps per run (0: skip)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="steps left out of the overhead/overlap medians")
+    p.add_argument("--train-overrides", default="", help="space-separated `rlexp train` overrides for those runs")
     p.add_argument("--skip-sync", action="store_true")
     p.add_argument("--skip-gen", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_cpu.md")
@@ -319,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_gen:
         rows += bench_generation(args.batch, args.prompt_len, args.max_tokens, args.reps,
                                  [b for b in args.backends.split(",") if b])
+    overrides = args.train_overrides.split()
+    if args.overhead_steps:
+        rows += bench_overhead(args.overhead_steps, args.overhead_rounds, args.warmup_steps, overrides)
+    if args.overlap_steps:
+        rows += bench_overlap(args.overlap_steps, args.warmup_steps, overrides)
     text = render(rows, argv, time.perf_counter() - t0)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

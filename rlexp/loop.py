@@ -104,12 +104,31 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
     return grouped, metrics, rollouts
 
 
-def push_weights(svc: Services, version: int) -> float:
-    """Publish the trainer's weights as `version` and load them into every generator; returns seconds."""
+@dataclass(frozen=True)
+class WeightSync:
+    wall_s: float  # from publishing to the last generator holding the version (waits for rollouts in flight)
+    work_s: float  # publishing plus the slowest generator's own load: the sync's share of the critical path
+
+
+def push_weights(svc: Services, version: int) -> WeightSync:
+    """Publish the trainer's weights as `version` and load them into every generator."""
     t = time.perf_counter()
     location = svc.trainer.push_weights.call(version)
-    svc.generators.update_weights.fanout(version, location).get()
-    return time.perf_counter() - t
+    published = time.perf_counter() - t
+    loads = svc.generators.update_weights.fanout(version, location).get()
+    return WeightSync(time.perf_counter() - t, published + max((x for x in loads if x is not None), default=0.0))
+
+
+def overlap_metrics(groups: list[list[Completion]], replicas: int, serial_s: float, step_s: float
+                    ) -> dict[str, float]:
+    """How close the step came to its ideal, max(generation, the rest): generation is the generators' own busy
+    time (each response carries its share of its call, `Completion.gen_s`, spread over the replicas); the rest
+    (scoring, the train step, publishing and loading weights) runs one piece after another on the loop's path.
+    With `sync.mode=async` generation overlaps the rest, so 1.0 means nothing waited that need not have; on-policy
+    runs them in turn, and the figure is the speed-up overlapping could at most bring, inverted."""
+    busy = sum(c.gen_s for g in groups for c in g) / max(1, replicas)
+    return {"time/generate_busy_s": busy, "time/serial_s": serial_s,
+            "perf/overlap_efficiency": max(busy, serial_s) / step_s if step_s > 0 else float("nan")}
 
 
 def train(cfg: Any, svc: Services, env: Environment, encode: Encode, state: LoopState, on_step: OnStep) -> None:
@@ -138,19 +157,26 @@ def train(cfg: Any, svc: Services, env: Environment, encode: Encode, state: Loop
         svc.buffer.add.call(grouped)
         t_scored = time.perf_counter()
 
+        serial_s = t_scored - t_generated
         sampled = svc.buffer.sample.call(state.version, len(grouped))
         if sampled is None:  # everything was too stale; the next rollout uses newer weights
             metrics["buffer/skipped_step"] = 1.0
         else:
             episodes, buffer_metrics = sampled
             metrics.update(buffer_metrics)
+            t_train = time.perf_counter()
             metrics.update(svc.trainer.train_step.call(TrainBatch.of(episodes)))
             state.version += 1
-            metrics["time/weight_sync_s"] = push_weights(svc, state.version)
+            serial_s += time.perf_counter() - t_train
+            sync = push_weights(svc, state.version)
+            metrics["time/weight_sync_s"] = sync.wall_s
+            serial_s += sync.work_s
         state.samples_seen += len(samples)
+        step_s = time.perf_counter() - t_step
         metrics.update({
             "time/generate_s": t_generated - t_gen, "time/score_s": t_scored - t_generated,
-            "time/step_s": time.perf_counter() - t_step, "policy/version": float(state.version),
+            "time/step_s": step_s, "policy/version": float(state.version),
+            **overlap_metrics(groups, len(svc.generators), serial_s, step_s),
         })
         state.step += 1
         state.pending = [(step, samples) for step, samples, _, _ in in_flight]

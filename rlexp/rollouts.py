@@ -50,6 +50,7 @@ class _Episode:
     tool_calls: int = 0
     env_errors: int = 0
     env_s: float = 0.0
+    gen_s: float = 0.0
     turn_reward: float = 0.0
 
     def transcript(self) -> str:
@@ -62,6 +63,7 @@ class _Episode:
         self.segments.append({"role": POLICY, "text": c.text})
         self.versions.append(c.policy_version)
         self.finish = c.finish_reason
+        self.gen_s += c.gen_s
 
     def add_reply(self, r: Reply) -> None:
         self.tokens += r.ids
@@ -74,7 +76,7 @@ class _Episode:
                           text=self.transcript(), policy_version=min(self.versions), finish_reason=self.finish,
                           loss_mask=self.mask, segments=self.segments, turn_versions=self.versions,
                           tool_calls=self.tool_calls, tool_errors=self.env_errors, env_s=self.env_s,
-                          turn_reward=self.turn_reward)
+                          gen_s=self.gen_s, turn_reward=self.turn_reward)
 
 
 class MultiTurn:

@@ -61,6 +61,10 @@ class Completion:
     tool_calls: int = 0
     tool_errors: int = 0
     env_s: float = 0.0  # seconds spent in the environment (tools included) for this episode
+    # This response's share of its generator call's seconds (the call's time / responses it returned; an episode
+    # sums its turns'): summed over a step and divided by the replicas, the generators' own busy time, which the
+    # loop's overlap figure compares with the step (loop.py, `perf/overlap_efficiency`).
+    gen_s: float = 0.0
     turn_reward: float = 0.0  # sum of per-turn rewards (Environment.turn_reward), added to the episode reward
 
     @property

@@ -60,6 +60,11 @@ def test_async_mode_with_kl_reference_and_benchmark_eval(tmp_path: Path, tag: st
     assert rows[0]["policy_age/mean"] == 0.0
     assert all("buffer/dropped_total" in r for r in rows)
     assert rows[-1]["loss/kl"] > 0.0  # the reference actor ran and the policy moved away from it
+    for r in rows:  # the overlap figure: the ideal max(generator busy, the rest) over the measured step
+        ideal = max(r["time/generate_busy_s"], r["time/serial_s"])
+        assert r["time/generate_busy_s"] > 0 and r["time/serial_s"] > r["time/train_step_s"]
+        assert r["perf/overlap_efficiency"] == pytest.approx(ideal / r["time/step_s"])
+        assert r["perf/overlap_efficiency"] > 0  # above 1 only if generation overlapped an evaluation
 
     # The step-3 checkpoint holds the prompts of the rollout that was in flight; resuming regenerates them
     # (with the checkpoint's weights, hence age 0) instead of skipping that data.

@@ -54,7 +54,12 @@ class Generator(Actor):
     async def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                        stop: list[str] | None = None) -> list[Completion]:
         assert self.backend is not None, "Generator.setup() was not awaited"
-        return self.backend.generate(prompt_ids, n, max_tokens, temperature, seed, stop)
+        t = time.perf_counter()
+        out = self.backend.generate(prompt_ids, n, max_tokens, temperature, seed, stop)
+        share = (time.perf_counter() - t) / max(1, len(out))
+        for c in out:
+            c.gen_s = share
+        return out
 
     @endpoint
     async def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]:

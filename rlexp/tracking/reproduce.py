@@ -44,9 +44,11 @@ CURVE_WINDOW = 10  # steps of the moving average a training curve is compared on
 
 
 def is_operational_key(key: str) -> bool:
-    """Timings, and the services' request accounting (`service/*`), describe the processes that ran, not the
-    experiment: a resumed run or one that recovered from a dead replica counts other requests by design."""
-    return key.startswith(("time/", "service/")) or "throughput" in key or "_per_s" in key or bool(_ETA.search(key))
+    """Timings (`time/*`, and `perf/*` built from them), and the services' request accounting (`service/*`),
+    describe the processes that ran, not the experiment: a resumed run or one that recovered from a dead replica
+    counts other requests by design."""
+    return (key.startswith(("time/", "perf/", "service/")) or "throughput" in key or "_per_s" in key
+            or bool(_ETA.search(key)))
 
 
 @dataclass

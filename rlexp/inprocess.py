@@ -1,0 +1,129 @@
+"""The actor graph's components called in this one process: the baseline its overhead is measured against.
+
+`rlexp bench --overhead-steps N` runs the same config twice, as `rlexp train` (actors in processes of their
+own, Monarch messages between them) and here, and compares step times; the loop's metrics must agree exactly,
+which is what shows both ran the same work. Each actor class is built as a plain object and its endpoints are
+called directly (the function under Monarch's `@endpoint`), so what differs is messaging, serialisation and
+processes, nothing else. A call completes when made, so nothing overlaps: compare with `sync.mode=on_policy`.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+from collections.abc import Callable
+from typing import Any
+
+from rlexp import loop
+from rlexp.actors.buffer import ReplayBuffer
+from rlexp.actors.generator import Generator
+from rlexp.actors.reward import RewardService
+from rlexp.actors.trainer import Reference, Trainer
+from rlexp.models.tokenizer import load_tokenizer
+from rlexp.prepare import Prepared
+from rlexp.services import Collective, Service, Services
+
+
+class Done:
+    """A result that is already there, shaped like a Monarch future."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self.value
+
+
+class _LocalEndpoint:
+    def __init__(self, obj: Any, fn: Callable[..., Any], events: asyncio.AbstractEventLoop) -> None:
+        self.obj, self.fn, self.events = obj, fn, events
+
+    def _run(self, *args: Any) -> Any:
+        out = self.fn(self.obj, *args)
+        return self.events.run_until_complete(out) if inspect.isawaitable(out) else out
+
+    def call_one(self, *args: Any) -> Done:  # a replica's endpoint (Service)
+        return Done(self._run(*args))
+
+    def call(self, *args: Any) -> Done:  # a collective's endpoint: rank -> answer, one rank here
+        return Done({"rank": self._run(*args)})
+
+
+class Local:
+    """An actor instance in this process, reached through the same endpoint names as an actor handle."""
+
+    def __init__(self, events: asyncio.AbstractEventLoop, cls: type, *args: Any) -> None:
+        self.events, self.obj = events, cls(*args)
+
+    def __getattr__(self, name: str) -> _LocalEndpoint:
+        prop = inspect.getattr_static(type(self.obj), name, None)
+        fn = getattr(prop, "_method", None)
+        if fn is None:
+            raise AttributeError(f"{type(self.obj).__name__} has no endpoint {name!r}")
+        return _LocalEndpoint(self.obj, fn, self.events)
+
+
+def check_inprocess(p: Prepared) -> None:
+    """What cannot run in one process, refused before anything loads."""
+    c = p.cfg
+    reasons = []
+    if c.model.parallelism.trainer_world > 1:
+        reasons.append(f"a sharded trainer (trainer_world={c.model.parallelism.trainer_world}) needs one process "
+                       f"per rank; set model.parallelism.trainer_fsdp=1 trainer_tp=1")
+    if p.served_verifiers:
+        reasons.append(f"model verifiers ({', '.join(v.name for v in p.served_verifiers)}) are served by actors of "
+                       f"their own; use a reward without them (reward=rule or annotated)")
+    if c.generator.backend != "titan":
+        reasons.append(f"generator.backend={c.generator.backend} runs an engine process of its own; use "
+                       f"generator=titan")
+    if c.sync.mode != "on_policy":
+        reasons.append("calls complete when made here, so nothing overlaps; use sync=on_policy")
+    if reasons:
+        raise ValueError("in-process run: " + "; ".join(reasons))
+
+
+def build_inprocess(p: Prepared, run_name: str) -> Services:
+    """The `Services` of `launcher.build_graph`, with every actor a `Local` object (same arguments, same seeds)."""
+    check_inprocess(p)
+    c = p.cfg
+    events = asyncio.new_event_loop()  # one loop for every async endpoint, as an actor's process has one
+    pad_id = load_tokenizer(p.model_dir).pad_id
+    seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.shards))
+    threads = c.cluster.threads_per_proc
+    gens = [Local(events, Generator, c.model, p.model_dir, c.generator.backend, seeds[i % len(seeds)], threads,
+                  {"device": c.cluster.device}, None, "shm") for i in range(c.generator.replicas)]
+    trainer = Local(events, Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
+                    pad_id, ["shm"], run_name, threads, c.cluster.shm_dir, 1, 0, c.cluster.device, 1, None,
+                    c.cluster.transport_chunk_mb * 2**20)
+    reference = (Local(events, Reference, c.model, p.model_dir, pad_id, threads, 1, 0, c.cluster.device, 1, None,
+                       c.trainer.mixed_precision) if c.algorithm.kl_coef > 0 else None)
+    buffer = Local(events, ReplayBuffer, p.seeds["buffer"], c.sync.policy_age)
+    rewards = [Local(events, RewardService, c.reward, c.environment) for _ in range(c.reward.replicas)]
+    for g in gens:
+        g.setup.call_one().get()
+    trainer.setup.call().get()
+    if reference is not None:
+        reference.setup.call().get()
+    for i, r in enumerate(rewards):
+        r.attach_verifiers.call_one({}).get()
+        r.attach_judges.call_one(gens[i % len(gens)], p.model_dir).get()
+    return Services(generators=Service("generators", gens, shards=len(seeds), sticky=("update_weights",)),
+                    trainer=Collective("trainer", trainer), rewards=Service("rewards", rewards),
+                    buffer=Service("buffer", [buffer]),
+                    reference=Collective("reference", reference) if reference is not None else None,
+                    generator_seeds=seeds)
+
+
+def train_inprocess(p: Prepared, run_name: str) -> list[dict[str, float]]:
+    """`loop.train` over `p.cfg.steps` steps in this process; the loop's metrics per step (no evaluation,
+    checkpoints or trackers: the step is what is compared)."""
+    svc = build_inprocess(p, run_name)
+    rows: list[dict[str, float]] = []
+    state = loop.LoopState(data_rng=random.Random(p.seeds["data"]))
+    encode = load_tokenizer(p.model_dir).encode
+    try:
+        loop.train(p.cfg, svc, p.env, encode, state, lambda step, m, _: rows.append({"step": step, **m}))
+    finally:
+        svc.trainer.shutdown.call()
+        svc.generators.shutdown.fanout().get()
+    return rows
