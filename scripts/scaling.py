@@ -42,7 +42,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +101,8 @@ def check_configs(points: list[tuple[str, int]], base: list[str], steps: int) ->
 
 @dataclass
 class Row:
+    """One point of an axis, over all its replicate runs: medians over every measured step of every run."""
+
     axis: str
     value: int
     overrides: list[str]
@@ -109,13 +111,13 @@ class Row:
     stages: dict[str, float]  # median seconds per stage
     other_s: float
     len_mean: float
-    rss_mib: dict[str, float]  # peak RSS per role
+    rss_mib: dict[str, float]  # peak RSS per role, the highest over the replicates
     load_mean: float
     load_max: float
     params_m: float | None
-    wall_s: float
-    run_dir: str
-    extra: dict[str, Any] = field(default_factory=dict)
+    wall_s: float  # mean wall time of one `rlexp train` process (start-up included)
+    run_dirs: list[str]
+    replicate_step_s: list[float]  # each replicate run's own median step time: the spread between runs
 
 
 def _peak_rss_kib(pid: int) -> int | None:
@@ -156,11 +158,12 @@ class Sampler(threading.Thread):
             time.sleep(self.interval)
 
 
-def run_point(axis: str, value: int, base: list[str], steps: int, warmup: int, runs_dir: Path,
-              timeout_s: float = 900) -> Row:
-    """One `rlexp train` subprocess; its metrics.jsonl and sampled memory as one row."""
+SAMPLES = "scaling_samples.json"  # what the sampler saw, beside the run's own metrics.jsonl
+
+
+def run_point(axis: str, value: int, base: list[str], steps: int, run_dir: Path, timeout_s: float = 900) -> Path:
+    """One `rlexp train` subprocess into `run_dir`, with its sampled memory and load written there."""
     ovr = [*COMMON, *base, f"steps={steps}", *axis_overrides(axis, value)]
-    run_dir = runs_dir / f"{axis}_{value}"
     cmd = [sys.executable, "-m", "rlexp", "train", *ovr, f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "WANDB_MODE": "offline",  # this checkout's rlexp runs
            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -178,55 +181,69 @@ def run_point(axis: str, value: int, base: list[str], steps: int, warmup: int, r
     sampler.join()
     if proc.returncode != 0:
         raise RuntimeError(f"{axis}={value}: rlexp train exited {proc.returncode}\n{out[-4000:]}")
-    return row_from_run(axis, value, ovr, run_dir, warmup, sampler.peak, sampler.loads, wall)
+    (run_dir / SAMPLES).write_text(json.dumps({"overrides": ovr, "peak_rss_kib": sampler.peak,
+                                               "load_1m": sampler.loads, "wall_s": wall}))
+    return run_dir
 
 
-def row_from_run(axis: str, value: int, ovr: list[str], run_dir: Path, warmup: int, peak_kib: dict[str, int],
-                 loads: list[float], wall: float) -> Row:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    trained = sorted((r for r in rows if "time/train_step_s" in r), key=lambda r: r["step"])
-    measured = trained[warmup:]
-    if not measured:
-        raise RuntimeError(f"{axis}={value}: {len(trained)} trained steps, none left after warm-up {warmup}")
-    if axis == "tokens":  # the answers must really be that long
-        short = [r["response/len_mean"] for r in trained if r["response/len_mean"] != value]
-        if short:
-            raise RuntimeError(f"tokens={value}: response/len_mean {short} != {value}; responses were cut short")
+def row_from_runs(axis: str, value: int, run_dirs: list[Path], warmup: int) -> Row:
+    """Medians over the steps after `warmup` of every run; refuses a length point whose answers were short."""
+    measured, per_run, samples, params = [], [], [], None
+    for run_dir in run_dirs:
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        trained = sorted((r for r in rows if "time/train_step_s" in r), key=lambda r: r["step"])
+        if len(trained) <= warmup:
+            raise RuntimeError(f"{run_dir}: {len(trained)} trained steps, none left after warm-up {warmup}")
+        if axis == "tokens":  # the answers must really be that long
+            short = [r["response/len_mean"] for r in trained if r["response/len_mean"] != value]
+            if short:
+                raise RuntimeError(f"tokens={value}: response/len_mean {short} != {value} in {run_dir}; "
+                                   f"responses were cut short")
+        measured += trained[warmup:]
+        per_run.append(st.median(r["time/step_s"] for r in trained[warmup:]))
+        sample = json.loads((run_dir / SAMPLES).read_text())
+        missing = [r for r in ROLES if r not in sample["peak_rss_kib"]]
+        if missing:
+            raise RuntimeError(f"{run_dir}: no memory sample for {missing} (placement.json not read in time)")
+        samples.append(sample)
+        log = (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""
+        m = re.search(r"Qwen3 ([0-9.]+)M params", log)
+        params = float(m.group(1)) if m else params
     stages = {name: st.median(r[key] for r in measured) for name, key in STAGES.items()}
     step = st.median(r["time/step_s"] for r in measured)
-    log = (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""
-    m = re.search(r"Qwen3 ([0-9.]+)M params", log)
-    missing = [r for r in ROLES if r not in peak_kib]
-    if missing:
-        raise RuntimeError(f"{axis}={value}: no memory sample for {missing} (placement.json not read in time)")
-    return Row(axis, value, ovr, len(measured), step, stages, step - sum(stages.values()),
+    loads = [x for s in samples for x in s["load_1m"]]
+    return Row(axis, value, samples[0]["overrides"], len(measured), step, stages, step - sum(stages.values()),
                st.mean(r["response/len_mean"] for r in measured),
-               {role: kib / 1024 for role, kib in peak_kib.items()},
+               {role: max(s["peak_rss_kib"][role] for s in samples) / 1024 for role in ROLES},
                st.mean(loads) if loads else math.nan, max(loads) if loads else math.nan,
-               float(m.group(1)) if m else None, wall, str(run_dir))
+               params, st.mean(s["wall_s"] for s in samples), [str(d) for d in run_dirs], per_run)
 
 
 def sweep(grid: dict[str, list[int]], base: list[str], steps: int, warmup: int, runs_dir: Path,
-          log: Any = print) -> list[Row]:
-    """Every point of every axis; the default run's point is measured once and shared by every axis."""
+          repeats: int = 1, log: Any = print) -> list[Row]:
+    """Every point of every axis, `repeats` passes over the whole grid (so drifting load spreads over all
+    points); the default run's point is run once per pass and shared by every axis."""
     points = [(axis, v) for axis, values in grid.items() for v in values]
     check_configs(points, base, steps)
     defaults = {axis: default_value(axis) for axis in GRID}
-    shared: Row | None = None
-    rows = []
-    for axis, value in points:
-        is_default = value == defaults[axis]
-        if is_default and shared is not None:
-            row = Row(**{**asdict(shared), "axis": axis, "value": value})
-        else:
-            row = run_point(axis, value, base, steps, warmup, runs_dir)
-            if is_default:
-                shared = row
-        log(f"{axis}={value}: step {row.step_s:.3f}s " + " ".join(f"{k} {v:.3f}" for k, v in row.stages.items())
-            + f" | rss trainer {row.rss_mib['trainer']:.0f} MiB, generator {row.rss_mib['generator0']:.0f} MiB"
-            + f" | load {row.load_mean:.2f} | wall {row.wall_s:.0f}s")
-        rows.append(row)
-    return rows
+    runs: dict[tuple[str, int], list[Path]] = {p: [] for p in points}
+    for rep in range(repeats):
+        default_dir: Path | None = None
+        for axis, value in points:
+            is_default = value == defaults[axis]
+            if is_default and default_dir is not None:
+                runs[(axis, value)].append(default_dir)
+                continue
+            run_dir = runs_dir / f"rep{rep}" / ("default" if is_default else f"{axis}_{value}")
+            run_point(axis, value, base, steps, run_dir)
+            default_dir = run_dir if is_default else default_dir
+            runs[(axis, value)].append(run_dir)
+            r = row_from_runs(axis, value, [run_dir], warmup)
+            log(f"[pass {rep + 1}/{repeats}] {axis}={value}: step {r.step_s:.3f}s "
+                + " ".join(f"{k} {v:.3f}" for k, v in r.stages.items())
+                + f" | rss trainer {r.rss_mib['trainer']:.0f} MiB, generator {r.rss_mib['generator0']:.0f} MiB"
+                + f" | load {r.load_mean:.2f} | wall {r.wall_s:.0f}s")
+    return [row_from_runs(axis, value, runs[(axis, value)], warmup) for axis, value in points]
 
 
 # ---- fits ------------------------------------------------------------------------------------------------
@@ -271,27 +288,86 @@ class Fit:
 
 
 def fits(rows: list[Row]) -> list[Fit]:
+    """Per axis: a power law for the step and each stage (the exponent is the growth rate whatever the law), and
+    on the non-width axes also a line (its intercept is the cost that does not grow). One-token answers take
+    their own code path (the sampling forward is reused by the logprob pass, identical rows are deduplicated),
+    so the length axis also gets its line over the points above one token."""
     out: list[Fit] = []
     for axis in dict.fromkeys(r.axis for r in rows):
         pts = sorted((r for r in rows if r.axis == axis), key=lambda r: r.value)
         if len(pts) < 2:
             continue
-        xs = [float(r.value) for r in pts]
+        x = "dim" if axis == "width" else axis
         series = {"step_s": [r.step_s for r in pts], **{f"{k}_s": [r.stages[k] for r in pts] for k in STAGES}}
         for q, ys in series.items():
-            if axis == "width":
-                k, c, r2 = fit_power(xs, ys)
-                out.append(Fit(axis, q, "power", k, c, r2, "dim"))
-            else:
+            xs = [float(r.value) for r in pts]
+            k, c, r2 = fit_power(xs, ys)
+            out.append(Fit(axis, q, "power", k, c, r2, x))
+            if axis != "width":
                 b, a, r2 = fit_line(xs, ys)
-                out.append(Fit(axis, q, "line", b, a, r2, axis))
+                out.append(Fit(axis, q, "line", b, a, r2, x))
+            long = [(float(r.value), y) for r, y in zip(pts, ys) if r.value > 1]
+            if axis == "tokens" and len(long) >= 2 and len(long) < len(pts):
+                b, a, r2 = fit_line([p[0] for p in long], [p[1] for p in long])
+                out.append(Fit(axis, q, "line", b, a, r2, f"{x}>1"))
         for role in ("trainer", "generator0"):
-            b, a, r2 = fit_line(xs, [r.rss_mib[role] for r in pts])
-            out.append(Fit(axis, f"{role}_rss_mib", "line", b, a, r2, "dim" if axis == "width" else axis))
+            rss = [r.rss_mib[role] for r in pts]
+            b, a, r2 = fit_line([float(r.value) for r in pts], rss)
+            out.append(Fit(axis, f"{role}_rss_mib", "line", b, a, r2, x))
             if axis == "width" and all(r.params_m for r in pts):
-                b, a, r2 = fit_line([r.params_m for r in pts], [r.rss_mib[role] for r in pts])  # type: ignore[misc]
+                b, a, r2 = fit_line([r.params_m for r in pts], rss)  # type: ignore[misc]
                 out.append(Fit(axis, f"{role}_rss_mib", "line", b, a, r2, "params_M"))
     return out
+
+
+def summary(rows: list[Row], fitted: list[Fit]) -> list[str]:
+    """The fitted growth of each axis in one sentence each, from the fits above."""
+    def get(axis: str, q: str, law: str, x: str | None = None) -> Fit | None:
+        return next((f for f in fitted if f.axis == axis and f.quantity == q and f.law == law
+                     and (x is None or f.x == x)), None)
+
+    out = []
+    width = sorted((r for r in rows if r.axis == "width"), key=lambda r: r.value)
+    step, train, gen = get("width", "step_s", "power"), get("width", "train_s", "power"), \
+        get("width", "generate_s", "power")
+    if step and train and gen:
+        line = (f"- **Width**: step time grows as dim^{step.slope:.2f} (R^2 {step.r2:.2f}); train as "
+                f"dim^{train.slope:.2f}, generate as dim^{gen.slope:.2f}")
+        if len(width) > 1 and all(r.params_m for r in width):
+            kp, _, _ = fit_power([float(r.value) for r in width], [r.params_m for r in width])  # type: ignore[misc]
+            line += f"; the parameter count grows as dim^{kp:.2f} over these widths (2 layers, vocabulary 128)"
+        mem = get("width", "trainer_rss_mib", "line", "params_M")
+        if mem:
+            line += (f". Trainer peak RSS grows {mem.slope:.1f} MiB per million parameters (R^2 {mem.r2:.2f}); "
+                     f"fp32 weights, gradients and two AdamW moments alone are 15.3 MiB per million")
+        out.append(line + ".")
+    step, gen, train = (get("tokens", f"{q}_s" if q != "step" else "step_s", "line", "tokens>1")
+                        for q in ("step", "generate", "train"))
+    if step and gen and train:
+        out.append(f"- **Answer length**: above one token, each answer token adds {step.slope * 1000:.0f} ms to a "
+                   f"step (line, R^2 {step.r2:.2f}; generate {gen.slope * 1000:.0f} ms, train "
+                   f"{train.slope * 1000:.0f} ms per token), over a fixed {step.intercept:.2f} s. One-token answers "
+                   f"take their own path (the sampling forward is reused for the logprobs and identical rows are "
+                   f"deduplicated), so the 1-token point sits below that line.")
+    per_sample = []
+    for axis, other in (("group", "prompts"), ("prompts", "group")):
+        f, pw = get(axis, "step_s", "line"), get(axis, "step_s", "power")
+        if f and pw:
+            n = default_value(other)
+            per_sample.append(f"{LABEL[axis]}: {f.slope * 1000:.2f} ms per unit (R^2 {f.r2:.2f}), "
+                              f"{f.slope / n * 1e6:.0f} us per sample at {LABEL[other]}={n}; "
+                              f"log-log exponent {pw.slope:.2f}")
+    if per_sample:
+        out.append("- **Batch** (samples per step = group size x prompts per step): " + "; ".join(per_sample) + ".")
+    return out
+
+
+def fit_table(fitted: list[Fit], axis: str) -> list[str]:
+    lines = ["| quantity | fitted law | R^2 |", "|---|---|---|"]
+    for f in (f for f in fitted if f.axis == axis):
+        law = f.text().split(" = ", 1)[1].rsplit(" (R^2", 1)[0]
+        lines.append(f"| {f.quantity} | {law} | {f.r2:.3f} |")
+    return lines
 
 
 # ---- report ----------------------------------------------------------------------------------------------
@@ -299,15 +375,16 @@ def fits(rows: list[Row]) -> list[Fit]:
 
 def table(rows: list[Row], axis: str) -> list[str]:
     lines = [f"| {LABEL[axis]} | params (M) | step s | generate | score | train | sync | other | len | "
-             "trainer RSS MiB | generator RSS MiB | controller RSS MiB | load 1m (mean/max) | steps |",
-             "|" + "---|" * 14]
+             "trainer RSS MiB | generator RSS MiB | controller RSS MiB | load 1m (mean/max) | steps | "
+             "step s per run |", "|" + "---|" * 15]
     for r in sorted((r for r in rows if r.axis == axis), key=lambda r: r.value):
         s = r.stages
         lines.append(f"| {r.value} | {r.params_m if r.params_m is not None else '?'} | {r.step_s:.3f} | "
                      f"{s['generate']:.3f} | {s['score']:.3f} | {s['train']:.3f} | {s['sync']:.3f} | "
                      f"{r.other_s:.3f} | {r.len_mean:g} | {r.rss_mib['trainer']:.0f} | "
                      f"{r.rss_mib['generator0']:.0f} | {r.rss_mib['controller']:.0f} | "
-                     f"{r.load_mean:.2f}/{r.load_max:.2f} | {r.steps_measured} |")
+                     f"{r.load_mean:.2f}/{r.load_max:.2f} | {r.steps_measured} | "
+                     f"{', '.join(f'{x:.3f}' for x in r.replicate_step_s)} |")
     return lines
 
 
@@ -336,9 +413,13 @@ def write_report(rows: list[Row], out: Path, command: str, meta: dict[str, Any])
           "files included). Load is the 1-minute load average during the run (os.getloadavg): other work "
           "shared the cores, so single points carry noise of tens of percent; read trends, not digits. "
           "See the docstring of scripts/scaling.py for what each axis changes.", ""]
+    lines = summary(rows, fitted)
+    if lines:
+        md += ["## Fitted growth", "", *lines, ""]
     for axis in dict.fromkeys(r.axis for r in rows):
         md += [f"## {axis} ({LABEL[axis]})", "", *table(rows, axis), ""]
-        md += [f"- {f.text()}" for f in fitted if f.axis == axis] + [""]
+        md += ["Fitted laws (least squares; power laws in log-log space, R^2 there):", "",
+               *fit_table(fitted, axis), ""]
     if meta.get("notes"):
         md += ["## Notes", "", *meta["notes"], ""]
     png = out.with_suffix(".png")
@@ -400,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grid", action="append", help="AXIS=V1,V2 (repeatable); default: the whole grid")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
+    ap.add_argument("--repeats", type=int, default=1, help="passes over the whole grid (one run per point each)")
     ap.add_argument("--runs", type=Path, default=None, help="where the runs go (default runs/scaling/<time>)")
     ap.add_argument("--base", nargs="*", default=[], help="extra overrides applied to every point")
     ap.add_argument("--from-json", type=Path, help="re-render the report from a previous --out .json")
@@ -414,9 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runs = args.runs or REPO / "runs" / "scaling" / time.strftime("%Y-%m-%d_%H-%M-%S")
         t = time.perf_counter()
-        rows = sweep(parse_grid(args.grid), args.base, args.steps, args.warmup, runs)
-        meta = {"steps": args.steps, "warmup": args.warmup, "base": args.base, "machine": machine(),
-                "sweep_wall_s": time.perf_counter() - t, "runs": str(runs), "command": command}
+        rows = sweep(parse_grid(args.grid), args.base, args.steps, args.warmup, runs, args.repeats)
+        meta = {"steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "base": args.base,
+                "machine": machine(), "sweep_wall_s": time.perf_counter() - t, "runs": str(runs), "command": command}
     path, fitted = write_report(rows, args.out, meta.get("command", command), meta)
     print(f"wrote {path}")
     for f in fitted:

@@ -69,8 +69,12 @@ def test_short_answers_are_refused(scaling, tmp_path: Path) -> None:
              "time/weight_sync_s": 0.1, "time/step_s": 2.3, "response/len_mean": 15.5 if s == 2 else 16.0}
             for s in (1, 2, 3)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (tmp_path / scaling.SAMPLES).write_text(json.dumps({"overrides": [], "peak_rss_kib": {r: 1 for r in scaling.ROLES},
+                                                        "load_1m": [1.0], "wall_s": 9.0}))
     with pytest.raises(RuntimeError, match="cut short"):
-        scaling.row_from_run("tokens", 16, [], tmp_path, 1, {r: 1 for r in scaling.ROLES}, [1.0], 9.0)
+        scaling.row_from_runs("tokens", 16, [tmp_path], 1)
+    row = scaling.row_from_runs("group", 16, [tmp_path], 1)  # the same run is fine where length is free
+    assert (row.step_s, row.steps_measured, row.len_mean) == (2.3, 2, 15.75)
 
 
 @pytest.mark.slow  # two real `rlexp train` runs of 2 steps: ~50 s on 2 idle cores
@@ -79,7 +83,8 @@ def test_sub_grid_sweep_reports_what_the_runs_measured(scaling, tmp_path: Path) 
     rows = scaling.sweep({"tokens": [1, 3]}, base, steps=2, warmup=1, runs_dir=tmp_path / "runs", log=lambda m: None)
     assert [(r.axis, r.value) for r in rows] == [("tokens", 1), ("tokens", 3)]
     for r in rows:
-        metrics = [json.loads(x) for x in (Path(r.run_dir) / "metrics.jsonl").read_text().splitlines()]
+        assert len(r.run_dirs) == 1
+        metrics = [json.loads(x) for x in (Path(r.run_dirs[0]) / "metrics.jsonl").read_text().splitlines()]
         last = [m for m in metrics if "time/train_step_s" in m][1:]  # after the one warm-up step
         assert r.step_s == st.median(m["time/step_s"] for m in last) > 0
         assert r.stages["train"] == st.median(m["time/train_step_s"] for m in last)
@@ -91,10 +96,10 @@ def test_sub_grid_sweep_reports_what_the_runs_measured(scaling, tmp_path: Path) 
     text = md.read_text()
     for r in rows:
         assert f"| {r.value} | 0.33 | {r.step_s:.3f} | {r.stages['generate']:.3f} |" in text
-    step_fit = next(f for f in fitted if f.quantity == "step_s")
+    step_fit = next(f for f in fitted if f.quantity == "step_s" and f.law == "line" and f.x == "tokens")
     b, a, _ = scaling.fit_line([1.0, 3.0], [rows[0].step_s, rows[1].step_s])
-    assert (step_fit.slope, step_fit.intercept) == pytest.approx((b, a))
-    assert step_fit.text() in text and not math.isnan(step_fit.slope)
+    assert (step_fit.slope, step_fit.intercept) == pytest.approx((b, a)) and not math.isnan(b)
+    assert scaling.fit_table([step_fit], "tokens")[2] in text  # the fitted law's row in the report
     assert (tmp_path / "report.png").stat().st_size > 10_000
     saved = json.loads((tmp_path / "report.json").read_text())
     assert [r["step_s"] for r in saved["rows"]] == [r.step_s for r in rows]
