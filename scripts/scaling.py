@@ -37,6 +37,7 @@ import json
 import math
 import os
 import re
+import shlex
 import statistics as st
 import subprocess
 import sys
@@ -62,6 +63,18 @@ STAGES = {"generate": "time/generate_s", "score": "time/score_s", "train": "time
           "sync": "time/weight_sync_s"}
 ROLES = ("trainer", "generator0", "controller")
 HEAD_DIM = 64
+NOTES = [
+    "- Fixed on every axis: 2 layers, one KV head, vocabulary 128, fp32, `cluster.threads_per_proc=1` (one torch "
+    "thread per trainer and generator process); trainer, generator, reward and controller share the machine's "
+    "cores with each other and with whatever else runs.",
+    "- `other` is the step's median minus the sum of the stages' medians: medians do not add, so it can come out "
+    "slightly negative.",
+    "- Peak RSS includes the ~0.5 GiB every torch + Monarch process holds before it does any work (libraries); "
+    "growth, not level, is the model's. A width's first run also builds its random tiny checkpoint in the "
+    "controller, which raises that process's peak.",
+    "- With one-token answers (the default task) the model runs once per distinct prompt (see the summary), so "
+    "the batch axes measure mostly per-sample overhead; multi-token answers cost per sample.",
+]
 
 
 def axis_overrides(axis: str, value: int) -> list[str]:
@@ -280,11 +293,13 @@ class Fit:
     intercept: float  # c (power) or a (line)
     r2: float
     x: str  # what the law is in
+    over: str = "all points"
 
     def text(self) -> str:
         if self.law == "power":
             return f"{self.quantity} = {self.intercept:.3g} * {self.x}^{self.slope:.2f} (R^2 {self.r2:.3f})"
-        return f"{self.quantity} = {self.intercept:.4g} + {self.slope:.4g} * {self.x} (R^2 {self.r2:.3f})"
+        sign = "+" if self.slope >= 0 else "-"
+        return f"{self.quantity} = {self.intercept:.4g} {sign} {abs(self.slope):.4g} * {self.x} (R^2 {self.r2:.3f})"
 
 
 def fits(rows: list[Row]) -> list[Fit]:
@@ -309,7 +324,7 @@ def fits(rows: list[Row]) -> list[Fit]:
             long = [(float(r.value), y) for r, y in zip(pts, ys) if r.value > 1]
             if axis == "tokens" and len(long) >= 2 and len(long) < len(pts):
                 b, a, r2 = fit_line([p[0] for p in long], [p[1] for p in long])
-                out.append(Fit(axis, q, "line", b, a, r2, f"{x}>1"))
+                out.append(Fit(axis, q, "line", b, a, r2, x, f"{x} > 1"))
         for role in ("trainer", "generator0"):
             rss = [r.rss_mib[role] for r in pts]
             b, a, r2 = fit_line([float(r.value) for r in pts], rss)
@@ -333,6 +348,10 @@ def summary(rows: list[Row], fitted: list[Fit]) -> list[str]:
     if step and train and gen:
         line = (f"- **Width**: step time grows as dim^{step.slope:.2f} (R^2 {step.r2:.2f}); train as "
                 f"dim^{train.slope:.2f}, generate as dim^{gen.slope:.2f}")
+        if len(width) > 2:  # the small widths are overhead-bound; the last pair shows where the trend heads
+            a, b = width[-2], width[-1]
+            local = math.log(b.stages["train"] / a.stages["train"]) / math.log(b.value / a.value)
+            line += f" (train between dim {a.value} and {b.value}: dim^{local:.2f})"
         if len(width) > 1 and all(r.params_m for r in width):
             kp, _, _ = fit_power([float(r.value) for r in width], [r.params_m for r in width])  # type: ignore[misc]
             line += f"; the parameter count grows as dim^{kp:.2f} over these widths (2 layers, vocabulary 128)"
@@ -341,32 +360,45 @@ def summary(rows: list[Row], fitted: list[Fit]) -> list[str]:
             line += (f". Trainer peak RSS grows {mem.slope:.1f} MiB per million parameters (R^2 {mem.r2:.2f}); "
                      f"fp32 weights, gradients and two AdamW moments alone are 15.3 MiB per million")
         out.append(line + ".")
-    step, gen, train = (get("tokens", f"{q}_s" if q != "step" else "step_s", "line", "tokens>1")
-                        for q in ("step", "generate", "train"))
+    step, gen, train = (next((f for f in fitted if f.axis == "tokens" and f.quantity == q and f.over != "all points"),
+                             None) for q in ("step_s", "generate_s", "train_s"))
     if step and gen and train:
         out.append(f"- **Answer length**: above one token, each answer token adds {step.slope * 1000:.0f} ms to a "
                    f"step (line, R^2 {step.r2:.2f}; generate {gen.slope * 1000:.0f} ms, train "
                    f"{train.slope * 1000:.0f} ms per token), over a fixed {step.intercept:.2f} s. One-token answers "
-                   f"take their own path (the sampling forward is reused for the logprobs and identical rows are "
-                   f"deduplicated), so the 1-token point sits below that line.")
+                   f"sit far below that line: the generator's forward, its logprob recompute and the trainer's "
+                   f"forward and backward then all run once per distinct prompt (the trainer's input is prompt + "
+                   f"answer minus its last token, and rows are deduplicated), not once per sample.")
     per_sample = []
     for axis, other in (("group", "prompts"), ("prompts", "group")):
         f, pw = get(axis, "step_s", "line"), get(axis, "step_s", "power")
         if f and pw:
-            n = default_value(other)
+            n = setting(next(r for r in rows if r.axis == axis), other)
             per_sample.append(f"{LABEL[axis]}: {f.slope * 1000:.2f} ms per unit (R^2 {f.r2:.2f}), "
                               f"{f.slope / n * 1e6:.0f} us per sample at {LABEL[other]}={n}; "
                               f"log-log exponent {pw.slope:.2f}")
     if per_sample:
-        out.append("- **Batch** (samples per step = group size x prompts per step): " + "; ".join(per_sample) + ".")
+        batch = [r for r in rows if r.axis in ("group", "prompts")]
+        lengths = {setting(r, 'tokens') for r in batch}
+        why = (" Exponents below 1 here are the one-token answers again: a group shares its prompt, so the model "
+               "runs once per distinct prompt and group size adds only per-sample work (sampling, rewards, the "
+               "loss over rows, messages)." if lengths == {1} else "")
+        out.append(f"- **Batch** at {'/'.join(map(str, sorted(lengths)))}-token answers (samples per step = group "
+                   f"size x prompts per step): " + "; ".join(per_sample) + "." + why)
     return out
 
 
+def setting(row: Row, axis: str) -> int:
+    """The value a row ran with on `axis` (its own overrides, the last one winning; else the default)."""
+    given = [int(o.split("=", 1)[1]) for o in row.overrides if o.startswith(f"{LABEL[axis]}=")]
+    return given[-1] if given else default_value(axis)
+
+
 def fit_table(fitted: list[Fit], axis: str) -> list[str]:
-    lines = ["| quantity | fitted law | R^2 |", "|---|---|---|"]
+    lines = ["| quantity | fitted law | fitted over | R^2 |", "|---|---|---|---|"]
     for f in (f for f in fitted if f.axis == axis):
         law = f.text().split(" = ", 1)[1].rsplit(" (R^2", 1)[0]
-        lines.append(f"| {f.quantity} | {law} | {f.r2:.3f} |")
+        lines.append(f"| {f.quantity} | {law} | {f.over} | {f.r2:.3f} |")
     return lines
 
 
@@ -397,6 +429,18 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM"
 
 
+def spread(rows: list[Row]) -> str:
+    """How far apart the replicate runs of one point landed: (max - min) / median of their step medians."""
+    gaps = {(r.axis, r.value): (max(r.replicate_step_s) - min(r.replicate_step_s)) / r.step_s
+            for r in rows if len(r.replicate_step_s) > 1}
+    unique = {tuple(r.run_dirs): gaps[(r.axis, r.value)] for r in rows if (r.axis, r.value) in gaps}
+    if not unique:
+        return ""
+    worst = max(gaps, key=gaps.__getitem__)
+    return (f" Run-to-run spread of a point's step time ((max - min) / median of its runs): median "
+            f"{100 * st.median(unique.values()):.0f}%, largest {100 * gaps[worst]:.0f}% ({worst[0]}={worst[1]}).")
+
+
 def write_report(rows: list[Row], out: Path, command: str, meta: dict[str, Any]) -> tuple[Path, list[Fit]]:
     """`out`.md (tables, fitted laws), `out`.json (the rows) and `out`.png."""
     fitted = fits(rows)
@@ -404,15 +448,20 @@ def write_report(rows: list[Row], out: Path, command: str, meta: dict[str, Any])
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows],
                                                     "fits": [asdict(f) for f in fitted]}, indent=1))
     md = [f"# How an rlexp GRPO step's cost grows ({meta.get('machine', machine())})", "",
-          "Command (from the repository root):", "", "```bash", command, "```", "",
+          "Measured with (from the repository root):", "", "```bash", command, "```", "",
+          *(["Report rendered from the measured rows (`.json`) with:", "", "```bash", meta["rendered_with"], "```",
+             ""] if meta.get("rendered_with") else []),
           f"Each point: `rlexp train {' '.join(COMMON)} {' '.join(meta.get('base', []))} "
           f"steps={meta['steps']}` plus the axis' overrides; times are medians of the run's own `time/*` "
           f"metrics over steps {meta['warmup'] + 1}..{meta['steps']} (the first {meta['warmup']} dropped as "
           "warm-up). Memory is each process's peak RSS (VmHWM from /proc/<pid>/status of the pids in the run's "
           "placement.json, sampled every 0.2 s; shared pages such as torch's libraries and mapped shm weight "
           "files included). Load is the 1-minute load average during the run (os.getloadavg): other work "
-          "shared the cores, so single points carry noise of tens of percent; read trends, not digits. "
-          "See the docstring of scripts/scaling.py for what each axis changes.", ""]
+          "shared the cores, so points carry noise (measured below when there are repeats); read trends, not digits. "
+          "See the docstring of scripts/scaling.py for what each axis changes."
+          + (f" The sweep took {meta['sweep_wall_s'] / 60:.1f} min ({meta.get('repeats', 1)} pass(es) over the "
+             f"grid, one run per point per pass; `step s per run` gives each run's own median)."
+             if "sweep_wall_s" in meta else "") + spread(rows), ""]
     lines = summary(rows, fitted)
     if lines:
         md += ["## Fitted growth", "", *lines, ""]
@@ -420,8 +469,7 @@ def write_report(rows: list[Row], out: Path, command: str, meta: dict[str, Any])
         md += [f"## {axis} ({LABEL[axis]})", "", *table(rows, axis), ""]
         md += ["Fitted laws (least squares; power laws in log-log space, R^2 there):", "",
                *fit_table(fitted, axis), ""]
-    if meta.get("notes"):
-        md += ["## Notes", "", *meta["notes"], ""]
+    md += ["## Notes", "", *NOTES, *meta.get("notes", []), ""]
     png = out.with_suffix(".png")
     plot(rows, fitted, png)
     md += [f"![scaling]({png.name})", ""]
@@ -485,20 +533,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=Path, default=None, help="where the runs go (default runs/scaling/<time>)")
     ap.add_argument("--base", nargs="*", default=[], help="extra overrides applied to every point")
     ap.add_argument("--from-json", type=Path, help="re-render the report from a previous --out .json")
+    ap.add_argument("--note", action="append", default=[], help="a line added to the report's notes (repeatable)")
     args = ap.parse_args(argv)
     if not 0 <= args.warmup < args.steps:
         raise SystemExit(f"--warmup {args.warmup} must be in [0, --steps {args.steps})")
-    command = "python scripts/scaling.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = shlex.join(["python", "scripts/scaling.py", *(sys.argv[1:] if argv is None else argv)])
     if args.from_json:
         data = json.loads(args.from_json.read_text())
         rows = [Row(**r) for r in data["rows"]]
-        meta = data["meta"]
+        meta = {**data["meta"], "rendered_with": command}
     else:
         runs = args.runs or REPO / "runs" / "scaling" / time.strftime("%Y-%m-%d_%H-%M-%S")
         t = time.perf_counter()
         rows = sweep(parse_grid(args.grid), args.base, args.steps, args.warmup, runs, args.repeats)
         meta = {"steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "base": args.base,
                 "machine": machine(), "sweep_wall_s": time.perf_counter() - t, "runs": str(runs), "command": command}
+    meta["notes"] = [f"- {n}" for n in args.note]
     path, fitted = write_report(rows, args.out, meta.get("command", command), meta)
     print(f"wrote {path}")
     for f in fitted:
