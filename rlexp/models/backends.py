@@ -37,6 +37,10 @@ from rlexp.transport.base import TransportError, WeightSpec, check_weights, spec
 from rlexp.transport.shm import check_intact
 from rlexp.types import Completion
 
+# `generator.ignore_eos` reaches the generator actors' processes through the environment, as `determinism`
+# does (rlexp.prepare sets it for every run, "1" or "0"); the launcher's backend options do not carry it yet.
+IGNORE_EOS_ENV = "RLEXP_IGNORE_EOS"
+
 
 class GeneratorBackend(Protocol):
     policy_version: int
@@ -89,9 +93,11 @@ class TitanBackend:
     batch-invariant on CPU, but not invariant to the padded width).
     """
 
-    def __init__(self, model_cfg: ModelConfig, model_dir: str, tokenizer: Tokenizer, device: str = "cpu") -> None:
+    def __init__(self, model_cfg: ModelConfig, model_dir: str, tokenizer: Tokenizer, device: str = "cpu",
+                 ignore_eos: bool = False) -> None:
         self.cfg = model_cfg
         self.tok = tokenizer
+        self.ignore_eos = ignore_eos  # generator.ignore_eos: rows run to max_tokens (cost measurements)
         self.device = torch.device(device)
         self.model = load_policy(model_cfg, model_dir, device=device).eval()
         self.decoder = KVDecoder(self.model)
@@ -118,14 +124,16 @@ class TitanBackend:
         logprobs = self._logprobs(rows, responses, temperature, forward)
         return [Completion(prompt_ids=p, token_ids=ids, logprobs=lps, text=self.tok.decode(ids),
                            policy_version=self.policy_version,
-                           finish_reason="stop" if ids and ids[-1] == self.tok.eos_id else "length")
+                           finish_reason="stop" if ids and ids[-1] == self.tok.eos_id and not self.ignore_eos
+                           else "length")
                 for p, ids, lps in zip(rows, responses, logprobs)]
 
     def _decode(self, tokens: torch.Tensor, max_tokens: int, temperature: float, gen: torch.Generator,
                 stop: list[str] | None, forward: _ReuseLastForward) -> list[list[int]]:
-        """Sampled continuations of equal-length prompts; a row stops at eos, a stop string, `max_tokens`
-        or the model's `max_seq_len` (prompt + response), whichever comes first."""
+        """Sampled continuations of equal-length prompts; a row stops at eos (unless `ignore_eos`), a stop
+        string, `max_tokens` or the model's `max_seq_len` (prompt + response), whichever comes first."""
         b, length = tokens.shape
+        eos = None if self.ignore_eos else self.tok.eos_id
         ids: list[list[int]] = [[] for _ in range(b)]
         n_new = min(max_tokens, self.cfg.arch.max_seq_len - length)
         if n_new <= 0:
@@ -150,7 +158,7 @@ class TitanBackend:
             for j, t in enumerate(nxt.tolist()):
                 k = active[j]
                 ids[k].append(t)
-                if not (t == self.tok.eos_id or (stop and any(s in self.tok.decode(ids[k]) for s in stop))):
+                if not (t == eos or (stop and any(s in self.tok.decode(ids[k]) for s in stop))):
                     keep.append(j)
             if not keep or cache is None or step == n_new - 1:
                 break
@@ -246,10 +254,12 @@ _JUDGE_TOP_K = 20  # vLLM's default cap on logprobs per position
 class VLLMBackend:
     def __init__(self, model_cfg: ModelConfig, model_dir: str, tokenizer: Tokenizer, *, seed: int, tp: int = 1,
                  kv_cache_gb: float = 0.25, gpu_memory_utilization: float = 0.85, enforce_eager: bool = True,
-                 max_num_seqs: int = 1024, max_num_batched_tokens: int = 65536, device: str = "cpu") -> None:
+                 max_num_seqs: int = 1024, max_num_batched_tokens: int = 65536, device: str = "cpu",
+                 ignore_eos: bool = False) -> None:
         from vllm import LLM
 
         self.tok = tokenizer
+        self.ignore_eos = ignore_eos
         self.policy_version = 0
         self.model_dir = model_dir
         self.torn = False
@@ -273,7 +283,8 @@ class VLLMBackend:
         from vllm.inputs import TokensPrompt
 
         params = [SamplingParams(n=n, max_tokens=max_tokens, temperature=temperature, logprobs=0, seed=seed + i,
-                                 detokenize=False, stop_token_ids=[self.tok.eos_id])
+                                 detokenize=False, ignore_eos=self.ignore_eos,
+                                 stop_token_ids=None if self.ignore_eos else [self.tok.eos_id])
                   for i in range(len(prompt_ids))]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids], params, use_tqdm=False)
         result: list[Completion] = []
