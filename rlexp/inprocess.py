@@ -90,8 +90,9 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
     pad_id = load_tokenizer(p.model_dir).pad_id
     seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.shards))
     threads = c.cluster.threads_per_proc
+    opts = {"device": c.cluster.device, "ignore_eos": c.generator.ignore_eos}
     gens = [Local(events, Generator, c.model, p.model_dir, c.generator.backend, seeds[i % len(seeds)], threads,
-                  {"device": c.cluster.device}, None, "shm") for i in range(c.generator.replicas)]
+                  opts, None, "shm") for i in range(c.generator.replicas)]
     trainer = Local(events, Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
                     pad_id, ["shm"], run_name, threads, c.cluster.shm_dir, 1, 0, c.cluster.device, 1, None,
                     c.cluster.transport_chunk_mb * 2**20)

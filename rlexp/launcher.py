@@ -115,11 +115,12 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     hosts = g.hosts
     pad_id = load_tokenizer(p.model_dir).pad_id
     gpus = assign_gpus(c)
-    gen_opts = {"device": c.cluster.device} if c.generator.backend == "titan" else {
+    titan_opts = {"device": c.cluster.device, "ignore_eos": c.generator.ignore_eos}
+    gen_opts = titan_opts if c.generator.backend == "titan" else {
         "tp": c.generator.tp, "kv_cache_gb": c.generator.kv_cache_gb,
         "gpu_memory_utilization": c.generator.gpu_memory_utilization, "enforce_eager": c.generator.enforce_eager,
         "max_num_seqs": c.generator.max_num_seqs, "max_num_batched_tokens": c.generator.max_num_batched_tokens,
-        "device": c.cluster.device}
+        "device": c.cluster.device, "ignore_eos": c.generator.ignore_eos}
     gen_seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.shards))
     # The trainer's processes first: the machine they run on decides each generator's weight transport.
     world, tp = c.model.parallelism.trainer_world, c.model.parallelism.trainer_tp

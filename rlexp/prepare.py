@@ -20,7 +20,6 @@ from rlexp.config.validate import ConfigError, validate
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env
 from rlexp.evals.benchmarks import load_benchmarks
-from rlexp.models.backends import IGNORE_EOS_ENV
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.planner import check_plan
 from rlexp.models.tiny import ensure_tiny_checkpoint
@@ -87,7 +86,6 @@ def prepare(cfg: DictConfig) -> Prepared:
     check_multi_turn(t, env)
     model_dir = str(resolve_model(t.model))
     seeds = component_seeds(t.seed, t.generator.shards)
-    os.environ[IGNORE_EOS_ENV] = "1" if t.generator.ignore_eos else "0"  # read by every generator actor
     extra = {
         "determinism": apply_determinism(t.determinism, t.seed),
         "datasets": {f"{t.environment.name}/train": {"n": len(train), "sha256": fingerprint_examples(

@@ -13,7 +13,7 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from rlexp.config.model import ModelConfig
-from rlexp.models.backends import IGNORE_EOS_ENV, GeneratorBackend, build_backend
+from rlexp.models.backends import GeneratorBackend, build_backend
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.seeding import apply_process_determinism
 from rlexp.transport.base import TransportError
@@ -47,7 +47,6 @@ class Generator(Actor):
     async def setup(self) -> float:
         t = time.perf_counter()
         model_cfg, model_dir, backend, seed, options = self.args
-        options = {"ignore_eos": os.environ.get(IGNORE_EOS_ENV) == "1", **options}  # set by rlexp.prepare
         self.backend = build_backend(backend, model_dir, load_tokenizer(model_dir), seed, model_cfg, **options)
         return time.perf_counter() - t
 

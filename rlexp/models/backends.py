@@ -37,10 +37,6 @@ from rlexp.transport.base import TransportError, WeightSpec, check_weights, spec
 from rlexp.transport.shm import check_intact
 from rlexp.types import Completion
 
-# `generator.ignore_eos` reaches the generator actors' processes through the environment, as `determinism`
-# does (rlexp.prepare sets it for every run, "1" or "0"); the launcher's backend options do not carry it yet.
-IGNORE_EOS_ENV = "RLEXP_IGNORE_EOS"
-
 
 class GeneratorBackend(Protocol):
     policy_version: int
