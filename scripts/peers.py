@@ -395,7 +395,8 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
         if not rs:
             continue
         lines += [f"## {task}", "", "| framework | seed | time to 0.8, s from launch | from step 1 | best acc (s from "
-                  "launch) | steps run | steps/s | " + " | ".join(f"acc @ {t} s" for t in FIXED_TIMES) + " | load start/end |",
+                  "launch) | steps run | steps/s | " + " | ".join(f"acc @ {t} s" for t in FIXED_TIMES)
+                  + " | load start/end |",
                   "|---|---|---|---|---|---|---|" + "---|" * len(FIXED_TIMES) + "---|"]
         for r in rs:
             best = max(r.curve, key=lambda p: p[1])
