@@ -394,10 +394,10 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
         rs = [r for r in runs if r.task == task]
         if not rs:
             continue
-        lines += [f"## {task}", "", "| framework | seed | time to 0.8, s from launch | from step 1 | best acc (s from "
-                  "launch) | steps run | steps/s | " + " | ".join(f"acc @ {t} s" for t in FIXED_TIMES)
+        lines += [f"## {task}", "", "| framework | seed | time to 0.8, s from launch | from step 1 | at step | "
+                  "best acc (s from launch) | steps run | steps/s | " + " | ".join(f"acc @ {t} s" for t in FIXED_TIMES)
                   + " | load start/end |",
-                  "|---|---|---|---|---|---|---|" + "---|" * len(FIXED_TIMES) + "---|"]
+                  "|---|---|---|---|---|---|---|---|" + "---|" * len(FIXED_TIMES) + "---|"]
         for r in rs:
             best = max(r.curve, key=lambda p: p[1])
             accs = []
@@ -405,7 +405,8 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
                 a, ended = acc_at(r.curve, t)
                 accs.append("-" if math.isnan(a) else f"{a:.3f}{' (ended)' if ended else ''}")
             lines.append(f"| {r.framework} | {r.seed} | {_fmt(time_to(r.curve, THRESHOLD, 2))} | "
-                         f"{_fmt(time_to(r.curve, THRESHOLD, 3))} | {best[1]:.3f} ({best[2]:.0f}) | {r.curve[-1][0]} | "
+                         f"{_fmt(time_to(r.curve, THRESHOLD, 3))} | {_fmt(time_to(r.curve, THRESHOLD, 0), 0)} | "
+                         f"{best[1]:.3f} ({best[2]:.0f}) | {r.curve[-1][0]} | "
                          f"{steps_per_s(r.curve):.2f} | " + " | ".join(accs) +
                          f" | {r.load[0]:.1f} / {r.load[1]:.1f} |")
         lines.append("")
@@ -464,6 +465,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-wall", type=float, default=0,
                     help="stop a TRL or plain-loop run this many seconds after its launch (0: run every step); rlexp "
                          "runs are plain `rlexp train` runs and always finish their steps")
+    ap.add_argument("--report-from", type=Path, help="write the report and plot again from a finished comparison's "
+                    "runs.json (in --work/<time>/) without running anything; give the original arguments too")
     ap.add_argument("--worker", choices=["trl", "plain"], help=argparse.SUPPRESS)
     ap.add_argument("--launched", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
@@ -491,6 +494,13 @@ def main(argv: list[str] | None = None) -> None:
             import trl  # noqa: F401
         except ImportError:
             ap.error("TRL is not installed: pip install -e '.[bench]' (or drop trl from --frameworks)")
+    if args.report_from:
+        runs = [Run(**{**r, "curve": [tuple(p) for p in r["curve"]], "load": tuple(r["load"])})
+                for r in json.loads(args.report_from.read_text())]
+        shown = [a for a in argv if not a.startswith("--report-from") and a != str(args.report_from)]
+        write_report(runs, args, shown, args.out)
+        plot(runs, args.tasks, args.out.with_suffix(".png"))
+        return
     runs: list[Run] = []
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for task in args.tasks:
