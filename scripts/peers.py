@@ -419,6 +419,10 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
                              f"**{ratio:.2f}** (goal <= 0.5: {'met' if ratio <= 0.5 else 'not met'}).")
             else:
                 lines.append(f"Ratio rlexp / TRL: not defined (a run did not reach {THRESHOLD}; see best accuracy).")
+            sps = {fw: statistics.median([steps_per_s(r.curve) for r in rs if r.framework == fw])
+                   for fw in ("rlexp", "trl")}
+            lines += ["", f"Time per training step, rlexp / TRL (median steps/s over seeds): "
+                          f"**{sps['trl'] / sps['rlexp']:.2f}** ({sps['rlexp']:.2f} vs {sps['trl']:.2f} steps/s)."]
             lines.append("")
         lines += ["Commands:", ""] + [f"- {r.framework} seed {r.seed}: `{r.command}` ({r.total_s:.0f} s in all)"
                                       for r in rs] + [""]
@@ -435,9 +439,11 @@ def plot(runs: list[Run], tasks: list[str], path: Path) -> None:
     colors = {"rlexp": "tab:blue", "trl": "tab:red", "plain": "tab:green"}
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
+        seeds = sorted({r.seed for r in runs})
         for r in (r for r in runs if r.task == task):
             ax.plot([p[2] for p in r.curve], [p[1] for p in r.curve], marker=".", color=colors[r.framework],
-                    label=f"{r.framework} seed {r.seed}", alpha=0.9)
+                    ls=("-", "--", ":", "-.")[seeds.index(r.seed) % 4], label=f"{r.framework} seed {r.seed}",
+                    alpha=0.9)
         ax.axhline(THRESHOLD, color="grey", ls=":", lw=1)
         ax.set_title(f"{task}: held-out accuracy (greedy, exact match)")
         ax.set_xlabel("wall seconds from launch, evaluation excluded")
@@ -465,8 +471,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-wall", type=float, default=0,
                     help="stop a TRL or plain-loop run this many seconds after its launch (0: run every step); rlexp "
                          "runs are plain `rlexp train` runs and always finish their steps")
-    ap.add_argument("--report-from", type=Path, help="write the report and plot again from a finished comparison's "
-                    "runs.json (in --work/<time>/) without running anything; give the original arguments too")
+    ap.add_argument("--report-from", type=Path, nargs="+", help="write the report and plot again from finished "
+                    "comparisons' runs.json files (in --work/<time>/), runs of all of them together, without running "
+                    "anything; give the original arguments too")
     ap.add_argument("--worker", choices=["trl", "plain"], help=argparse.SUPPRESS)
     ap.add_argument("--launched", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
@@ -496,8 +503,9 @@ def main(argv: list[str] | None = None) -> None:
             ap.error("TRL is not installed: pip install -e '.[bench]' (or drop trl from --frameworks)")
     if args.report_from:
         runs = [Run(**{**r, "curve": [tuple(p) for p in r["curve"]], "load": tuple(r["load"])})
-                for r in json.loads(args.report_from.read_text())]
-        shown = [a for a in argv if not a.startswith("--report-from") and a != str(args.report_from)]
+                for f in args.report_from for r in json.loads(f.read_text())]
+        runs.sort(key=lambda r: (r.task, r.seed, FRAMEWORKS.index(r.framework)))
+        shown = [a for a in argv if a != "--report-from" and a not in map(str, args.report_from)]
         write_report(runs, args, shown, args.out)
         plot(runs, args.tasks, args.out.with_suffix(".png"))
         return
