@@ -23,6 +23,9 @@ class Check:
     correct: bool
     parseable: bool
     extracted: str | None = None
+    # Partial credit in [0, 1] for `reward=rule` (e.g. the fraction of positions right); None: 1.0 when correct,
+    # else 0.0. Accuracy always counts `correct`.
+    score: float | None = None
 
 
 class Environment:

@@ -4,7 +4,7 @@ modules to the import list below."""
 from __future__ import annotations
 
 from rlexp.config.environment import EnvConfig
-from rlexp.envs import arithmetic, calculator, gpqa, gsm8k, guess, math_env, mmlu_pro  # noqa: F401
+from rlexp.envs import arithmetic, calculator, gpqa, gsm8k, guess, math_env, mmlu_pro, sort  # noqa: F401
 from rlexp.envs.base import _REGISTRY, Environment
 
 

@@ -1,4 +1,5 @@
-"""`reward=rule`: the environment's own answer check, 1.0 for right and 0.0 otherwise.
+"""`reward=rule`: the environment's own answer check, 1.0 for right and 0.0 otherwise, or the partial credit
+the check gives (`Check.score`, e.g. `sort`'s fraction of positions right).
 
 The check lives in the environment (not here) so that training rewards and evaluation accuracy come from
 the same code. Unparseable responses get the same 0.0 as wrong ones, but they are counted apart: a policy
@@ -16,7 +17,7 @@ def check_batch(reward: Reward, samples: list[Sample], texts: list[str], prefix:
     n_correct = n_unparseable = 0
     for sample, text in zip(samples, texts):
         c = reward.env.check(sample, text)
-        rewards.append(1.0 if c.correct else 0.0)
+        rewards.append(float(c.score) if c.score is not None else 1.0 if c.correct else 0.0)
         n_correct += bool(c.correct)
         n_unparseable += not c.parseable
         details.append({"correct": bool(c.correct), "parseable": bool(c.parseable), "extracted": c.extracted})

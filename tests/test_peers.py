@@ -1,0 +1,79 @@
+"""scripts/peers.py: the clock arithmetic of the comparison, the character tokenizer TRL is given, the plain GRPO
+loop (it updates the weights and records held-out accuracy), and (slow, when TRL is installed) a TRL run."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("peers", REPO / "scripts" / "peers.py")
+peers = importlib.util.module_from_spec(_spec)
+sys.modules["peers"] = peers  # its dataclasses look their module up while the file runs
+_spec.loader.exec_module(peers)
+
+
+def small_task(name: str = "arithmetic"):
+    """The task as peers loads it from rlexp's config, with a batch of 4 prompts x 4 samples."""
+    return dataclasses.replace(peers.load_task(name, 0), prompts=4, group=4)
+
+
+def test_curve_takes_evaluation_time_out_of_both_clocks():
+    # launched at 100; step-0 eval ends at 110 (took 2 s), training starts at 110, evals of 1 s each.
+    pts = [(0, 0.0, 110.0, 2.0), (10, 0.5, 131.0, 1.0), (20, 0.9, 152.0, 1.0)]
+    curve = peers.curve_of(pts, 100.0, 110.0)
+    assert curve == [(0, 0.0, 8.0, 0.0), (10, 0.5, 28.0, 20.0), (20, 0.9, 48.0, 40.0)]
+    assert peers.time_to(curve, 0.8, 2) == 48.0 and peers.time_to(curve, 0.95, 2) is None
+    assert peers.acc_at(curve, 30) == (0.5, False) and peers.acc_at(curve, 60) == (0.9, True)
+    assert math.isnan(peers.acc_at(curve, 5)[0])
+    assert peers.steps_per_s(curve) == 0.5
+
+
+def test_hf_char_tokenizer_has_rlexp_ids():
+    task = small_task()
+    hf = peers.hf_char_tokenizer(task.tok)
+    text = "1+0+1=5 :x\n"
+    assert hf(text, add_special_tokens=False)["input_ids"] == task.tok.encode(text)
+    assert hf.decode([*task.tok.encode(text), task.tok.eos_id], skip_special_tokens=True) == text
+    assert (hf.pad_token_id, hf.eos_token_id) == (task.tok.pad_id, task.tok.eos_id)
+
+
+@pytest.mark.slow  # trains (two steps), a few seconds with the model load
+def test_plain_loop_updates_weights_and_logs_accuracy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    task = small_task()
+    model = peers.load_model(task)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    monkeypatch.setattr(peers, "load_model", lambda _task: model)
+    peers.plain_worker(task, 2, 0, 1, peers.Rows(tmp_path / "rows.jsonl"), math.inf)
+    rows = [json.loads(x) for x in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "acc" in r] == [0, 1, 2]
+    assert all(0.0 <= r["acc"] <= 1.0 and r["eval_s"] > 0 for r in rows if "acc" in r)
+    changed = [k for k, v in model.state_dict().items() if not v.equal(before[k])]
+    assert "lm_head.weight" in changed and any("layers.0" in k for k in changed)
+
+
+def test_decode_greedy_is_repeatable_and_stops_at_eos():
+    task = small_task("sort")
+    model = peers.load_model(task)
+    prompts = [task.tok.encode(s.problem.prompt) for s in task.env.eval_samples()[:3]]
+    a = peers.decode(model, prompts, 2, 8, 0.0, task.tok.pad_id, task.tok.eos_id)
+    assert a == peers.decode(model, prompts, 2, 8, 0.0, task.tok.pad_id, task.tok.eos_id)
+    assert len(a) == 6 and a[0] == a[1]  # greedy: both copies of a prompt agree
+    assert all(len(c) == 8 or c[-1] == task.tok.eos_id for c in a)
+
+
+@pytest.mark.slow
+def test_trl_grpo_two_steps(tmp_path: Path):
+    pytest.importorskip("trl")
+    task = small_task()
+    rows = peers.Rows(tmp_path / "rows.jsonl")
+    peers.trl_worker(task, 2, 0, 1, rows, tmp_path / "trl_out", math.inf)
+    recs = [json.loads(x) for x in rows.path.read_text().splitlines()]
+    assert [r["step"] for r in recs if "acc" in r] == [0, 1, 2]
+    assert any("start" in r for r in recs)
