@@ -112,6 +112,10 @@ def check_multi_turn(t: TrainConfig, env: Environment) -> None:
         raise ConfigError(f"environment={name} judges responses of at most {env.max_response_tokens} token(s); "
                           f"algorithm.max_tokens={t.algorithm.max_tokens} is larger. Set algorithm.max_tokens="
                           f"{env.max_response_tokens}")
+    if t.algorithm.max_tokens < env.min_response_tokens:
+        raise ConfigError(f"environment={name}: a right answer is {env.min_response_tokens} tokens long, but "
+                          f"algorithm.max_tokens={t.algorithm.max_tokens} cuts every response shorter. Set "
+                          f"algorithm.max_tokens={env.min_response_tokens}")
     if env.multi_turn:
         room = e.max_episode_tokens or (t.model.arch.max_seq_len - t.algorithm.max_prompt_tokens)
         if e.max_episode_tokens < 0 or room < t.algorithm.max_tokens:

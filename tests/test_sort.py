@@ -66,3 +66,13 @@ def test_train_environment_sort_three_steps(tmp_path: Path) -> None:
     # Partial credit: the mean reward is not the exact-match rate (a random policy hits single positions).
     assert rows[1]["reward/mean"] > 0 and rows[1]["reward/mean"] != rows[1]["reward/correct_frac"]
     assert "eval/accuracy" in rows[3]
+
+
+def test_a_generation_budget_shorter_than_the_answer_is_refused_before_start():
+    from rlexp.config.validate import ConfigError
+    from rlexp.models.plan_cli import compose_run_config
+    from rlexp.prepare import prepare
+
+    with pytest.raises(ConfigError, match=r"right answer is 10 tokens long.*algorithm.max_tokens=10"):
+        prepare(compose_run_config(["environment=sort", "+environment.options.length=10"]))
+    assert prepare(compose_run_config(["environment=sort"])).cfg.algorithm.max_tokens == 8

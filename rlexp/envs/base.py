@@ -80,6 +80,12 @@ class Environment:
     # Longest response (tokens) `check` can judge; 0: any. `rlexp train` refuses a larger algorithm.max_tokens.
     max_response_tokens: ClassVar[int] = 0
 
+    @property
+    def min_response_tokens(self) -> int:
+        """Tokens a right answer needs (0: no minimum). `rlexp train` refuses a smaller algorithm.max_tokens,
+        which could never be right."""
+        return 0
+
     def step(self, sample: Sample, transcript: str, response: str) -> str | None:
         """Return the text to append (e.g. a tool result) and continue, or None when the episode ends.
         `transcript`: the episode's earlier responses and replies after the prompt; `response`: the newest turn.

@@ -38,6 +38,10 @@ class Sort(Environment):
                              f"answer is `length` tokens, so set algorithm.max_tokens={n}")
         return n, base
 
+    @property
+    def min_response_tokens(self) -> int:
+        return self._shape()[0]
+
     def _split(self) -> tuple[dict[str, list[str]], list[str]]:
         """(training strings by answer, held-out strings)."""
         n, base = self._shape()

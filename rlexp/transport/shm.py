@@ -13,21 +13,26 @@ generation keep at least max policy lag + 2 so no generator loses the version it
 Recycled pages: writing into fresh tmpfs pages costs page faults (about 6x a memcpy into faulted
 memory, results/bench_cpu.md), so a publish that would drop the oldest version (and leaves at least one
 other complete version readable meanwhile) takes that version's folder instead: renamed out of sight
-(opening it by path now fails), its single safetensors file overwritten in place with `pwrite` (same
-layout: same names, shapes, dtypes), then renamed in as the new version. A reader that opened the old
+(opening it by path now fails), its single safetensors file overwritten in place (same layout: same names,
+shapes, dtypes), then renamed in as the new version. Writer and readers keep such files memory-mapped
+(`Mapped`): a recycled file keeps its inode, so after the first round a publish or a fetch is one plain
+memcpy through mapped pages, with no page faults and no system call per piece. A reader that opened the old
 file before the rename could see it change, so each file carries its version in the safetensors
 metadata (`rlexp_version`, fixed width), set to a "writing" mark before the data is overwritten and to
 the new version after; readers check it after reading (`check_intact`) and refuse torn weights.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
 import os
 import re
 import shutil
 import struct
 import tempfile
 import uuid
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +91,63 @@ def _parallel(fn, items: list) -> None:
         list(pool.map(fn, items))
 
 
+class Mapped:
+    """Files this process keeps memory-mapped across versions, by inode. A mapping outlives the file's name
+    (renames, recycling), so a file that was deleted is unmapped at the next `view` (its pages would otherwise
+    stay allocated): at most the run's `keep` files stay mapped, and they are in RAM anyway."""
+
+    def __init__(self, writable: bool) -> None:
+        self.writable = writable
+        self.maps: dict[tuple[int, int], tuple[int, mmap.mmap, torch.Tensor]] = {}
+
+    def view(self, fd: int) -> torch.Tensor:
+        """The whole file open as `fd` (read-write for a writer) as a uint8 tensor over shared pages; a
+        reader's is read-only, never write to it."""
+        self.prune()
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        hit = self.maps.get(key)
+        if hit is not None and len(hit[1]) == st.st_size:
+            return hit[2]
+        if hit is not None:
+            self._drop(key)
+        fd = os.dup(fd)  # the mapping's own, closed with it
+        try:
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
+            mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=prot)
+        except BaseException:
+            os.close(fd)
+            raise
+        with warnings.catch_warnings():  # a reader's mapping is read-only by design; torch warns about that
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(mm, dtype=torch.uint8)
+        self.maps[key] = (fd, mm, t)
+        return t
+
+    def prune(self) -> None:
+        for key, (fd, _, _) in list(self.maps.items()):
+            try:
+                gone = os.fstat(fd).st_nlink == 0
+            except OSError:
+                gone = True
+            if gone:
+                self._drop(key)
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        fd, mm, t = self.maps.pop(key)
+        del t
+        with contextlib.suppress(BufferError):  # a caller still holds a view; the mapping goes with that view
+            mm.close()
+        os.close(fd)
+
+    def close(self) -> None:
+        for key in list(self.maps):
+            self._drop(key)
+
+
+_READ_MAPS = Mapped(writable=False)  # a generator's view of the versions it loads
+
+
 def _pieces(entries: list[tuple[str, int, int]], size: int = 8 * 2**20) -> list[tuple[str, int, int]]:
     """(key, start, stop) byte ranges of at most `size`, so threads share big tensors too."""
     return [(k, s, min(s + size, n)) for k, _, n in entries for s in range(0, n, size)]
@@ -131,15 +193,22 @@ class Layout:
         cut = slice(self.mark_at, self.mark_at + len(_WRITING))
         return old[:cut.start] == self.header[:cut.start] and old[cut.stop:] == self.header[cut.stop:]
 
-    def write(self, path: Path, version: int, sd: dict[str, torch.Tensor], *, fresh: bool) -> None:
-        """Mark "writing", write the data (threads share the copy), then mark `version`."""
-        fd = os.open(path, os.O_WRONLY | (os.O_CREAT | os.O_TRUNC if fresh else 0), 0o644)
+    def write(self, path: Path, version: int, sd: dict[str, torch.Tensor], *, fresh: bool,
+              maps: Mapped | None = None) -> None:
+        """Mark "writing", write the data, then mark `version`. A fresh file is written with `pwrite` (threads
+        share the copy); a recycled one through its mapping in `maps`, a memcpy into pages mapped already."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC if fresh else os.O_RDWR, 0o644)
         try:
             _pwrite_all(fd, self.header, 0)  # carries the "writing" mark
             base = len(self.header)
-            offsets = {k: off for k, off, _ in self.entries}
-            _parallel(lambda p: _pwrite_all(fd, _bytes(sd[p[0]])[p[1]:p[2]], base + offsets[p[0]] + p[1]),
-                      _pieces(self.entries))
+            if fresh or maps is None:
+                offsets = {k: off for k, off, _ in self.entries}
+                _parallel(lambda p: _pwrite_all(fd, _bytes(sd[p[0]])[p[1]:p[2]], base + offsets[p[0]] + p[1]),
+                          _pieces(self.entries))
+            else:
+                view = maps.view(fd)
+                for k, off, n in self.entries:
+                    view[base + off:base + off + n].copy_(sd[k].reshape(-1).view(torch.uint8))
             _pwrite_all(fd, _mark(version).encode(), self.mark_at)
         finally:
             os.close(fd)
@@ -207,6 +276,7 @@ class ShmTransport(WeightTransport):
         self.keep = keep
         self.config = config  # written as config.json next to the weights when given
         self.max_shard_bytes = max_shard_bytes
+        self.maps = Mapped(writable=True)  # the version files this writer recycles
         # A folder left by a crashed run of the same name holds versions this trainer did not write; keeping
         # them would make `gc` delete the newest real version (it sorts by number). The trainer owns the folder.
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -249,7 +319,7 @@ class ShmTransport(WeightTransport):
             tmp = Path(tempfile.mkdtemp(prefix=f".tmp-v{version}-", dir=self.dir))
         try:
             if layout is not None:
-                layout.write(tmp / WEIGHTS, version, sd, fresh=recycled is None)
+                layout.write(tmp / WEIGHTS, version, sd, fresh=recycled is None, maps=self.maps)
             else:
                 write_hf_state_dict(sd, tmp, max_shard_bytes=self.max_shard_bytes)
             if self.config is not None and not (tmp / "config.json").exists():
@@ -297,6 +367,7 @@ class ShmTransport(WeightTransport):
         return fetch_into(location, dest)
 
     def close(self) -> None:
+        self.maps.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -321,9 +392,13 @@ def fetch_into(location: str | Path, dest: dict[str, torch.Tensor]) -> set[str]:
             ok = (t.device.type == "cpu" and t.is_contiguous() and _ST_DTYPES.get(meta["dtype"]) == t.dtype
                   and list(t.shape) == meta["shape"])
             (fast if ok else slow).append((k, s, e - s))
-        offsets = {k: s for k, s, _ in fast}
-        _parallel(lambda pc: _pread_all(fh.fileno(), _bytes(dest[pc[0]])[pc[1]:pc[2]],
-                                        base + offsets[pc[0]] + pc[1], f"{f} ({pc[0]})"), _pieces(fast))
+        size = os.fstat(fh.fileno()).st_size
+        if any(base + s + n > size for _, s, n in fast):
+            raise TransportError(f"transport=shm: {f} is truncated")
+        view = _READ_MAPS.view(fh.fileno())
+        with torch.no_grad():
+            for k, s, n in fast:
+                dest[k].reshape(-1).view(torch.uint8).copy_(view[base + s:base + s + n])
     if slow:
         from safetensors import safe_open
 
