@@ -9,10 +9,7 @@ processes, nothing else. A call completes when made, so nothing overlaps: compar
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
-from collections.abc import Callable
-from typing import Any
 
 from rlexp import loop
 from rlexp.actors.buffer import ReplayBuffer
@@ -21,46 +18,7 @@ from rlexp.actors.reward import RewardService
 from rlexp.actors.trainer import Reference, Trainer
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.prepare import Prepared
-from rlexp.services import Collective, Service, Services
-
-
-class Done:
-    """A result that is already there, shaped like a Monarch future."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def get(self, timeout: float | None = None) -> Any:
-        return self.value
-
-
-class _LocalEndpoint:
-    def __init__(self, obj: Any, fn: Callable[..., Any], events: asyncio.AbstractEventLoop) -> None:
-        self.obj, self.fn, self.events = obj, fn, events
-
-    def _run(self, *args: Any) -> Any:
-        out = self.fn(self.obj, *args)
-        return self.events.run_until_complete(out) if inspect.isawaitable(out) else out
-
-    def call_one(self, *args: Any) -> Done:  # a replica's endpoint (Service)
-        return Done(self._run(*args))
-
-    def call(self, *args: Any) -> Done:  # a collective's endpoint: rank -> answer, one rank here
-        return Done({"rank": self._run(*args)})
-
-
-class Local:
-    """An actor instance in this process, reached through the same endpoint names as an actor handle."""
-
-    def __init__(self, events: asyncio.AbstractEventLoop, cls: type, *args: Any) -> None:
-        self.events, self.obj = events, cls(*args)
-
-    def __getattr__(self, name: str) -> _LocalEndpoint:
-        prop = inspect.getattr_static(type(self.obj), name, None)
-        fn = getattr(prop, "_method", None)
-        if fn is None:
-            raise AttributeError(f"{type(self.obj).__name__} has no endpoint {name!r}")
-        return _LocalEndpoint(self.obj, fn, self.events)
+from rlexp.services import Collective, Local, Service, Services
 
 
 def check_inprocess(p: Prepared) -> None:
@@ -91,15 +49,15 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
     seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.shards))
     threads = c.cluster.threads_per_proc
     opts = {"device": c.cluster.device, "ignore_eos": c.generator.ignore_eos}
-    gens = [Local(events, Generator, c.model, p.model_dir, c.generator.backend, seeds[i % len(seeds)], threads,
-                  opts, None, "shm") for i in range(c.generator.replicas)]
-    trainer = Local(events, Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
+    gens = [Local(Generator, c.model, p.model_dir, c.generator.backend, seeds[i % len(seeds)], threads,
+                  opts, None, "shm", events=events) for i in range(c.generator.replicas)]
+    trainer = Local(Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
                     pad_id, ["shm"], run_name, threads, c.cluster.shm_dir, 1, 0, c.cluster.device, 1, None,
-                    c.cluster.transport_chunk_mb * 2**20)
-    reference = (Local(events, Reference, c.model, p.model_dir, pad_id, threads, 1, 0, c.cluster.device, 1, None,
-                       c.trainer.mixed_precision) if c.algorithm.kl_coef > 0 else None)
-    buffer = Local(events, ReplayBuffer, p.seeds["buffer"], c.sync.policy_age)
-    rewards = [Local(events, RewardService, c.reward, c.environment) for _ in range(c.reward.replicas)]
+                    c.cluster.transport_chunk_mb * 2**20, events=events)
+    reference = (Local(Reference, c.model, p.model_dir, pad_id, threads, 1, 0, c.cluster.device, 1, None,
+                       c.trainer.mixed_precision, events=events) if c.algorithm.kl_coef > 0 else None)
+    buffer = Local(ReplayBuffer, p.seeds["buffer"], c.sync.policy_age, events=events)
+    rewards = [Local(RewardService, c.reward, c.environment, events=events) for _ in range(c.reward.replicas)]
     for g in gens:
         g.setup.call_one().get()
     trainer.setup.call().get()

@@ -34,7 +34,7 @@ from rlexp.controller import Controller
 from rlexp.errors import RunStopped
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.prepare import Prepared, prepare
-from rlexp.services import Collective, Service, ServiceDown, Services, is_process_failure
+from rlexp.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.tracking import runlog
 from rlexp.tracking.manifest import write_start_manifest
 from rlexp.tracking.registry import build_trackers
@@ -175,10 +175,9 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc, world, port,
                          c.cluster.device, tp, gpus.get("trainer"), c.trainer.mixed_precision, mesh=g.mesh("trainer"))
                  if c.algorithm.kl_coef > 0 else None)
-    # The replay buffer is light state saved in checkpoints: it lives beside trainer rank 0, whose death ends the
-    # run anyway, so a reward or generator process that dies loses nothing.
-    buffer = g.spawn("buffer", ReplayBuffer, p.seeds["buffer"], c.sync.policy_age,
-                     mesh=first_proc(trainer_mesh))
+    # The replay buffer is light state saved in checkpoints, read and written every step: it lives in the controller
+    # (a `Local`), where a step's episodes cost no message each way, and whose death ends the run anyway.
+    buffer = Local(ReplayBuffer, p.seeds["buffer"], c.sync.policy_age)
     # Each model verifier gets processes of its own: scaled and placed apart from the policy and the reward.
     verifiers = {v.name: g.spawn(f"verifier_{v.name}", VerifierService, v, c.environment, c.cluster.threads_per_proc,
                                  c.cluster.device, gpus.get(f"verifier_{v.name}"), procs=v.replicas,
@@ -276,8 +275,7 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
                            + (", activation checkpointing" if c.trainer.activation_checkpointing else "")
                            + (", bf16 mixed precision" if c.trainer.mixed_precision else "")
                            + ("; reference model (frozen initial policy, KL) on the same procs"
-                              if c.algorithm.kl_coef > 0 else "")
-                           + f"; replay buffer (max_policy_age={c.sync.policy_age}) beside rank 0",
+                              if c.algorithm.kl_coef > 0 else ""),
                 "reward": f"reward={c.reward.name}"
                           + (f" over {len(c.reward.verifiers)} verifiers" if c.reward.verifiers else ""),
                 "verifier": "",
@@ -298,8 +296,9 @@ def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float]
         lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
     lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
                  f"{c.cluster.transport})")
-    lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/loop.py), data order, evaluation, "
-                 f"checkpoints; replica faults: respawn up to {c.cluster.fault.max_restarts}x, then retire")
+    lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/loop.py), data order, replay "
+                 f"buffer (max_policy_age={c.sync.policy_age}), evaluation, checkpoints; replica faults: respawn up to "
+                 f"{c.cluster.fault.max_restarts}x, then retire")
     return lines
 
 
@@ -359,10 +358,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
 
 
 def stop_message(e: BaseException, step: int, last: Path | None) -> str:
-    # The replay buffer lives beside trainer rank 0: its service going down means that process died.
     what = (f"a trainer process died at step {step + 1} ({_last_line(e)}). Trainer ranks hold the only copy of "
             f"the optimizer state, so the run cannot go on without them"
-            if is_process_failure(e) or str(e).startswith("buffer:") else f"at step {step + 1}: {e}")
+            if is_process_failure(e) else f"at step {step + 1}: {e}")
     return what + (f". The last checkpoint, {last}, is intact: continue with the same command plus resume=auto"
                    if last else ". No checkpoint was written yet (checkpoint.every_n_steps): start again")
 

@@ -15,6 +15,8 @@ Calls return a `Pending`: nothing blocks until `.get()`, so a loop can keep requ
 """
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -297,3 +299,45 @@ class Services:
     def metrics(self) -> dict[str, float]:
         """Request accounting and replica health of every replicated service (cumulative over the run)."""
         return {k: v for s in self.replica_services() for k, v in s.metrics().items()}
+
+
+class Done:
+    """A result that is already there, shaped like a Monarch future."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self.value
+
+
+class _LocalEndpoint:
+    def __init__(self, obj: Any, fn: Callable[..., Any], events: asyncio.AbstractEventLoop) -> None:
+        self.obj, self.fn, self.events = obj, fn, events
+
+    def _run(self, *args: Any) -> Any:
+        out = self.fn(self.obj, *args)
+        return self.events.run_until_complete(out) if inspect.isawaitable(out) else out
+
+    def call_one(self, *args: Any) -> Done:  # a replica's endpoint (Service)
+        return Done(self._run(*args))
+
+    def call(self, *args: Any) -> Done:  # a collective's endpoint: rank -> answer, one rank here
+        return Done({"rank": self._run(*args)})
+
+
+class Local:
+    """An actor class instantiated in this process, reached through the same endpoint names as an actor handle:
+    for light state the loop reads every step (the replay buffer), where a message each way costs more than
+    the work, and for `rlexp.inprocess`. Calls run when made."""
+
+    def __init__(self, cls: type, *args: Any, events: asyncio.AbstractEventLoop | None = None) -> None:
+        # Async endpoints run on `events` (shared by the Locals of one process, as an actor process has one loop).
+        self.events, self.obj = events or asyncio.new_event_loop(), cls(*args)
+
+    def __getattr__(self, name: str) -> _LocalEndpoint:
+        prop = inspect.getattr_static(type(self.obj), name, None)
+        fn = getattr(prop, "_method", None)
+        if fn is None:
+            raise AttributeError(f"{type(self.obj).__name__} has no endpoint {name!r}")
+        return _LocalEndpoint(self.obj, fn, self.events)

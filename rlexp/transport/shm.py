@@ -377,8 +377,10 @@ def fetch_into(location: str | Path, dest: dict[str, torch.Tensor]) -> set[str]:
     if not p.is_dir():
         raise TransportError(f"transport=shm: {p} does not exist (garbage-collected? raise `keep`)")
     f = p / WEIGHTS
-    if read_mark(p) is None or not f.is_file():
-        return read_hf_state_dict_into(p, dest)
+    if read_mark(p) is None or not f.is_file():  # an unmarked (e.g. sharded) folder, or one renamed away just now
+        keys = read_hf_state_dict_into(p, dest)
+        check_intact(p)  # gone meanwhile: what was (or was not) read must not be used
+        return keys
     with open(f, "rb", buffering=0) as fh:
         n = struct.unpack("<Q", fh.read(8))[0]
         header = json.loads(fh.read(n))
