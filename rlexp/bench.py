@@ -116,9 +116,9 @@ def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
     where = f"{root}, {nbytes / 2**20:.0f} MiB bf16, median of {reps}"
     return [
         Row("shm publish (trainer write)", pub_s / gb, "s/GB", "memcpy", memcpy_per_gb,
-            f"{where}; pwrite into the dropped version's tmpfs pages (threads) + rename"),
+            f"{where}; memcpy into the dropped version's file, mapped already + rename"),
         Row("shm fetch_into weights (generator)", fetch_s / gb, "s/GB", "memcpy", memcpy_per_gb,
-            f"{where}; preadv straight into existing parameter buffers (threads)"),
+            f"{where}; memcpy from the version file's mapping into existing parameter buffers"),
         Row("shm fetch + copy_ (mmap'd safetensors)", copy_s / gb, "s/GB", "memcpy", memcpy_per_gb,
             f"{where}; load_file (mmap) then copy_ into parameters"),
         Row("shm publish + fetch", (pub_s + fetch_s) / gb, "s/GB", "2 x memcpy", 2 * memcpy_per_gb, where),

@@ -3,7 +3,6 @@ planner comparison, titan/transformers logit parity, KV-cache sampler against `g
 no fakes; the report's rows must all be there with finite numbers."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -14,16 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "gpu_check.py"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+def load_gpu_check():
+    return load_script("gpu_check")
 
 
 def table(md: str, heading: str) -> list[list[str]]:
@@ -39,7 +35,7 @@ def floats(cells: list[str]) -> list[float]:
 
 @pytest.mark.slow  # ~15 s, most of it importing transformers and TorchTitan
 def test_cpu_tiny_report(tmp_path: Path) -> None:
-    gc = load_script()
+    gc = load_gpu_check()
     out = tmp_path / "gpu.md"
     assert gc.main(["--tiny", "--device", "cpu", "--out", str(out)]) == 0
     md = out.read_text()
@@ -76,7 +72,7 @@ def test_cpu_tiny_report(tmp_path: Path) -> None:
 def test_without_torchtitan_steps_on_transformers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An image without TorchTitan (stood in for by making the availability probe report it missing): the
     trainer step and `generate` still run on transformers' Qwen3, the titan rows say why they are empty."""
-    gc = load_script()
+    gc = load_gpu_check()
     monkeypatch.setattr(gc, "titan_status", lambda: "torchtitan not importable (test: image without it)")
     out = tmp_path / "gpu.md"
     assert gc.main(["--tiny", "--device", "cpu", "--out", str(out), "--only", "tiny untied (like 8B)"]) == 0
@@ -91,7 +87,7 @@ def test_without_torchtitan_steps_on_transformers(tmp_path: Path, monkeypatch: p
 
 
 def test_bad_inputs_refused_before_work(tmp_path: Path) -> None:
-    gc = load_script()
+    gc = load_gpu_check()
     with pytest.raises(SystemExit, match="full sizes on CPU"):
         gc.main(["--device", "cpu", "--out", str(tmp_path / "x.md")])
     with pytest.raises(SystemExit, match="unknown --only"):

@@ -3,27 +3,22 @@ own config validation, and (slow) the sweep machinery on a two-point sub-grid of
 whose report must be built from what those runs measured."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
 import statistics as st
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = REPO / "scripts" / "scaling.py"
 
 
 @pytest.fixture(scope="module")
 def scaling():
-    spec = importlib.util.spec_from_file_location("scaling", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["scaling"] = mod  # its dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scaling")
 
 
 def test_fit_line_recovers_a_known_line(scaling) -> None:

@@ -54,7 +54,7 @@ WEIGHTS = "model.safetensors"
 MARK = "rlexp_version"
 _WRITING = "w" * 20  # the mark while a recycled file is being overwritten (as wide as a version)
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
-_THREADS = max(1, min(4, os.cpu_count() or 1))  # parallel pwrite/preadv: one kernel copy per thread
+_THREADS = max(1, min(4, os.cpu_count() or 1))  # parallel pwrite of a fresh file: one kernel copy per thread
 
 
 def _mark(version: int) -> str:
@@ -72,17 +72,8 @@ def _pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
         done += os.pwrite(fd, mv[done:], offset + done)
 
 
-def _pread_all(fd: int, dest: memoryview, offset: int, what: str) -> None:
-    done = 0
-    while done < len(dest):
-        n = os.preadv(fd, [dest[done:]], offset + done)
-        if n <= 0:
-            raise TransportError(f"transport=shm: {what} is truncated")
-        done += n
-
-
 def _parallel(fn, items: list) -> None:
-    """Large copies split over threads: os.pwrite/preadv release the GIL, so each runs a kernel copy."""
+    """Large copies split over threads: os.pwrite releases the GIL, so each runs a kernel copy."""
     if len(items) < 2 or _THREADS == 1:
         for it in items:
             fn(it)
@@ -362,7 +353,7 @@ class ShmTransport(WeightTransport):
 
     def fetch_into(self, location: str, dest: dict[str, torch.Tensor]) -> set[str]:
         """Read `location` straight into existing tensors (the titan backend's parameters, in HF naming):
-        about one memcpy instead of mmap-fault + copy, split over threads. Returns the keys written; raises
+        one memcpy from the file's mapping, kept across versions (`Mapped`). Returns the keys written; raises
         (after writing) when the file was recycled meanwhile: `dest` then holds torn values and must not be used."""
         return fetch_into(location, dest)
 
