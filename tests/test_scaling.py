@@ -13,7 +13,6 @@ import pytest
 
 from tests.conftest import load_script
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
