@@ -14,7 +14,6 @@ import pytest
 from tests.conftest import load_script
 
 
-
 @pytest.fixture(scope="module")
 def scaling():
     return load_script("scaling")
