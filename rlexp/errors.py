@@ -7,7 +7,8 @@ import sys
 from collections.abc import Iterator
 
 # Matched by class name so this module needs none of the packages that define them.
-USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "ResumeError", "DatasetMissing")
+USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "ResumeError", "DatasetMissing",
+               "RunFolderBusy", "MetricsFileError")
 
 
 class RunStopped(RuntimeError):
