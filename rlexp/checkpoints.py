@@ -8,6 +8,7 @@ values only, so `resume=PATH` on a file from elsewhere cannot run code.
 """
 from __future__ import annotations
 
+import errno
 import json
 import pickle
 import shutil
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlexp.errors import disk_full
 from rlexp.tracking.base import METRICS_FILE
 from rlexp.tracking.manifest import MANIFEST_NAME, atomic_write_text, config_hash, read_manifest, sha256_file
 from rlexp.tracking.metrics_file import read_metrics
@@ -29,6 +31,7 @@ COMPLETE = "COMPLETE"
 # Keys that may change across a resume without changing what the run computes.
 RESUMABLE_KEYS = ("resume", "force_resume", "steps")
 HASHED = ("trainer.pt", "controller.pt")  # their sha256 is in meta.json
+LOW_SPACE = 1 << 20  # bytes free after a failed write below which the disk is taken to be full
 
 
 class ResumeError(ValueError):
@@ -188,7 +191,14 @@ def save(run_dir: Path, step: int, version: int, cfg_hash: str, keep: int,
         (tmp / COMPLETE).write_text("")
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
-    except BaseException:
+    except Exception as e:
+        free = shutil.disk_usage(root).free  # before the cleanup frees space again
+        shutil.rmtree(tmp, ignore_errors=True)
+        if disk_full(e) is None and free < LOW_SPACE:  # torch.save reports a full disk as an iostream error
+            raise OSError(errno.ENOSPC, f"No space left on device ({free} bytes free) while writing checkpoint "
+                                        f"step {step}", str(out)) from e
+        raise
+    except BaseException:  # Ctrl-C half-way
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     kept = sorted(root.glob("step_*"))
