@@ -3,16 +3,44 @@ one clear message on stderr and exit code 2, no traceback."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import re
 import sys
 from collections.abc import Iterator
 
 # Matched by class name so this module needs none of the packages that define them.
-USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "ResumeError", "DatasetMissing")
+USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "ResumeError", "DatasetMissing",
+               "RunFolderBusy", "MetricsFileError")
 
 
 class RunStopped(RuntimeError):
     """A process the run cannot do without died (a trainer rank): the run stopped cleanly, its last checkpoint
     intact. Reported like a user error, without a traceback, with exit code 3 and how to continue."""
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_ERRNO_TEXT = re.compile(rf"\[Errno ({'|'.join(str(n) for n in _DISK_FULL)})\] ([^\n]*)")
+
+
+def disk_full(e: BaseException) -> str | None:
+    """'ENOSPC (No space left on device): <file>' when `e`, its cause, or the text of an error relayed from
+    another process (a trainer rank writing its checkpoint) is a full disk or quota; else None."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in _DISK_FULL:
+            return f"{errno.errorcode[x.errno]} ({x.strerror})" + (f": {x.filename}" if x.filename else "")
+        if m := _ERRNO_TEXT.search(str(x)):
+            return f"{errno.errorcode[int(m.group(1))]} ({m.group(2).strip()})"
+        x = x.__cause__ or x.__context__
+    return None
+
+
+def failure_reason(e: BaseException) -> str:
+    """One line saying why a run failed, for its manifest."""
+    text = str(e).strip()
+    return disk_full(e) or f"{type(e).__name__}: {text.splitlines()[-1][:300] if text else ''}".rstrip(": ")
 
 
 def is_user_error(e: BaseException) -> bool:
@@ -30,4 +58,8 @@ def friendly_errors() -> Iterator[None]:
         if is_user_error(e):
             print(f"rlexp: error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
+        if (full := disk_full(e)) is not None:
+            print(f"rlexp: failed: the disk is full, {full}; the run is marked failed and its temporary files "
+                  f"removed. Free space, then continue with resume=auto", file=sys.stderr)
+            raise SystemExit(1) from None
         raise

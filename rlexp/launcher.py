@@ -36,7 +36,7 @@ from rlexp.models.tokenizer import load_tokenizer
 from rlexp.prepare import Prepared, prepare
 from rlexp.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.tracking import runlog
-from rlexp.tracking.manifest import write_start_manifest
+from rlexp.tracking.manifest import read_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
 from rlexp.transport.monarch import WeightServer
 from rlexp.transport.registry import pair_transports
@@ -308,11 +308,13 @@ def run(cfg: DictConfig) -> dict[str, float]:
     runlog.attach()  # console summary/progress/final lines go to train.log too
     # This process is Monarch's root: its actor prefix (`[actor=<root>] `, added once per log handler) says nothing.
     monarch_config.prefix_python_logs_with_actor = False
+    if cfg.resume == "auto" and (done := checkpoints.finished(run_dir, cfg.steps)) is not None:
+        print(f"[rlexp] {done}", flush=True)  # a plain print: the finished run's folder is left untouched
+        return read_manifest(run_dir).get("final_metrics") or {}
     p = prepare(cfg)
-    resume_from = checkpoints.find_resume(p.cfg.resume, run_dir)
+    resume_from = checkpoints.find_resume(p.cfg.resume, run_dir, say=runlog.announce)  # checked, intact
     cfg_hash = checkpoints.resume_hash(cfg)
     if resume_from is not None:
-        checkpoints.check_resumable(resume_from)
         checkpoints.check_resume_config(resume_from, cfg_hash, p.cfg.force_resume)
         checkpoints.truncate_metrics(run_dir, checkpoints.read_meta(resume_from)["step"])
     manifest = write_start_manifest(run_dir, cfg, sys.argv, p.seeds,
@@ -344,7 +346,10 @@ def run(cfg: DictConfig) -> dict[str, float]:
             except Exception as e:
                 if not (is_process_failure(e) or isinstance(e, ServiceDown)):
                     raise
-                raise RunStopped(stop_message(e, ctl.state.step, checkpoints.find_resume("auto", run_dir))) from e
+                last = None
+                with contextlib.suppress(checkpoints.ResumeError):  # none intact: the message says start again
+                    last = checkpoints.find_resume("auto", run_dir)
+                raise RunStopped(stop_message(e, ctl.state.step, last)) from e
             trackers.final_metrics.update(final)
             return final
     finally:

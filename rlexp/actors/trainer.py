@@ -356,8 +356,13 @@ class Trainer(Actor):
         if self.rank != 0:
             return
         tmp = Path(path + ".tmp")
-        torch.save({**state, "sched": self.sched.state_dict(), "version": self.version}, tmp)
-        tmp.replace(path)
+        try:  # our own file object: closed (its space freed) at once when a full disk stops the write
+            with open(tmp, "wb") as f:
+                torch.save({**state, "sched": self.sched.state_dict(), "version": self.version}, f)
+            tmp.replace(path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     @endpoint
     async def load(self, path: str) -> int:

@@ -43,6 +43,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rlexp.errors import failure_reason
+
 from .manifest import GIT_DIFF_NAME, MANIFEST_NAME, finish_manifest, update_manifest
 
 log = logging.getLogger(__name__)
@@ -249,7 +251,8 @@ class Trackers:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         try:
-            self.finish(self.status or status_from_exception(exc))
+            status = self.status or status_from_exception(exc)
+            self.finish(status, failure_reason(exc) if exc is not None and status == "failed" else None)
         except Exception:
             if exc is None:
                 raise
@@ -290,16 +293,18 @@ class Trackers:
         for t in self._started:
             self._call(t, "log_table", name, rows, step)
 
-    def finish(self, status: str = "completed") -> None:
-        """Idempotent. Order: manifest final state -> upload manifest/diff -> finish each tracker. Every tracker is
-        finished even if another fails; remote-tracker errors are logged, manifest/JSONL errors re-raised."""
+    def finish(self, status: str = "completed", error: str | None = None) -> None:
+        """Idempotent. Order: manifest final state (with `error`, why it failed) -> upload manifest/diff -> finish
+        each tracker. Every tracker is finished even if another fails; remote-tracker errors are logged,
+        manifest/JSONL errors re-raised."""
         if self._finished:
             return
         self._finished = True
         errors: list[BaseException] = []
         if self.manage_manifest and self.run_dir is not None:
             try:
-                self.manifest.update(finish_manifest(self.run_dir, status, self.final_metrics, self.artifacts))
+                self.manifest.update(finish_manifest(self.run_dir, status, self.final_metrics, self.artifacts,
+                                                     error))
             except Exception as e:
                 errors.append(e)
             uploaded = {a.resolve() for a in self.artifacts}

@@ -335,11 +335,16 @@ def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk: leave the old file, not a half-written temporary one
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -821,9 +826,11 @@ def finish_manifest(
     status: str,
     final_metrics: Mapping[str, Any] | None = None,
     artifacts: Iterable[str | os.PathLike[str]] = (),
+    error: str | None = None,
 ) -> dict[str, Any]:
-    """Set status/end time/final metrics/artifact hashes. Safe to call more than once (last call wins) and
-    on a run whose start manifest is missing (a minimal one is created rather than losing the outcome)."""
+    """Set status/end time/final metrics/artifact hashes, and `error` (why a run failed, one line). Safe to
+    call more than once (last call wins) and on a run whose start manifest is missing (a minimal one is
+    created rather than losing the outcome)."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
     run = Path(run_dir).resolve()
@@ -833,6 +840,10 @@ def finish_manifest(
         manifest = {"schema": 1, "run_dir": str(run), "start_time": None}
     manifest["status"] = status
     manifest["end_time"] = _now()
+    if error is not None:
+        manifest["error"] = redact_text(error)
+    else:
+        manifest.pop("error", None)  # a resumed run that completes is no longer failed
     manifest["final_metrics"] = {str(k): _jsonable_number(v) for k, v in (final_metrics or {}).items()}
     seen: dict[str, dict[str, Any]] = {a["path"]: a for a in manifest.get("artifacts") or [] if isinstance(a, dict)}
     for a in artifacts:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import math
 import os
 import re
@@ -35,6 +34,7 @@ from typing import Any
 
 from .base import METRICS_FILE
 from .manifest import REDACTED, git_info, numerics_differences, numerics_info, read_manifest
+from .metrics_file import read_metrics
 from .runs import load_run_dir
 
 _ETA = re.compile(r"(^|[/_.\-])eta($|[/_.\-])")
@@ -71,7 +71,7 @@ def _same(x: Any, y: Any) -> bool:
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_metrics(path)  # a crash-cut last line is skipped with a warning; damage elsewhere is an error
 
 
 def first_difference(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> MetricDiff | None:

@@ -1,0 +1,91 @@
+"""One process per run folder: an OS lock on `RUN_DIR/.lock`, held for as long as the run lives.
+
+Two `rlexp train` processes on one folder interleave `metrics.jsonl`, race on checkpoint renames and overwrite
+each other's manifest, so the second one is refused before it loads anything. The lock is `fcntl.flock`: the
+kernel drops it when its holder dies, however it dies (kill -9 too), so a crashed run never blocks the next one.
+The file also records the holder's pid, host and start time, for the refusal message and to tell the user
+when a crashed run's lock was taken over; it is emptied on a clean release, so leftover content means a crash.
+On a shared filesystem the holder may be on another host: its pid cannot be checked from here, which the
+message says (NFSv4 and Lustre pass flock between hosts; a filesystem that does not makes two hosts' locks
+independent, and the recorded host is then the only hint).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+LOCK_FILE = ".lock"
+
+
+class RunFolderBusy(RuntimeError):
+    """Another live process holds the run folder; the message names it and what to do."""
+
+
+def _holder(text: str) -> dict[str, Any]:
+    try:
+        h = json.loads(text)
+    except ValueError:
+        return {}
+    return h if isinstance(h, dict) else {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _describe(h: dict[str, Any]) -> str:
+    t = h.get("time")
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "?"
+    return f"pid {h.get('pid', '?')} on host {h.get('host', '?')} (since {since})"
+
+
+@contextlib.contextmanager
+def hold(run_dir: Path) -> Iterator[None]:
+    """Hold `run_dir`'s lock for the body, or raise `RunFolderBusy` at once when a live process holds it."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by spawned processes (O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            h = _holder(path.read_text(encoding="utf-8", errors="replace"))
+            here = h.get("host") == socket.gethostname()
+            why = ("that process is alive" if here and isinstance(h.get("pid"), int) and _alive(h["pid"])
+                   else "it is on another host, so whether it is still alive cannot be checked from here" if not here
+                   else "the lock is held although that pid is gone: a process it started may still hold it")
+            raise RunFolderBusy(
+                f"run folder {run_dir} is in use by {_describe(h)}; {why}. Wait for that run to end (or stop it), "
+                f"or write to another folder (hydra.run.dir=...)") from None
+        previous = _holder(path.read_text(encoding="utf-8", errors="replace"))
+        if previous:  # a holder that never released: it crashed (or ran on another host and is unreachable)
+            where = ("that process is gone" if previous.get("host") == socket.gethostname()
+                     else "on another host, which cannot be checked from here; the OS lock was free, so it is "
+                          "taken to be gone")
+            print(f"[rlexp] run folder {run_dir}: taking over the lock left by {_describe(previous)} ({where})",
+                  file=sys.stderr, flush=True)
+        me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": int(time.time())})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode(), 0)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):  # emptied: leftover content means the holder crashed
+                os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # releases the flock
