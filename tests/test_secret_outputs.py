@@ -11,18 +11,16 @@ the checkout's git diff cannot be mistaken for a leak.
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
 from rlexp.tracking.redact import REDACTED
-from tests.conftest import REPO, kill_tagged, tagged_env, wait_no_orphans
+from tests.conftest import REPO, NetListener, kill_tagged, tagged_env, wait_no_orphans
 
 pytestmark = pytest.mark.slow  # one real `rlexp train` run (about a minute on CPU)
 
@@ -66,41 +64,6 @@ SHAPES = {
 HARMLESS = {"max_tokens": "64", "n_passes": "3", "bypass_cache": "true", "dsn_count": "2", "compass": "north",
             "password_min_len": "12", "pass_at_k": "4", "tokenizer": "char", "passes": "2", "token_budget": "100"}
 WANDB_FAKE_KEY = uuid.uuid4().hex + uuid.uuid4().hex[:8]  # 40 hex, the shape of a real W&B key
-
-
-class _Listener:
-    """A local TCP port that records every connection made to it: the W&B server and the HTTP(S) proxy of the
-    run, so any attempt to go online is seen (and goes nowhere)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.seen: list[str] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            with conn:
-                conn.settimeout(1.0)
-                try:
-                    first = conn.recv(200).split(b"\r\n")[0].decode(errors="replace")
-                except OSError:
-                    first = "(nothing sent)"
-                self.seen.append(first)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
-        self.sock.close()
 
 
 def _grep_files(root: Path, needles: dict[str, str], label, hits: dict[str, set[str]]) -> None:
@@ -148,7 +111,7 @@ def test_planted_secrets_reach_no_output_of_a_real_run(tmp_path: Path) -> None:
     needles["env HF_TOKEN"] = _n(60)
     needles["env RLEXP_DB_PASS"] = _n(61)
 
-    net = _Listener()
+    net = NetListener()
     tag = uuid.uuid4().hex
     env = tagged_env(tag)
     env.update({
