@@ -22,17 +22,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlexp.config.paths import CONF_DIR
-from rlexp.tracking.manifest import (
-    REDACTED,
-    config_to_container,
-    is_secret_name,
-    read_manifest,
-    redact,
-    redact_argv,
-    redact_text,
-    redact_yaml_file,
-    write_start_manifest,
-)
+from rlexp.tracking.manifest import config_to_container, read_manifest, redact_yaml_file, write_start_manifest
+from rlexp.tracking.redact import REDACTED, is_secret_name, redact, redact_argv, redact_override, redact_text
 
 REPO = Path(__file__).resolve().parents[1]
 MARK = "PLANTED7"  # every planted secret contains it (but the hex key): grep for it in every file
@@ -47,12 +38,20 @@ SECRET_NAMES = [
     "cookie", "cookies", "session", "session_id", "credential", "credentials", "private_key", "client_secret",
     "access_key", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "reward.hf_token",
     "+logger.wandb.api_key", "--api-key", "github_tokens", "secrets", "passwords",
+    # issue 20: short and compound credential names
+    "pwd", "x.pwd", "smtp_pwd", "pass", "db_pass", "RLEXP_DB_PASS", "dsn", "sentry_dsn", "SENTRY_DSN",
+    "connection_string", "conn_str", "connStr", "DATABASE_URL", "db_uri", "webhook_url", "slack_webhook",
+    "webhooks", "AccountKey", "password_hash", "client_secret_id",
 ]
 HARMLESS_NAMES = [
     "max_tokens", "tokenizer", "token_ids", "n_tokens", "kv_cache_gb", "max_num_batched_tokens",
     "max_prompt_tokens", "num_keys_total", "n_kv_heads", "seed", "kl_coef", "eos_token", "pad_token_id",
     "stop_tokens", "special_tokens", "sort_key", "tokens", "keys", "TOKENIZERS_PARALLELISM", "tracking_uri",
     "token_budget", "tokens_per_step", "auth_type", "session_dir", "hf_repo",
+    # issue 20: look-alikes of the short names (segments, not substrings), and names that describe a credential
+    "n_passes", "passes", "bypass_cache", "compass", "pass_at_k", "pass_rate", "dsn_count", "password_min_len",
+    "password_file", "secret_name", "hf_token_env", "PWD", "OLDPWD", "webhook_enabled", "connection_timeout",
+    "max_connections", "tracking_uri", "db_name",
 ]
 
 
@@ -99,6 +98,22 @@ TOKENS = {
     "+x.header=Authorization\\: Bearer\\ abc0123456789abcdef": "+x.header=Authorization\\: Bearer\\ ***REDACTED***",
     "seed=0,+service.hf_token=abc,trainer.lr=0.1": "seed=0,+service.hf_token=***REDACTED***,trainer.lr=0.1",
     "x.api_key=pass\\=word\\,more": "x.api_key=***REDACTED***",
+    # issue 20: more shapes
+    "postgres://user:pw@db:5432/app": "postgres://***REDACTED***@db:5432/app",
+    "https://hooks.slack.com/services/T0AB12CD3/B0EF45GH6/abcDEF0123": "https://hooks.slack.com/services/***REDACTED***",
+    "https://discord.com/api/webhooks/123456789012345678/abc-DEF_0123 x":
+        "https://discord.com/api/webhooks/***REDACTED*** x",
+    "https://acme.webhook.office.com/webhookb2/abc@def/IncomingWebhook/x":
+        "https://acme.webhook.office.com/webhookb2/***REDACTED***",
+    "sk-ant-api03-" + "e5" * 20: REDACTED,
+    "-----BEGIN PRIVATE KEY----- MIIEvQIBADANBg kqhkiG9w0B -----END PRIVATE KEY-----": REDACTED,
+    "key: -----BEGIN OPENSSH PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEA\\nAAAA": "key: ***REDACTED***",
+    "host=db user=app password=hunter2 sslmode=require": "host=db user=app password=***REDACTED*** sslmode=require",
+    "AccountName=acct;AccountKey=abc/def+g==;EndpointSuffix=core.windows.net":
+        "AccountName=acct;AccountKey=***REDACTED***;EndpointSuffix=core.windows.net",
+    "DATABASE_URL=mysql://u:p@h/db": "DATABASE_URL=***REDACTED***",
+    "ya29.a0AfH6SMBx1234567890abcdefghij": REDACTED,
+    "npm_" + "A1" * 18: REDACTED,
 }
 UNTOUCHED = [
     "model=tiny trainer.lr=3e-4", "sqlite:////tmp/x/mlflow.db", "file:///tmp/artifacts", "Qwen/Qwen3-8B",
@@ -113,6 +128,17 @@ UNTOUCHED = [
 def test_token_shapes_are_redacted(raw: str) -> None:
     assert redact_text(raw) == TOKENS[raw]
     assert redact_text(TOKENS[raw]) == TOKENS[raw]
+
+
+@pytest.mark.parametrize(("arg", "expected"), [
+    ("+x.pwd=hunter2", f"+x.pwd={REDACTED}"),
+    ("+x.note=password=hunter2", f"+x.note=password={REDACTED}"),  # the value is scanned on its own
+    ("+x.dsn_count=2", "+x.dsn_count=2"),
+    ("+x.password_min_len=12", "+x.password_min_len=12"),
+    ("seed=0,+service.db_pass=abc,trainer.lr=0.1", f"seed=0,+service.db_pass={REDACTED},trainer.lr=0.1"),
+])
+def test_override_redaction(arg: str, expected: str) -> None:
+    assert redact_override(arg) == expected
 
 
 @pytest.mark.parametrize("raw", UNTOUCHED)

@@ -345,3 +345,87 @@ def test_resumed_run_continues_its_clock(tmp_path: Path) -> None:
         tr.log({"loss": 0.5}, 3)
     walls = [json.loads(x)["time/wall_s"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert walls[:3] == [0.0, 10.0, 20.0] and 20.0 <= walls[3] < 30.0
+
+
+# --------------------------------------------------------------------------------------------- issue 20: modes, stores
+@pytest.mark.parametrize(("explicit", "env", "expected"), [
+    ("auto", {"WANDB_API_KEY": "k" * 40}, "online"),
+    ("auto", {}, "offline"),
+    ("auto", {"WANDB_API_KEY": "k" * 40, "WANDB_MODE": "offline"}, "offline"),  # the user said offline
+    ("auto", {"WANDB_API_KEY": "k" * 40, "WANDB_MODE": "dryrun"}, "offline"),
+    ("auto", {"WANDB_API_KEY": "k" * 40, "WANDB_MODE": "disabled"}, "disabled"),
+    ("auto", {"WANDB_API_KEY": "k" * 40, "WANDB_DISABLED": "true"}, "disabled"),
+    ("auto", {"WANDB_MODE": "online", "WANDB_DISABLED": "1"}, "disabled"),
+    ("auto", {"WANDB_API_KEY": "k" * 40, "WANDB_DISABLED": "false"}, "online"),
+    ("offline", {"WANDB_API_KEY": "k" * 40, "WANDB_MODE": "online"}, "offline"),  # the config says more
+    ("online", {"WANDB_MODE": "offline"}, "online"),
+    ("disabled", {"WANDB_MODE": "online"}, "disabled"),
+])
+def test_wandb_mode_precedence(explicit: str, env: dict, expected: str) -> None:
+    from rlexp.tracking.wandb_tracker import resolve_mode
+
+    assert resolve_mode(explicit, env) == expected
+
+
+def test_wandb_mode_rejects_an_unknown_env_value() -> None:
+    from rlexp.tracking.wandb_tracker import resolve_mode
+
+    with pytest.raises(ValueError, match="WANDB_MODE='ofline' is not a W&B mode"):
+        resolve_mode("auto", {"WANDB_MODE": "ofline"})
+
+
+def test_wandb_offline_env_wins_over_a_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """WANDB_MODE=offline with a (fake) key set: the real W&B writes an offline run folder and makes no
+    connection. The W&B server and every HTTP(S) proxy point at a local listener that records connections."""
+    from tests.conftest import NetListener
+
+    net = NetListener()
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{net.port}")
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "15")  # before the fix: fail in seconds, not minutes
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(var, f"http://127.0.0.1:{net.port}")
+    run = tmp_path / "runs" / "keyed"
+    cfg = _cfg(wandb=True)
+    try:
+        with build_trackers(cfg.logger, cfg, run, _manifest(run, cfg)) as tr:
+            tr.log({"loss": 1.0}, 0)
+            ref = tr.get("wandb").ref()
+    finally:
+        net.close()
+    assert net.seen == [], f"W&B went online: {net.seen}"
+    assert ref["mode"] == "offline" and ref["url"] is None
+    assert not list((run / "wandb").glob("run-*"))  # no online run folder
+    assert list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+def test_wandb_disabled_env_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_DISABLED", "true")
+    run = tmp_path / "runs" / "off"
+    cfg = _cfg(wandb=True)
+    with build_trackers(cfg.logger, cfg, run, _manifest(run, cfg)) as tr:
+        tr.log({"loss": 1.0}, 0)
+    assert not (run / "wandb").exists()
+    assert "wandb" not in (json.loads((run / "manifest.json").read_text()).get("trackers") or {})
+
+
+def test_mlflow_user_sqlite_store_keeps_artifacts_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLFLOW_TRACKING_URI=sqlite:///... without an artifact location: MLflow alone would write the artifacts to
+    `./mlruns` of the launch directory; they go to `<store dir>/artifacts`, and the launch directory stays empty."""
+    from mlflow.tracking import MlflowClient
+
+    work, store = tmp_path / "work", tmp_path / "store" / "mlflow.db"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    run = tmp_path / "runs" / "userstore"
+    cfg = _cfg(mlflow=True)
+    with build_trackers(cfg.logger, cfg, run, _manifest(run, cfg)) as tr:
+        art = run / "eval_results.json"
+        art.write_text('{"accuracy": 0.5}')
+        tr.log_artifact(art)
+    assert list(work.iterdir()) == []
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    (r,) = client.search_runs([client.get_experiment_by_name("rlexp-test").experiment_id])
+    assert r.info.artifact_uri.startswith((store.parent / "artifacts").as_uri())
+    assert (store.parent / "artifacts" / "rlexp-test" / r.info.run_id / "artifacts" / "eval_results.json").is_file()

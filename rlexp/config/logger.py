@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-# auto: offline unless WANDB_API_KEY is set.
+# auto: WANDB_DISABLED / WANDB_MODE when set, else offline unless WANDB_API_KEY is set.
 WandbMode = StrEnum("WandbMode", {v: v for v in ("auto", "offline", "online", "disabled")})
 
 

@@ -18,14 +18,8 @@ Design notes:
   manifest that is already there.
 - `config_sha256` hashes the resolved config without run-local keys (paths, run dirs, logger settings), so two
   runs with the same experiment config get the same hash wherever and however they were logged.
-- Secrets are redacted before anything is written or hashed, by name and by value (see `redact`):
-  * by name: config keys, override keys, `--flags` and env var names that say credential. The match is made
-    per name *segment* (`api_key`, `HF_TOKEN`, `apiKey`, `db_password`, `api_keys`, `hf_tokens`,
-    `authorization`, `passphrase`, `cookies`) rather than as a raw substring, so `max_tokens`, `tokenizer`,
-    `token_ids`, `kv_cache_gb` or `max_num_batched_tokens` are kept;
-  * by value: URL userinfo (`https://user:pass@host` -> `https://***REDACTED***@host`), `Bearer ...`, provider
-    token shapes (`hf_`, `sk-`, `ghp_`, `xoxb-`, `AKIA`, JWTs, PEM private keys) and `name=value` pairs with a
-    secret name, anywhere in a string: config values, overrides, argv/command, env values, hydra info, extra.
+- Secrets are redacted before anything is written or hashed, by name and by value (rlexp.tracking.redact: the
+  rules and why), in everything recorded: config values, overrides, argv/command, env, hydra info, extra.
   Hydra's own copies (`run_dir/.hydra/*.yaml`, the sweep's `multirun.yaml`) are rewritten redacted when the
   start manifest is written. `git.diff` holds tracked changes only; untracked files are listed by name.
 """
@@ -49,9 +43,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from .redact import REDACTED, is_secret_name, redact, redact_argv, redact_override, redact_text, redact_tokens
+
 MANIFEST_NAME = "manifest.json"
 GIT_DIFF_NAME = "git.diff"
-REDACTED = "***REDACTED***"
 STATUSES = ("running", "completed", "failed", "interrupted")
 
 KEY_PACKAGES = (
@@ -70,175 +65,7 @@ _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
 
 # --------------------------------------------------------------------------------------------- secrets
-# Redaction works on two axes, applied to everything the manifest records (config, overrides, argv, command,
-# env, hydra info, extra), to the `.hydra/` copies Hydra writes, and again by every tracker before upload:
-#   by name  - the value of a key / env var / override / `--flag` whose *name* says credential;
-#   by value - token-shaped substrings of any string (URL userinfo, Bearer, hf_/sk-/ghp_/xoxb-/AKIA/JWT...,
-#              `name=value` pairs inside a string whose name says credential).
-# Names are split into lowercase segments (`WANDB_API_KEY`, `apiKey`, `client-secret`, `reward.hf_token`).
-# Words that always mean a credential, anywhere in a name (also as a segment suffix: `dbpassword`, plural).
-_STRONG_WORDS = ("password", "passwd", "passphrase", "secret", "credential", "creds", "bearer", "cookie")
-# Words that mean a credential when they are the name's last segment (the noun): `hf_token` is a secret,
-# `token_ids` and `tokenizer` are not. Matched as a suffix too (`apikey`, `hftoken`, `oauth`).
-_HEAD_WORDS = ("key", "token", "auth", "authorization", "session", "sessionid")
-# ...unless the qualifier just before says tokenizer token / lookup key (`eos_token`, `sort_key`).
-_BENIGN_QUALIFIERS = frozenset({
-    "eos", "bos", "pad", "unk", "sep", "cls", "mask", "stop", "special", "start", "end", "eot", "think", "image",
-    "vision", "audio", "video", "placeholder", "sort", "metric", "primary", "foreign", "cache", "dict", "group",
-    "label", "answer", "prompt", "text", "input", "output", "column", "field", "lookup", "hash", "partition",
-    "shard", "rng", "prng", "random", "seed", "index", "reward", "dataset", "data", "sample", "batch", "kv",
-})
-# Plural `tokens` / `keys` usually count things (`max_tokens`, `max_num_batched_tokens`, `num_keys`); they are
-# credentials only behind a qualifier naming an issuer or kind of credential (`api_keys`, `hf_tokens`).
-_CREDENTIAL_QUALIFIERS = frozenset({
-    "api", "access", "auth", "oauth", "bearer", "hf", "huggingface", "hub", "gh", "github", "gitlab", "wandb",
-    "wb", "mlflow", "openai", "anthropic", "cohere", "mistral", "groq", "together", "replicate", "kaggle",
-    "refresh", "id", "session", "private", "client", "service", "bot", "app", "user", "personal", "pat",
-    "deploy", "signing", "encryption", "ssh", "gpg", "pgp", "aws", "gcp", "azure", "slack", "discord", "secret",
-    "master", "admin", "root", "webhook", "hmac", "license", "jwt", "csrf", "xsrf", "login", "cloud",
-})
-
-
-def _name_parts(name: str) -> list[str]:
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name))
-    return [p for p in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if p]
-
-
-def is_secret_name(name: str) -> bool:
-    """True for names like api_key, WANDB_API_KEY, hfToken, client-secret, db_password, api_keys, hf_tokens,
-    authorization, passphrase, cookies, session; False for max_tokens, tokenizer, token_ids, n_tokens,
-    kv_cache_gb, max_num_batched_tokens, eos_token, sort_key, num_keys_total."""
-    parts = _name_parts(name)
-    if not parts:
-        return False
-    if any(p.endswith((w, w + "s")) for p in parts for w in _STRONG_WORDS):
-        return True
-    head, prev = parts[-1], (parts[-2] if len(parts) > 1 else "")
-    if head == "id" and prev in ("session", "sessionid"):
-        return True
-    for w in _HEAD_WORDS:
-        if head.endswith(w):  # singular: a credential unless qualified as a tokenizer token / lookup key
-            return prev not in _BENIGN_QUALIFIERS or head != w
-        if head.endswith(w + "s"):  # plural: a credential only when qualified as one
-            stem = head[: -len(w) - 1]
-            return stem in _CREDENTIAL_QUALIFIERS if stem else prev in _CREDENTIAL_QUALIFIERS
-    return False
-
-
-_TOKEN_CHARS = r"A-Za-z0-9._~+/=\-"
-# High-confidence token shapes: safe to apply to any text (also to added lines of a code diff).
-_TOKEN_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----.*?-----END \1PRIVATE KEY-----", re.DOTALL), REDACTED),
-    # scheme://user:pass@host -> scheme://***REDACTED***@host (any userinfo: `https://<token>@github.com` too)
-    # (Hydra writes overrides escaped: `https\://user\:pass@host`, `Bearer\ tok`; both forms are matched.)
-    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*\\?://)[^/\s?#'\"<>]+@"), rf"\1{REDACTED}@"),
-    (re.compile(rf"(?i)\b(bearer)((?:\\?[ \t])+)(?=[{_TOKEN_CHARS}]*\d)[{_TOKEN_CHARS}]{{16,}}"), rf"\1\2{REDACTED}"),
-    (re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}"), REDACTED),                     # Hugging Face
-    (re.compile(r"(?<![\w-])sk-(?=[\w-]*\d)[\w-]{20,}"), REDACTED),                   # OpenAI / Anthropic
-    (re.compile(r"(?<![\w-])[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"), REDACTED),          # Stripe
-    (re.compile(r"(?<![\w-])gh[pousr]_[A-Za-z0-9]{30,}"), REDACTED),                    # GitHub
-    (re.compile(r"(?<![\w-])github_pat_[A-Za-z0-9_]{40,}"), REDACTED),
-    (re.compile(r"(?<![\w-])glpat-[A-Za-z0-9_\-]{20,}"), REDACTED),                    # GitLab
-    (re.compile(r"(?<![\w-])xox[abposre]-[A-Za-z0-9\-]{10,}"), REDACTED),               # Slack
-    (re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"), REDACTED),  # AWS access key id
-    (re.compile(r"(?<![\w-])AIza[0-9A-Za-z_\-]{35}"), REDACTED),                        # Google API key
-    (re.compile(r"(?<![\w-])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*"), REDACTED),  # JWT
-)
-# `name=value`, `name: value`, `"name": "value"`, `Authorization: Bearer value` inside a string, where the name
-# says credential (also catches a W&B 40-hex key as `WANDB_API_KEY=<hex>`, `?token=...&` in a URL query).
-_SP = r"(?:\\?[ \t])"  # a blank, or a Hydra-escaped one
-_ASSIGNMENT = re.compile(
-    rf"(?P<name>[A-Za-z_][\w.\-]*)(?P<sep>[\"']?{_SP}*\\?[=:]{_SP}*[\"']?)"
-    rf"(?P<scheme>(?i:bearer|basic|token|digest){_SP}+)?(?!\$\{{)(?P<val>(?:\\.|[^\s\"',;&?#}}\]\\])+)"
-)
-# `--api-key value` inside a command string.
-_FLAG = re.compile(rf"(?<![\w-])(?P<flag>--?[A-Za-z][\w\-]*)(?P<sp>{_SP}+)(?P<val>[^\s\"'\-\\][^\s\"']*)")
-
-
-def redact_tokens(text: str) -> str:
-    """Replace token-shaped substrings (URL userinfo, Bearer, provider token prefixes, JWTs, PEM keys)."""
-    for pattern, repl in _TOKEN_PATTERNS:
-        text = pattern.sub(repl, text)
-    return text
-
-
-def _assignment_sub(m: re.Match[str]) -> str:
-    if not is_secret_name(m.group("name")):
-        return m.group(0)
-    return f"{m.group('name')}{m.group('sep')}{m.group('scheme') or ''}{REDACTED}"
-
-
-def _flag_sub(m: re.Match[str]) -> str:
-    if not is_secret_name(m.group("flag").lstrip("-")):
-        return m.group(0)
-    return f"{m.group('flag')}{m.group('sp')}{REDACTED}"
-
-
-def redact_text(text: str) -> str:
-    """Redaction by value of one string: token shapes, then `name=value` / `--name value` with a secret name."""
-    if not isinstance(text, str) or not text:
-        return text
-    text = redact_tokens(text)
-    if "=" in text or ":" in text:
-        text = _ASSIGNMENT.sub(_assignment_sub, text)
-    if "-" in text:
-        text = _FLAG.sub(_flag_sub, text)
-    return text
-
-
-_INTERPOLATION = re.compile(r"^\$\{[^{}]*\}$")
-
-
-def _keep_under_secret_name(v: Any, keep_interpolations: bool) -> bool:
-    """A secret-named key keeps values that cannot be a credential: null, booleans (`use_auth_token: true`),
-    empty strings, and (in unresolved Hydra files) a bare `${oc.env:HF_TOKEN}` interpolation."""
-    if v is None or isinstance(v, bool) or v == "":
-        return True
-    return keep_interpolations and isinstance(v, str) and bool(_INTERPOLATION.match(v))
-
-
-def redact(obj: Any, *, keep_interpolations: bool = False) -> Any:
-    """Copy of a JSON-like tree, redacted by name (values of secret-looking keys, any depth) and by value
-    (token shapes in every string). Idempotent."""
-    if isinstance(obj, Mapping):
-        return {
-            k: (REDACTED if is_secret_name(str(k)) and not _keep_under_secret_name(v, keep_interpolations)
-                else redact(v, keep_interpolations=keep_interpolations))
-            for k, v in obj.items()
-        }
-    if isinstance(obj, (list, tuple)):
-        return [redact(v, keep_interpolations=keep_interpolations) for v in obj]
-    if isinstance(obj, str):
-        return redact_text(obj)
-    return obj
-
-
-def redact_override(arg: str) -> str:
-    """`+wandb.api_key=abc` -> `+wandb.api_key=***REDACTED***`; values are scanned for token shapes
-    (`x.uri=https://u:p@h` -> `x.uri=https://***REDACTED***@h`)."""
-    arg = str(arg)
-    m = re.match(r"^([~+]{0,2}[-\w./@:]+)=(.*)$", arg, flags=re.DOTALL)
-    if m and is_secret_name(m.group(1).lstrip("-~+").split("@")[0]) and m.group(2) != "":
-        return f"{m.group(1)}={REDACTED}"
-    return redact_text(arg)
-
-
-def redact_argv(argv: Sequence[str]) -> list[str]:
-    """Command line with secret overrides, `--secret-flag VALUE` pairs and token-shaped values redacted."""
-    out: list[str] = []
-    hide_next = False
-    for a in map(str, argv):
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-        elif re.match(r"^--?[A-Za-z]", a) and "=" not in a and is_secret_name(a.lstrip("-")):
-            out.append(a)
-            hide_next = True
-        else:
-            out.append(redact_override(a))
-    return out
-
-
+# The rules (by name, by value) live in rlexp.tracking.redact; here: Hydra's copies in the run folder.
 def redact_yaml_file(path: Path) -> bool:
     """Rewrite a YAML file (a Hydra `.hydra/*.yaml` copy, `multirun.yaml`) redacted, atomically; untouched when
     there is nothing to redact. Interpolations are kept unresolved. Returns True when the file was rewritten."""

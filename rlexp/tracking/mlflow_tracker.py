@@ -1,8 +1,9 @@
 """MLflow tracker (client API only, never the fluent `mlflow.start_run` global stack).
 
 - Store: `logger.mlflow.tracking_uri`, else MLFLOW_TRACKING_URI, else a local SQLite store
-  `sqlite:///<runs_root>/mlruns/mlflow.db` with artifacts in `<runs_root>/mlruns/artifacts/`. MLflow 3.17 refuses
-  the plain file store by default (maintenance mode), and SQLite needs no server.
+  `sqlite:///<runs_root>/mlruns/mlflow.db` with artifacts in `<runs_root>/mlruns/artifacts/`. A SQLite store
+  the user names gets its artifacts beside it too (`<db dir>/artifacts/<experiment>`), never in the cwd.
+  MLflow 3.17 refuses the plain file store by default (maintenance mode), and SQLite needs no server.
   Open it with `mlflow ui --backend-store-uri sqlite:///<runs_root>/mlruns/mlflow.db` (the URI is in the
   manifest, `trackers.mlflow.tracking_uri`).
 - Run names come from the overrides (`reward=rule,seed=0`, see manifest.run_identity).
@@ -41,7 +42,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker, safe_name
-from .manifest import RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS, group_tags, name_from_overrides, redact, redact_text
+from .manifest import RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS, group_tags, name_from_overrides
+from .redact import redact, redact_text
 from .runs import flatten
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,15 @@ def default_runs_root(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
 
 def local_store_uri(runs_root: str | os.PathLike[str]) -> str:
     return f"sqlite:///{(Path(runs_root).resolve() / 'mlruns' / 'mlflow.db').as_posix()}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///<path>` URI (absolute as `sqlite:////abs/x.db`, else relative to the
+    working directory, as SQLAlchemy reads it); None for any other store or an in-memory database."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):].split("?", 1)[0]
+    return Path(path).resolve() if path and path != ":memory:" else None
 
 
 def _param_str(v: Any) -> str:
@@ -160,11 +171,17 @@ class MlflowTracker(Tracker):
 
     # ----------------------------------------------------------------------------------------- setup
     def _resolve_store(self, run_dir: Path, manifest: Mapping[str, Any]) -> tuple[str, Path | None]:
-        """(uri, local mlruns dir or None for a remote/user store)."""
-        if self.tracking_uri:
-            return self.tracking_uri, None
-        if os.environ.get("MLFLOW_TRACKING_URI"):
-            return os.environ["MLFLOW_TRACKING_URI"], None
+        """(uri, local folder that holds the store's artifacts and locks, or None for a remote store).
+
+        A SQLite URI the user gave (config or MLFLOW_TRACKING_URI) keeps its artifacts beside the database: MLflow
+        would put a new experiment's artifacts in `./mlruns` of whatever directory the run was launched from."""
+        uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if uri:
+            db = sqlite_path(uri)
+            if db is None:
+                return uri, None
+            db.parent.mkdir(parents=True, exist_ok=True)
+            return uri, db.parent
         root = Path(self.runs_root) if self.runs_root else default_runs_root(run_dir, manifest)
         mlruns = root.resolve() / "mlruns"
         mlruns.mkdir(parents=True, exist_ok=True)

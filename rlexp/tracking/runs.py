@@ -26,7 +26,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from .base import METRICS_FILE
-from .manifest import MANIFEST_NAME, RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS, redact
+from .manifest import MANIFEST_NAME, RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS
+from .redact import redact
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Weights & Biases tracker.
 
-- `mode: auto` is offline unless WANDB_API_KEY is set, so a laptop/CI run never blocks on a login prompt
-  or the network; `wandb sync <run_dir>/wandb/offline-run-*` uploads it later.
+- `mode: auto` follows WANDB_DISABLED / WANDB_MODE when set, else is offline unless WANDB_API_KEY is set, so a
+  laptop/CI run never blocks on a login prompt or the network, and WANDB_MODE=offline is never overridden by a
+  key in the environment (`resolve_mode`); `wandb sync <run_dir>/wandb/offline-run-*` uploads it later.
 - One W&B run per rlexp run, created with `reinit="create_new"` and always finished: Hydra's basic launcher
   runs multirun jobs in one process, and reusing the global run would merge jobs (a known complaint).
 - group = the sweep id (shared by a multirun's jobs), job_type = train, name = the run's overrides
@@ -31,18 +32,40 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker
-from .manifest import group_tags, redact, redact_argv, redact_text
+from .manifest import group_tags
+from .redact import redact, redact_argv, redact_text
 
 _EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
 
-def resolve_mode(mode: str | None) -> str:
+# WANDB_MODE values W&B accepts, as the mode passed to `wandb.init` (`dryrun` and `run` are its old names).
+_ENV_MODES = {"online": "online", "offline": "offline", "disabled": "disabled", "dryrun": "offline", "run": "online"}
+_TRUE = ("1", "true", "yes", "on")
+
+
+def resolve_mode(mode: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """The W&B mode of this run: an explicit `logger.wandb.mode` > WANDB_DISABLED / WANDB_MODE > auto (online
+    when WANDB_API_KEY is set, else offline).
+
+    The result is passed to `wandb.init(mode=...)`, which overrides W&B's own reading of WANDB_MODE, so the
+    environment has to be honoured here: a user who said WANDB_MODE=offline (or WANDB_DISABLED=true, the
+    convention of the HF Trainer, which W&B itself ignores) must never upload, whatever key the environment
+    also holds."""
+    env = os.environ if environ is None else environ
     mode = (mode or "auto").lower()
-    if mode == "auto":
-        return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-    if mode not in ("online", "offline", "disabled"):
-        raise ValueError(f"logger.wandb.mode must be auto|online|offline|disabled, got {mode!r}")
-    return mode
+    if mode != "auto":
+        if mode not in ("online", "offline", "disabled"):
+            raise ValueError(f"logger.wandb.mode must be auto|online|offline|disabled, got {mode!r}")
+        return mode
+    if env.get("WANDB_DISABLED", "").strip().lower() in _TRUE:
+        return "disabled"
+    wanted = env.get("WANDB_MODE", "").strip().lower()
+    if wanted:
+        if wanted not in _ENV_MODES:
+            raise ValueError(f"WANDB_MODE={wanted!r} is not a W&B mode: set it to online, offline or disabled "
+                             "(or unset it)")
+        return _ENV_MODES[wanted]
+    return "online" if env.get("WANDB_API_KEY") else "offline"
 
 
 # Artifact kind (rlexp.tracking.base) -> (W&B artifact name, W&B artifact type). Stable names: every run of
@@ -83,6 +106,9 @@ class WandbTracker(Tracker):
                 "url": url, "dir": str(Path(self.run.dir).parent), "mode": self.run.settings.mode}
 
     def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None:
+        mode = resolve_mode(self.mode)
+        if mode == "disabled":  # nothing to start: no W&B folder, no service process
+            return
         import wandb
 
         manifest = redact(manifest)  # redacted already when built by write_start_manifest: belt and braces
@@ -114,7 +140,7 @@ class WandbTracker(Tracker):
                 tags=tags,
                 config=config,
                 dir=str(run_dir),
-                mode=resolve_mode(self.mode),  # type: ignore[arg-type]
+                mode=mode,  # type: ignore[arg-type]
                 reinit="create_new",
                 settings=wandb.Settings(silent=True, x_disable_stats=not self.system_metrics,
                                         x_stats_sampling_interval=self.stats_interval_s,
