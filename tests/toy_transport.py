@@ -24,7 +24,7 @@ class FileReceiver(WeightReceiver):
 class FileTransport(WeightTransport):
     receiver = FileReceiver
 
-    def __init__(self, run_name: str, *, keep: int = 2, dir: str) -> None:  # noqa: A002 - the option's name
+    def __init__(self, run_name: str, *, keep: int = 2, dir: str) -> None:
         self.dir = Path(dir) / run_name
         self.dir.mkdir(parents=True, exist_ok=True)
 
