@@ -237,15 +237,20 @@ def bench_backend(name: str, model_cfg, model_dir: Path, prompts: list[list[int]
 
 
 def _reload_latency(backend, model_dir: Path, reps: int) -> float | None:
-    """Seconds per `update_weights` from a published shm version: the per-sync fixed cost."""
-    from rlexp.models.hf import read_hf_state_dict
-    from rlexp.transport.shm import ShmTransport
+    """Seconds per weight update from a published shm version (what the shm receiver does): the per-sync fixed cost."""
+    from rlexp.transport.shm import ShmTransport, check_intact
+    from rlexp.weights import read_hf_state_dict
 
     t = ShmTransport(f"rlexp-bench-reload-{os.getpid()}", keep=1)
     try:
         loc = t.publish(1, read_hf_state_dict(model_dir))
-        backend.update_weights(1, loc)  # warm-up
-        return _median_time(lambda: backend.update_weights(1, loc), reps)
+
+        def reload() -> None:
+            check_intact(loc, 1)
+            backend.load_folder(1, loc, check=lambda: check_intact(loc, 1))
+
+        reload()  # warm-up
+        return _median_time(reload, reps)
     except Exception:  # a backend without in-place reload: leave the column out
         return None
     finally:

@@ -19,6 +19,7 @@ from rlexp.actors.trainer import Reference, Trainer
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.prepare import Prepared
 from rlexp.services import Collective, Local, Service, Services
+from rlexp.transport.registry import transport_spec
 
 
 def check_inprocess(p: Prepared) -> None:
@@ -49,11 +50,11 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
     seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.shards))
     threads = c.cluster.threads_per_proc
     opts = {"device": c.cluster.device, "ignore_eos": c.generator.ignore_eos}
+    weights = transport_spec("shm", run_name, c)  # one process, one host
     gens = [Local(Generator, c.model, p.model_dir, c.generator.backend, seeds[i % len(seeds)], threads,
-                  opts, None, "shm", events=events) for i in range(c.generator.replicas)]
+                  opts, None, weights, events=events) for i in range(c.generator.replicas)]
     trainer = Local(Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
-                    pad_id, ["shm"], run_name, threads, c.cluster.shm_dir, 1, 0, c.cluster.device, 1, None,
-                    c.cluster.transport_chunk_mb * 2**20, events=events)
+                    pad_id, [weights], threads, 1, 0, c.cluster.device, 1, None, events=events)
     reference = (Local(Reference, c.model, p.model_dir, pad_id, threads, 1, 0, c.cluster.device, 1, None,
                        c.trainer.mixed_precision, events=events) if c.algorithm.kl_coef > 0 else None)
     buffer = Local(ReplayBuffer, p.seeds["buffer"], c.sync.policy_age, events=events)

@@ -38,8 +38,7 @@ from rlexp.services import Collective, Local, Service, ServiceDown, Services, is
 from rlexp.tracking import runlog
 from rlexp.tracking.manifest import read_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
-from rlexp.transport.monarch import WeightServer
-from rlexp.transport.registry import pair_transports
+from rlexp.transport.registry import pair_transports, resolve, transport_spec
 
 
 def role_of(name: str) -> str:
@@ -58,7 +57,7 @@ class Graph:
         self.services: Services | None = None
         self.add_generator: Callable[[], None] | None = None  # set by build_graph
         self.transports: list[str] = []  # per generator replica: how its weights arrive
-        self.weight_server: Any = None  # monarch transport: what a (re)spawned generator connects to
+        self.weight_servers: dict[str, Any] = {}  # transport -> its server actor (monarch's)
 
     def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, host: Host | None = None,
               mesh: Any = None) -> Any:
@@ -128,15 +127,17 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     trainer_machine = g.where["trainer"][0]["hostname"]
 
     def transport_for(name: str) -> str:
-        return pair_transports(c.cluster.transport, trainer_machine, [g.where[name][0]["hostname"]])[0]
+        return pair_transports(c.cluster.transport, trainer_machine, [g.where[name][0]["hostname"]], c)[0]
 
     def gen_args(i: int) -> tuple[Any, ...]:
         return (c.model, p.model_dir, c.generator.backend, gen_seeds[i % len(gen_seeds)], c.cluster.threads_per_proc,
-                gen_opts, gpus.get(f"generator{i}", [None])[0], transport_for(f"generator{i}"))
+                gen_opts, gpus.get(f"generator{i}", [None])[0],
+                transport_spec(transport_for(f"generator{i}"), run_name, c))
 
     def connect(gen: Any, i: int) -> Any:
-        if transport_for(f"generator{i}") == "monarch":
-            gen.connect_weights.call_one(g.weight_server).get()
+        server = g.weight_servers.get(transport_for(f"generator{i}"))
+        if server is not None:
+            gen.connect_weights.call_one(server).get()
         return gen
 
     def new_generator(i: int) -> Any:
@@ -164,11 +165,15 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
             rank0 = first_proc(trainer_mesh).spawn("port_probe", Probe)
             port = f"{trainer_machine}:{rank0.free_port.call_one().get()}"
     trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
-                      pad_id, g.transports, run_name, c.cluster.threads_per_proc, c.cluster.shm_dir,
-                      world, port, c.cluster.device, tp, gpus.get("trainer"), c.cluster.transport_chunk_mb * 2**20,
+                      pad_id, [transport_spec(t, run_name, c) for t in dict.fromkeys(g.transports)],
+                      c.cluster.threads_per_proc, world, port, c.cluster.device, tp, gpus.get("trainer"),
                       mesh=trainer_mesh)
-    if "monarch" in g.transports:  # serves versions from the trainer's first process, apart from its mailbox
-        g.weight_server = g.spawn("weights", WeightServer, mesh=first_proc(trainer_mesh))
+    for t in dict.fromkeys(g.transports):  # e.g. monarch's: serves versions from the trainer's first process
+        server = resolve(t).server
+        if server is not None:
+            g.weight_servers[t] = g.spawn("weights" if t == "monarch" else f"weights_{t}", server,
+                                          mesh=first_proc(trainer_mesh))
+    if g.weight_servers:
         for i, gen in enumerate(gens):
             connect(gen, i)
     # The reference model shares the trainer's processes (and GPUs), sharded the same way.

@@ -55,7 +55,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         check_cluster(t.cluster)
     except ValueError as e:
         raise ConfigError(f"cluster={t.cluster.name}: {e}") from None
-    check_transport(t.cluster.transport, hosts=weight_hosts(t.cluster))
+    check_transport(t.cluster.transport, hosts=weight_hosts(t.cluster), cfg=t)
     processes = {"generator": t.generator.replicas, "trainer": t.model.parallelism.trainer_world,
                  "reward": t.reward.replicas}
     idle = {r: (n, processes[r]) for r, n in t.cluster.role_hosts.items() if r in processes and n > processes[r]}

@@ -16,8 +16,11 @@ Dynamic imports (`importlib.import_module("rlexp.x")`) are not seen.
 
 Output is plain text that reads as markdown: counts, the cycles of the module graph (strongly connected
 components of size > 1, top-level and function-level imports alike: a function-level import still
-couples two modules), the edges among a focus set, and, with `--dot FILE`, the package graph in
-Graphviz DOT. `--check` exits 1 when any cycle runs through a module of the focus set.
+couples two modules), the package cycles (each first component below rlexp is a node: rlexp.models,
+rlexp.launcher, ...), the imports that run up a layer (`LAYERS`, the Layers table of docs/DESIGN.md:
+types and config < components < orchestration < entry points), the edges among a focus set, and, with
+`--dot FILE`, the package graph in Graphviz DOT. `--check` exits 1 when any cycle runs through a module of
+the focus set, when packages form a cycle, or when an import runs up a layer and is not in `ALLOWED_UPWARD`.
 
     python scripts/import_graph.py [--root REPO] [--focus rlexp.launcher rlexp.config ...] [--dot g.dot] [--check]
 """
@@ -35,6 +38,29 @@ PKG = "rlexp"
 DEFAULT_FOCUS = ["rlexp.launcher", "rlexp.controller", "rlexp.train", "rlexp.config", "rlexp.prepare",
                  "rlexp.checkpoints", "rlexp.loop", "rlexp.services"]
 KIND_RANK = {"top": 0, "function": 1, "type": 2}  # the strongest occurrence of an edge names its kind
+
+# Layers of docs/DESIGN.md (its Layers table), lowest first; a module belongs to the longest prefix listed.
+# Imports may point down or sideways, never up. `rlexp` itself (the package's __init__) has no layer.
+LAYER_NAMES = ("types and config", "components", "orchestration", "entry points")
+LAYERS: dict[str, int] = {
+    **dict.fromkeys(["rlexp.types", "rlexp.errors", "rlexp.config"], 0),
+    **dict.fromkeys(["rlexp.actors", "rlexp.envs", "rlexp.rewards", "rlexp.models", "rlexp.transport", "rlexp.tracking",
+                     "rlexp.evals", "rlexp.grpo", "rlexp.seeding", "rlexp.weights"], 1),
+    **dict.fromkeys(["rlexp.launcher", "rlexp.inprocess", "rlexp.prepare", "rlexp.controller", "rlexp.loop",
+                     "rlexp.rollouts", "rlexp.services", "rlexp.checkpoints", "rlexp.cluster", "rlexp.runlock"], 2),
+    **dict.fromkeys(["rlexp.cli", "rlexp.__main__", "rlexp.train", "rlexp.evals.cli", "rlexp.models.plan_cli",
+                     "rlexp.tracking.compare", "rlexp.tracking.reproduce", "rlexp.bench"], 3),
+}
+# Upward imports known today, each to be removed by the change that owns its module; `--check` fails on any
+# other. Stale entries (the import is gone) are reported, not failed, so removing one never breaks the check.
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    # components -> orchestration
+    ("rlexp.actors.trainer", "rlexp.checkpoints"): "Trainer.load uses checkpoints.safe_load (checkpoints area)",
+    ("rlexp.actors.reward", "rlexp.services"): "served verifiers scatter over a services.Service",
+    ("rlexp.actors.verifier", "rlexp.services"): "served_scorer builds a services.Service",
+    # components -> entry points
+    ("rlexp.tracking", "rlexp.tracking.reproduce"): "the package re-exports an entry point's helper (tracking area)",
+}  # 4 entries
 
 
 @dataclass
@@ -268,6 +294,26 @@ def package_kind(counts: dict[str, int]) -> str:
     return min(counts, key=KIND_RANK.__getitem__)
 
 
+def layer_of(module: str) -> int | None:
+    """The layer of the longest `LAYERS` prefix naming `module` (None: unlayered, e.g. the package itself)."""
+    name = module
+    while name:
+        if name in LAYERS:
+            return LAYERS[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def upward_edges(graph: Graph) -> list[tuple[str, str]]:
+    """Imports (top-level or function-level; type-only ones left out) from a lower layer to a higher one."""
+    out = []
+    for (a, b), kind in graph.edges.items():
+        la, lb = layer_of(a), layer_of(b)
+        if kind != "type" and la is not None and lb is not None and la < lb:
+            out.append((a, b))
+    return sorted(out)
+
+
 def in_focus(module: str, focus: list[str]) -> bool:
     return any(module == f or module.startswith(f + ".") for f in focus)
 
@@ -282,8 +328,8 @@ def fmt_cycle(path: list[str], graph: Graph) -> str:
     return " ".join(steps)
 
 
-def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[list[str]]]:
-    """The text report, and the cycles that run through the focus set."""
+def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[str]]:
+    """The text report, and what `--check` fails on (one line each)."""
     kinds = {k: sum(1 for v in graph.edges.values() if v == k) for k in KIND_RANK}
     pkgs = sorted({package_of(m) for m in graph.modules})
     pedges = package_edges(graph)
@@ -296,6 +342,9 @@ def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[list[s
             padj[a].add(b)
     pkg_cycles = cycles(padj)
     focus_cycles = [c for c in mod_cycles if any(in_focus(m, focus) for m in c)]
+    upward = upward_edges(graph)
+    disallowed = [e for e in upward if e not in ALLOWED_UPWARD]
+    stale = sorted(e for e in ALLOWED_UPWARD if e not in upward)
 
     L: list[str] = [f"# Import graph of `{PKG}` ({root})", ""]
     L += ["Edge kinds: `top` = runs when the module is imported; `function` = inside a function/method "
@@ -309,6 +358,8 @@ def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[list[s
     L.append(f"- module cycles (SCCs > 1): {len(mod_cycles)}, covering {sum(map(len, mod_cycles))} modules; "
              f"through the focus set: {len(focus_cycles)}")
     L.append(f"- package cycles (SCCs > 1): {len(pkg_cycles)}")
+    L.append(f"- upward imports (a layer importing a higher one): {len(upward)}, {len(upward) - len(disallowed)} of "
+             f"them allowed (ALLOWED_UPWARD: {len(ALLOWED_UPWARD)} entries)")
     for err in graph.errors:
         L.append(f"- warning: {err}")
     L.append("")
@@ -330,6 +381,18 @@ def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[list[s
         path = example_cycle(padj, comp)
         L.append(f"{i}. {len(comp)} packages: {', '.join(comp)}")
         L.append("   - e.g. " + " -> ".join(path))
+    L.append("")
+
+    L += ["## Upward imports", "", f"layers, lowest first: {', '.join(LAYER_NAMES)}", ""]
+    if not upward:
+        L.append("none")
+    for a, b in upward:
+        lines = ",".join(map(str, sorted(set(graph.lines[(a, b)]))))
+        note = f"allowed: {ALLOWED_UPWARD[(a, b)]}" if (a, b) in ALLOWED_UPWARD else "NOT ALLOWED"
+        L.append(f"- {a} ({LAYER_NAMES[layer_of(a)]}) -> {b} ({LAYER_NAMES[layer_of(b)]}), "  # type: ignore[index]
+                 f"{graph.edges[(a, b)]} line {lines}: {note}")
+    for a, b in stale:
+        L.append(f"- stale allow-list entry (no such import now; remove it): {a} -> {b}")
     L.append("")
 
     L += ["## Package edges", "", "`a -> b: N top, M function` (module edges behind each package edge)", ""]
@@ -364,7 +427,11 @@ def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[list[s
         if outs:
             L.append(f"- {m}: " + ", ".join(f"{b} ({graph.edges[(m, b)][0]})" for b in outs))
     L.append("")
-    return "\n".join(L), focus_cycles
+    failures = [f"import cycle through the focus set: {', '.join(c)}" for c in focus_cycles]
+    failures += [f"package cycle: {' -> '.join(example_cycle(padj, c))}" for c in pkg_cycles]
+    failures += [f"upward import: {a} ({LAYER_NAMES[layer_of(a)]}) -> {b} ({LAYER_NAMES[layer_of(b)]})"  # type: ignore[index]
+                 for a, b in disallowed]
+    return "\n".join(L), failures
 
 
 def to_dot(graph: Graph) -> str:
@@ -402,17 +469,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--focus", nargs="+", default=DEFAULT_FOCUS,
                     help="modules or packages (a package stands for every module under it)")
     ap.add_argument("--dot", type=Path, help="write the package graph as Graphviz DOT to this file")
-    ap.add_argument("--check", action="store_true", help="exit 1 if any import cycle runs through the focus set")
+    ap.add_argument("--check", action="store_true", help="exit 1 on an import cycle through the focus set, a package "
+                    "cycle, or an upward import not in ALLOWED_UPWARD")
     args = ap.parse_args(argv)
 
     root = args.root.resolve()
     graph = build_graph(root)
-    text, focus_cycles = report(graph, args.focus, root)
+    text, failures = report(graph, args.focus, root)
     print(text)
     if args.dot:
         args.dot.write_text(to_dot(graph))
-    if args.check and focus_cycles:
-        print(f"import_graph: {len(focus_cycles)} import cycle(s) through the focus set", file=sys.stderr)
+    if args.check and failures:
+        for f in failures:
+            print(f"import_graph: {f}", file=sys.stderr)
         return 1
     return 0
 

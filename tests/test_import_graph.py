@@ -136,10 +136,72 @@ def test_check_exit_code_follows_focus(toy: Path, tmp_path: Path):
     assert "- rlexp.launcher -> rlexp.controller (function)" not in bad.stdout  # controller is outside the focus
     # `rlexp.core` stands for the package: its modules are in a cycle too.
     assert run_script("--root", str(toy), "--check", "--focus", "rlexp.core").returncode == 1
+    # No cycle through these; the check still fails, on the launcher <-> controller package cycle alone.
     ok = run_script("--root", str(toy), "--check", "--focus", "rlexp.types", "rlexp.leaf",
                     "--dot", str(tmp_path / "g.dot"))
-    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.returncode == 1 and "through the focus set" not in ok.stderr, ok.stderr
+    assert ok.stderr.strip().splitlines() == [
+        "import_graph: package cycle: rlexp.controller -> rlexp.launcher -> rlexp.controller"]
     assert "- modules: 8 in 6 packages" in ok.stdout
     dot = (tmp_path / "g.dot").read_text()
     assert dot.startswith("digraph") and '"rlexp.launcher" -> "rlexp.core"' in dot
     assert '"rlexp.controller" -> "rlexp.launcher" [style=solid, label="1", color=red]' in dot
+
+
+def _layered(tmp_path: Path, extra: dict[str, str]) -> Path:
+    """A tree whose modules sit in the real layers: types < components (models, transport) < orchestration
+    (launcher) < entry points (cli), every import pointing down or sideways."""
+    return write_pkg(tmp_path, {
+        "rlexp/__init__.py": "",
+        "rlexp/types.py": "X = 1\n",
+        "rlexp/weights.py": "from rlexp.types import X\n",
+        "rlexp/models/__init__.py": "",
+        "rlexp/models/hf.py": "from rlexp.weights import X\n",
+        "rlexp/transport/__init__.py": "",
+        "rlexp/transport/shm.py": "from rlexp.weights import X\nfrom rlexp.models import hf\n",
+        "rlexp/launcher.py": "from rlexp.transport import shm\n",
+        "rlexp/cli.py": "def main():\n    from rlexp import launcher\n",
+        **extra,
+    })
+
+
+def test_check_passes_a_tree_that_imports_one_way(tmp_path: Path):
+    ok = run_script("--root", str(_layered(tmp_path, {})), "--check")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "- package cycles (SCCs > 1): 0" in ok.stdout and "- upward imports (a layer importing a higher one): 0" \
+        in ok.stdout
+
+
+def test_check_fails_on_a_package_cycle_even_without_a_module_cycle(tmp_path: Path):
+    """models.backends -> transport.shm and transport.shm -> models.hf: no module cycle, but the packages import
+    each other (the models <-> transport cycle rlexp.weights removed)."""
+    root = _layered(tmp_path, {"rlexp/models/backends.py": "def f():\n    from rlexp.transport.shm import X\n"})
+    bad = run_script("--root", str(root), "--check")
+    assert bad.returncode == 1, bad.stdout
+    assert "import_graph: package cycle: rlexp.models -> rlexp.transport -> rlexp.models" in bad.stderr
+    assert "- module cycles (SCCs > 1): 0" in bad.stdout
+
+
+def test_check_fails_on_an_upward_import_not_allowed(tmp_path: Path):
+    root = _layered(tmp_path, {"rlexp/bench.py": "X = 1\n",  # an entry point importing nothing: no cycle
+                               "rlexp/models/tokenizer.py": "def f():\n    from rlexp.bench import X\n"})
+    bad = run_script("--root", str(root), "--check")
+    assert bad.returncode == 1, bad.stdout
+    assert bad.stderr.strip() == ("import_graph: upward import: rlexp.models.tokenizer (components) -> "
+                                  "rlexp.bench (entry points)")
+    assert "rlexp.models.tokenizer (components) -> rlexp.bench (entry points), function line 2: NOT ALLOWED" \
+        in bad.stdout
+    # An allow-listed upward import (today's `actors.trainer -> checkpoints`) passes, named as allowed.
+    root = _layered(tmp_path / "b", {"rlexp/actors/__init__.py": "", "rlexp/checkpoints.py": "",
+                                     "rlexp/actors/trainer.py": "from rlexp.checkpoints import safe_load\n"})
+    ok = run_script("--root", str(root), "--check")
+    assert ok.returncode == 0, ok.stderr
+    assert "rlexp.actors.trainer (components) -> rlexp.checkpoints (orchestration), top line 1: allowed" in ok.stdout
+    assert ig.layer_of("rlexp.models.plan_cli") == 3 and ig.layer_of("rlexp.models.hf") == 1
+    assert ig.layer_of("rlexp") is None
+
+
+def test_real_tree_has_no_package_cycle_and_only_allowed_upward_imports():
+    proc = run_script("--check")
+    assert "- package cycles (SCCs > 1): 0" in proc.stdout, proc.stdout
+    assert "NOT ALLOWED" not in proc.stdout and proc.returncode == 0, proc.stderr

@@ -231,7 +231,7 @@ def test_weight_updates_reach_the_cached_decoder(tmp_path: Path) -> None:
     save_file(hf_state_dict(other, CFG.arch), str(tmp_path / "v1" / "model.safetensors"))
     prompts = _prompts(7, (6,), 3)
     before = b.generate(prompts, n=1, max_tokens=10, temperature=0.0, seed=0)
-    b.update_weights(1, str(tmp_path / "v1"))
+    b.load_folder(1, str(tmp_path / "v1"))
     after = b.generate(prompts, n=1, max_tokens=10, temperature=0.0, seed=0)
     assert [c.token_ids for c in after] != [c.token_ids for c in before]
     for c in after:

@@ -22,6 +22,7 @@ from rlexp.config.schema import AlgorithmConfig, TrainerConfig
 from rlexp.grpo import grpo_loss
 from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.tiny import ensure_tiny_checkpoint
+from rlexp.transport import TransportSpec
 from rlexp.types import TrainBatch
 from tests.conftest import metrics, rlexp, wait_no_orphans
 from tests.trainer_helpers import free_port, grpo_batch, max_diff, rank0, train_steps
@@ -51,8 +52,8 @@ def env(tmp_path_factory):
 
     def trainer(mesh, name: str, wait: bool = True, **tcfg) -> object:
         world = 2 if mesh is two else 1
-        t = mesh.spawn(name, Trainer, CFG, d, TrainerConfig(micro_batch_size=3, **tcfg), ALGO, 10, 0, 0, "shm",
-                       name, 1, str(shm), world, port, "cpu")
+        t = mesh.spawn(name, Trainer, CFG, d, TrainerConfig(micro_batch_size=3, **tcfg), ALGO, 10, 0, 0,
+                       [TransportSpec("shm", "rlexp.transport.shm", name, {"root": str(shm)})], 1, world, port, "cpu")
         ready = t.setup.call()
         made.append(t)
         return ready.get() and t if wait else (t, ready)

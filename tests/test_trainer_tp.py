@@ -24,6 +24,7 @@ from rlexp.config.model import ArchConfig, ModelConfig
 from rlexp.config.schema import AlgorithmConfig, TrainConfig, TrainerConfig
 from rlexp.config.validate import ConfigError, validate
 from rlexp.models.tiny import ensure_tiny_checkpoint
+from rlexp.transport import TransportSpec
 from tests.conftest import metrics, rlexp, wait_no_orphans
 from tests.trainer_helpers import free_port, grpo_batch, max_diff, rank0, train_steps
 
@@ -58,8 +59,9 @@ def env(tmp_path_factory):
     made: list = []
 
     def trainer(mesh, name: str, world: int, tp: int) -> tuple:
-        t = mesh.spawn(name, Trainer, CFG, d, TrainerConfig(micro_batch_size=3), ALGO, 10, 0, 0, "shm", name, 1,
-                       str(shm), world, ports[world], "cpu", tp)
+        t = mesh.spawn(name, Trainer, CFG, d, TrainerConfig(micro_batch_size=3), ALGO, 10, 0, 0,
+                       [TransportSpec("shm", "rlexp.transport.shm", name, {"root": str(shm)})], 1, world,
+                       ports[world], "cpu", tp)
         made.append(t)
         return t, t.setup.call()
 

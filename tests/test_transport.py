@@ -230,3 +230,41 @@ def test_shm_reads_racing_publishes_never_return_torn_weights(tmp_path):
         t.close()
     assert outcome["torn"] == 0, outcome
     assert outcome["whole"] > 0, outcome
+
+
+def test_a_transport_outside_rlexp_is_one_module_and_one_yaml(tmp_path: Path, tag: str) -> None:
+    """tests/toy_transport.py (a module rlexp never imports) plus a cluster YAML naming it: 3 real training steps
+    send every version through it (the generators sample with the trainer's weights bit for bit, which a
+    generator left on old weights would not), and the actor processes import it by the name in the config."""
+    from tests.conftest import REPO, metrics, rlexp
+
+    weights, conf, run = tmp_path / "weights", tmp_path / "conf", tmp_path / "run"
+    (conf / "cluster").mkdir(parents=True)
+    (conf / "cluster" / "file_local.yaml").write_text(
+        f"name: file_local\ntransport: tests.toy_transport:FileTransport\n"
+        f"transport_options:\n  file:\n    dir: {weights}\n")
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), old]))  # the actors import the module
+    try:
+        p = rlexp("train", "cluster=file_local", f"hydra.searchpath=[file://{conf}]", "steps=3",
+                  "eval.every_n_steps=0", f"hydra.run.dir={run}", tag=tag)
+    finally:
+        os.environ.pop("PYTHONPATH") if old is None else os.environ.update(PYTHONPATH=old)
+    assert "trainer -> generators by file (cluster.transport=tests.toy_transport:FileTransport)" in p.stdout
+    rows = [r for r in metrics(run) if "logprob_diff/max" in r]
+    assert [r["policy/version"] for r in rows] == [1, 2, 3]
+    assert all(r["logprob_diff/max"] == 0.0 for r in rows), rows
+    published = sorted(f.name for f in weights.glob("*/v*.safetensors"))
+    assert published == ["v1.safetensors", "v2.safetensors", "v3.safetensors"]
+
+
+def test_unknown_transport_is_refused_before_spawning_with_the_known_names(tmp_path: Path, tag: str) -> None:
+    from tests.conftest import rlexp
+
+    p = rlexp("train", "cluster.transport=nfs", f"hydra.run.dir={tmp_path}", tag=tag, check=False)
+    assert p.returncode == 2, p.stderr
+    assert "unknown weight transport 'nfs'; choose one of ['auto', 'monarch', 'shm', 'torchstore']" in p.stderr
+    assert "actor graph" not in p.stdout
+    p = rlexp("train", "cluster.transport=tests.toy_transport:FileTransport", f"hydra.run.dir={tmp_path}", tag=tag,
+              check=False)  # its required option is missing
+    assert p.returncode == 2 and "cluster.transport_options.file: missing a required argument: 'dir'" in p.stderr

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlexp.transport import TransportError, check_weights, pair_transport, pair_transports, spec_of
+from rlexp.transport import (
+    TransportError,
+    TransportSpec,
+    check_weights,
+    pair_transport,
+    pair_transports,
+    spec_of,
+)
 from rlexp.transport.monarch import MonarchTransport, parse_location
 from tests.conftest import REPO, metrics, rlexp
 
@@ -142,8 +149,10 @@ def test_generator_fed_by_monarch_samples_exactly_as_one_fed_by_shm(meshes, tiny
     cfg, model_dir = tiny
     pub = meshes[0].spawn("pub_gen", Publisher, "gen", 256 * 1024, str(tmp_path), 2)
     server = meshes[0].spawn("weights_gen", WeightServer)
+    specs = {"shm": TransportSpec("shm", "rlexp.transport.shm", "gen", {"root": str(tmp_path)}),
+             "monarch": TransportSpec("monarch", "rlexp.transport.monarch", "gen", {"chunk_bytes": 256 * 1024})}
     gens = {t: meshes[i + 1].spawn(f"gen_{t}", Generator, cfg, str(model_dir), "titan", 11, 1, {"device": "cpu"},
-                                   None, t) for i, t in enumerate(("shm", "monarch"))}
+                                   None, specs[t]) for i, t in enumerate(("shm", "monarch"))}
     gens["monarch"].connect_weights.call_one(server).get()
     for g in gens.values():
         g.setup.call_one().get()

@@ -16,7 +16,7 @@ from rlexp.config.model import ModelConfig
 from rlexp.models.backends import GeneratorBackend, build_backend
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.seeding import apply_process_determinism
-from rlexp.transport.base import TransportError
+from rlexp.transport import TransportError, TransportSpec, build_receiver
 from rlexp.types import Completion
 
 
@@ -24,7 +24,8 @@ class Generator(Actor):
     """One generator replica. Built lazily in `setup` so replicas start their engines concurrently."""
 
     def __init__(self, model_cfg: ModelConfig, model_dir: str, backend: str, seed: int, threads: int = 0,
-                 options: dict[str, Any] | None = None, gpus: str | None = None, transport: str = "shm") -> None:
+                 options: dict[str, Any] | None = None, gpus: str | None = None,
+                 weights: TransportSpec | None = None) -> None:
         if gpus is not None:  # this replica's GPUs (rlexp.config.layout.assign_gpus), before anything opens CUDA
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus
         apply_process_determinism()
@@ -32,16 +33,15 @@ class Generator(Actor):
         if threads:
             torch.set_num_threads(threads)
         self.backend: GeneratorBackend | None = None
-        # How this replica receives weights (resolved for its trainer->generator pair by the launcher).
-        self.transport = transport
-        self.weight_source: Any = None  # monarch: a client of the trainer-side WeightServer (connect_weights)
+        # How this replica receives weights: the transport of its trainer->generator pair (resolved by the launcher).
+        self.weights = weights
+        self.receiver = build_receiver(weights) if weights is not None else None
 
     @endpoint
     async def connect_weights(self, server: Any) -> None:
-        """monarch transport: the `WeightServer` actor (on the trainer's first process) to pull versions from."""
-        from rlexp.transport.monarch import MonarchWeightClient
-
-        self.weight_source = MonarchWeightClient(server)
+        """The transport's server actor (`WeightTransport.server`, on the trainer's first process), if it has one."""
+        assert self.receiver is not None, "Generator built without a weight transport"
+        self.receiver.connect(server)
 
     @endpoint
     async def setup(self) -> float:
@@ -77,35 +77,18 @@ class Generator(Actor):
         return None if score is None else (score(prompt_ids, responses, temperature), self.backend.policy_version)
 
     @endpoint
-    async def update_weights(self, version: int, locations: dict[str, str] | str) -> float:
+    async def update_weights(self, version: int, locations: dict[str, str]) -> float:
         """Load `version` from this replica's own transport: `locations` maps transport -> location (what
-        `Trainer.push_weights` returns; every replica gets the same map). A plain string is an shm folder."""
+        `Trainer.push_weights` returns; every replica gets the same map)."""
         t = time.perf_counter()
-        assert self.backend is not None
-        location = locations if isinstance(locations, str) else locations.get(self.transport)
+        assert self.backend is not None and self.weights is not None and self.receiver is not None
+        location = locations.get(self.weights.name)
         if location is None:
             raise TransportError(f"generator: version {version} was published to {sorted(locations)}, not to this "
-                                 f"replica's transport {self.transport!r}; the trainer must be built with every "
+                                 f"replica's transport {self.weights.name!r}; the trainer must be built with every "
                                  f"transport its generators use")
-        if self.transport == "shm":
-            self.backend.update_weights(version, location)
-        else:
-            self.backend.load_state_dict(version, await self._fetch(version, location), where=location)
+        await self.receiver.receive(version, location, self.backend)
         return time.perf_counter() - t
-
-    async def _fetch(self, version: int, location: str) -> dict[str, torch.Tensor]:
-        if self.transport == "monarch":
-            if self.weight_source is None:
-                raise TransportError("generator: transport=monarch but no weight server was connected "
-                                     "(the launcher calls connect_weights after spawning)")
-            return await self.weight_source.afetch(location, version)
-        if self.transport == "torchstore":
-            from rlexp.transport.torchstore import TorchStoreTransport
-
-            if self.weight_source is None:
-                self.weight_source = TorchStoreTransport("generator")
-            return await self.weight_source.afetch(location)
-        raise TransportError(f"generator: unknown weight transport {self.transport!r}")
 
     @endpoint
     async def shutdown(self) -> None:

@@ -42,7 +42,7 @@ from rlexp.models.hf import (
 from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.titan import hf_state_dict, titan_config, torch_dtype
 from rlexp.seeding import apply_process_determinism
-from rlexp.transport import WeightTransport, build_transport
+from rlexp.transport import TransportSpec, WeightTransport, build_publisher
 from rlexp.types import TrainBatch
 
 
@@ -199,17 +199,15 @@ def loss_parallel_if(tp: int) -> Any:
 
 class Trainer(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, trainer_cfg: Any, algo_cfg: Any, total_steps: int,
-                 seed: int, pad_id: int, transports: str | Sequence[str], run_name: str, threads: int = 0,
-                 shm_dir: str | None = None, world_size: int = 1, master_port: int | str = 0, device: str = "cpu",
-                 tp: int = 1, gpus: list[str] | None = None, chunk_bytes: int | None = None) -> None:
+                 seed: int, pad_id: int, transports: Sequence[TransportSpec], threads: int = 0,
+                 world_size: int = 1, master_port: int | str = 0, device: str = "cpu",
+                 tp: int = 1, gpus: list[str] | None = None) -> None:
         apply_process_determinism()
-        self.shm_dir, self.chunk_bytes = shm_dir, chunk_bytes
         self.model_cfg, self.model_dir = model_cfg, model_dir
         self.tcfg, self.acfg = trainer_cfg, algo_cfg
         self.total_steps, self.seed, self.pad_id = total_steps, seed, pad_id
         # Every transport the generators need (resolved per pair by the launcher); a version is published to each.
-        self.transport_names = (transports,) if isinstance(transports, str) else tuple(dict.fromkeys(transports))
-        self.run_name = run_name
+        self.transport_specs = list({s.name: s for s in transports}.values())
         self.world, self.master_port, self.device_kind = world_size, master_port, device
         self.rank = current_rank().rank if world_size > 1 else 0
         if world_size % tp:
@@ -241,10 +239,9 @@ class Trainer(Actor):
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.optim, lr_lambda(t.lr_schedule, t.warmup_steps, self.total_steps, t.min_lr_ratio))
         if self.rank == 0:
-            for name in self.transport_names:
-                self.transports[name] = build_transport(name, self.run_name, keep=4, shm_root=self.shm_dir,
-                                                        chunk_bytes=self.chunk_bytes)
-                await self.transports[name].astart()
+            for spec in self.transport_specs:
+                self.transports[spec.name] = build_publisher(spec, keep=4)
+                await self.transports[spec.name].astart()
         self.version = 0
         return sum(p.numel() for p in self.model.parameters())
 

@@ -33,7 +33,6 @@ Backend = _choices("Backend", "titan", "vllm")
 LRSchedule = _choices("LRSchedule", "constant", "linear", "cosine")
 SyncMode = _choices("SyncMode", "on_policy", "async")
 Device = _choices("Device", "cpu", "cuda")
-Transport = _choices("Transport", "auto", "shm", "monarch", "torchstore")
 JobKind = _choices("JobKind", "local", "process", "slurm", "kubernetes")
 Determinism = _choices("Determinism", "off", "seeded", "full")
 
@@ -176,8 +175,12 @@ class ClusterConfig:
     # Where the weight transport stages safetensors (shared memory on one host).
     shm_dir: str = "/dev/shm/rlexp"
     # How weights go from the trainer to each generator: auto = shm when the pair shares a host, monarch
-    # (chunked Monarch actor messages) across hosts; rlexp/transport/registry.py pair_transport.
-    transport: Transport = Transport.auto
+    # (chunked Monarch actor messages) across hosts; rlexp/transport/registry.py pair_transport. Any registered
+    # transport's name (checked in `prepare`, which lists them), or package.module:Class for one outside rlexp.
+    transport: str = "auto"
+    # Per-transport settings, {transport name: {option: value}}, defaulted and checked by the transport
+    # (`rlexp.transport.base.WeightTransport.settings`); shm and monarch read shm_dir / transport_chunk_mb.
+    transport_options: dict[str, Any] = field(default_factory=dict)
     transport_chunk_mb: int = 64  # monarch: bytes per actor message, so no message is unbounded
     # torch intra-op threads per generator/trainer process (0 = torch's default). One thread per process
     # on a small CPU host: processes take turns, and OpenMP spin-waiting across oversubscribed cores is

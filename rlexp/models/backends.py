@@ -15,27 +15,29 @@ replica and the step), so sampling is reproducible regardless of how calls are r
 from __future__ import annotations
 
 import math
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from rlexp.config.model import ModelConfig
-from rlexp.models.hf import (
-    _IGNORED_SUFFIXES as IGNORED_SUFFIXES,
-    _ST_DTYPES,
-    model_config_from_dir,
-    read_hf_state_dict,
-    weight_files,
-)
+from rlexp.models.hf import model_config_from_dir
 from rlexp.models.kv_decode import KVDecoder
 from rlexp.models.policy import load_policy, pad_sequences, sequence_logprobs
 from rlexp.models.titan import hf_state_dict as titan_hf_state_dict, load_hf_state_dict
 from rlexp.models.tokenizer import Tokenizer, load_tokenizer
-from rlexp.transport.base import TransportError, WeightSpec, check_weights, spec_of
-from rlexp.transport.shm import check_intact
 from rlexp.types import Completion
+from rlexp.weights import (
+    TransportError,
+    WeightSpec,
+    check_weights,
+    checkpoint_spec,
+    read_hf_state_dict,
+    spec_of,
+    staging_root,
+    write_hf_state_dict,
+)
 
 
 class GeneratorBackend(Protocol):
@@ -46,7 +48,7 @@ class GeneratorBackend(Protocol):
 
     def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]: ...
 
-    def update_weights(self, version: int, location: str) -> None: ...
+    def load_folder(self, version: int, folder: str, check: Callable[[], None] | None = None) -> None: ...
 
     def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None: ...
 
@@ -203,13 +205,13 @@ class TitanBackend:
         logits = self.model(tokens)[torch.arange(len(prompt_ids), device=self.device), last].float()
         return torch.log_softmax(logits, dim=-1)[:, token_ids].cpu().tolist()
 
-    def update_weights(self, version: int, location: str) -> None:
-        if not os.path.isdir(location):
-            raise FileNotFoundError(f"generator: weights for version {version} are not at {location}")
-        check_intact(location, version)
+    def load_folder(self, version: int, folder: str, check: Callable[[], None] | None = None) -> None:
+        """Weights from a folder of HF safetensors. `check` (the transport's) raises when what was read cannot be
+        vouched for (a file overwritten while it was read): the version is then not counted as loaded."""
         self.torn = True  # until the read is known to be whole
-        load_hf_state_dict(self.model, read_hf_state_dict(location), self.cfg.arch)
-        check_intact(location, version)  # the file was not overwritten in place while it was read
+        load_hf_state_dict(self.model, read_hf_state_dict(folder), self.cfg.arch)
+        if check is not None:
+            check()
         self.torn = False
         self.policy_version = version
 
@@ -312,11 +314,12 @@ class VLLMBackend:
             rows.append([float(top[t].logprob) if t in top else -math.inf for t in token_ids])
         return rows
 
-    def update_weights(self, version: int, location: str) -> None:
-        check_intact(location, version)
+    def load_folder(self, version: int, folder: str, check: Callable[[], None] | None = None) -> None:
+        """vLLM's own reload path (`reload_weights` from a folder); `check` as in `TitanBackend.load_folder`."""
         self.torn = True  # until the read is known to be whole
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": location})
-        check_intact(location, version)  # else raise before the version counts as loaded
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+        if check is not None:
+            check()  # else raise before the version counts as loaded
         self.torn = False
         # Cached prompt KV was computed by the old weights: reusing it would mix two policies.
         self.llm.reset_prefix_cache()
@@ -324,7 +327,7 @@ class VLLMBackend:
 
     def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None:
         """Weights that arrived in memory (monarch, torchstore) are written to a folder in this host's /dev/shm
-        and reloaded from there. Why not hand the tensors to vLLM: its V1 engine core runs in another
+        and reloaded from there (`load_folder`). Why not hand the tensors to vLLM: its V1 engine core runs in another
         process, so in-memory tensors would be pickled across that boundary anyway, and `reload_weights`
         from a folder is the one reload path vLLM keeps stable (the shm transport uses it too); one RAM write
         plus one read is small next to the fetch. Names and shapes are checked against the checkpoint this
@@ -332,16 +335,13 @@ class VLLMBackend:
         import shutil
         import tempfile
 
-        from rlexp.models.hf import write_hf_state_dict
-        from rlexp.transport.shm import default_root
-
         if self._spec is None:
             self._spec = checkpoint_spec(self.model_dir)
         check_weights(version, spec_of(hf_state_dict), self._spec, where=where, check_dtype=False)
-        folder = Path(tempfile.mkdtemp(prefix=f"rlexp-vllm-v{version}-", dir=default_root()))
+        folder = Path(tempfile.mkdtemp(prefix=f"rlexp-vllm-v{version}-", dir=staging_root()))
         try:
             write_hf_state_dict(hf_state_dict, folder)
-            self.update_weights(version, str(folder))
+            self.load_folder(version, str(folder))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -350,20 +350,6 @@ class VLLMBackend:
         shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
         if callable(shutdown):
             shutdown()
-
-
-def checkpoint_spec(model_dir: str) -> WeightSpec:
-    """Names, shapes and dtypes of an HF checkpoint's tensors, from the safetensors headers (nothing loaded)."""
-    from safetensors import safe_open
-
-    spec: WeightSpec = {}
-    for f in weight_files(Path(model_dir)):
-        with safe_open(str(f), "pt") as fh:
-            for k in fh.keys():  # noqa: SIM118 - safe_open is not iterable
-                if not k.endswith(IGNORED_SUFFIXES):
-                    sl = fh.get_slice(k)
-                    spec[k] = (tuple(sl.get_shape()), _ST_DTYPES.get(sl.get_dtype(), torch.uint8))
-    return spec
 
 
 def build_backend(backend: str, model_dir: str, tokenizer: Tokenizer | None = None, seed: int = 0,

@@ -22,9 +22,16 @@ import torch.nn as nn
 from rlexp.config.model import ArchConfig, ModelConfig
 from rlexp.models.tiny import ensure_tiny_checkpoint, hf_config_dict
 from rlexp.models.titan import hf_to_titan, load_hf_state_dict, titan_to_hf
+from rlexp.weights import (  # re-exported: the safetensors I/O moved to the neutral rlexp.weights
+    IGNORED_SUFFIXES,
+    INDEX_FILE,
+    CheckpointError,
+    read_hf_state_dict,
+    weight_files,
+    write_hf_state_dict,
+)
 
 QWEN3_ARCHITECTURE = "Qwen3ForCausalLM"
-INDEX_FILE = "model.safetensors.index.json"
 # Files that make a saved folder loadable on its own (tokenizer, chat template, generation defaults).
 SIDECAR_FILES = (
     "generation_config.json",
@@ -48,14 +55,6 @@ _HF_ARCH_KEYS = {
     "vocab_size": "vocab_size",
     "tie_word_embeddings": "tie_embeddings",
 }
-# HF keys that may be present but carry no weights we load.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message lists every problem found."""
-
-
 @dataclass
 class TensorInfo:
     file: str  # file name inside the checkpoint folder
@@ -161,15 +160,6 @@ def expected_hf_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def weight_files(path: Path) -> list[Path]:
-    """Safetensors files of a checkpoint: those named by the index when there is one, else all."""
-    index = path / INDEX_FILE
-    if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / n for n in names]
-    return sorted(path.glob("*.safetensors"))
-
-
 def read_tensor_infos(path: Path) -> dict[str, TensorInfo]:
     """Names, shapes and dtypes from safetensors headers only (no tensor data is read)."""
     from safetensors import safe_open
@@ -222,7 +212,7 @@ def validate_checkpoint(path: str | Path, cfg: ModelConfig) -> CheckpointInfo:
         elif infos[k].shape != shape:
             errors.append(f"{path / infos[k].file}: key {k!r} has shape {list(infos[k].shape)}, expected {list(shape)}")
     for k, info in infos.items():
-        if k in expected or k.endswith(_IGNORED_SUFFIXES):
+        if k in expected or k.endswith(IGNORED_SUFFIXES):
             continue
         if k == "lm_head.weight" and cfg.arch.tie_embeddings:
             # Some tied checkpoints store the (identical) head anyway; accept it if its shape fits.
@@ -262,66 +252,6 @@ def check_model_files(cfg: ModelConfig, *, cache_dir: str | Path | None = None) 
 # ----------------------------------------------------------------------------------------------------
 # Load / save
 # ----------------------------------------------------------------------------------------------------
-
-
-def read_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    sd: dict[str, torch.Tensor] = {}
-    for f in weight_files(Path(path)):
-        sd.update(load_file(str(f)))
-    return {k: v for k, v in sd.items() if not k.endswith(_IGNORED_SUFFIXES)}
-
-
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool}
-
-
-def read_hf_state_dict_into(path: str | Path, dest: dict[str, torch.Tensor]) -> set[str]:
-    """Read a checkpoint folder straight into existing tensors (e.g. a generator's parameters).
-
-    Why not `load_file` + `copy_`: safetensors memory-maps the file and every new mapping is faulted
-    in page by page; `preadv` into the destination's own (already faulted) pages costs about one
-    memcpy (measured 1-5x faster than load + copy on a 2-core VM, see results/bench_cpu.md). Tensors that are not
-    CPU/contiguous or whose dtype differs from the file's fall back to load + copy (which casts).
-    Returns the keys written; raises KeyError for file keys `dest` lacks.
-    """
-    import struct
-
-    from safetensors import safe_open
-
-    done: set[str] = set()
-    for f in weight_files(Path(path)):
-        with open(f, "rb", buffering=0) as fh:
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-            base = 8 + n
-            slow = []
-            for k, meta in header.items():
-                if k == "__metadata__" or k.endswith(_IGNORED_SUFFIXES):
-                    continue
-                t = dest[k]
-                s, e = meta["data_offsets"]
-                if (t.device.type != "cpu" or not t.is_contiguous() or _ST_DTYPES.get(meta["dtype"]) != t.dtype
-                        or list(t.shape) != meta["shape"]):
-                    slow.append(k)
-                    continue
-                mv = memoryview(t.view(torch.uint8).reshape(-1).numpy()) if t.numel() else memoryview(b"")
-                got = 0
-                while got < e - s:
-                    r = os.preadv(fh.fileno(), [mv[got:]], base + s + got)
-                    if r <= 0:
-                        raise CheckpointError(f"{f}: truncated while reading key {k!r}")
-                    got += r
-                done.add(k)
-        if slow:
-            with safe_open(str(f), framework="pt") as st:
-                for k in slow:
-                    with torch.no_grad():
-                        dest[k].copy_(st.get_tensor(k))
-                    done.add(k)
-    return done
 
 
 def load_hf_into_titan(model: nn.Module, path: str | Path, cfg: ModelConfig, *,
@@ -395,34 +325,6 @@ def titan_full_hf_state_dict(model: nn.Module, cfg: ModelConfig,
         sd[k] = v
     out = titan_to_hf(sd, cfg.arch)
     return {k: v.to("cpu").contiguous() for k, v in out.items()}
-
-
-def write_hf_state_dict(sd: dict[str, torch.Tensor], out_dir: Path, *, max_shard_bytes: int = 5 * 2**30) -> list[str]:
-    """Write safetensors (sharded with an index past `max_shard_bytes`, like the Hub's checkpoints)."""
-    from safetensors.torch import save_file
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for k in sorted(sd):
-        nbytes = sd[k].numel() * sd[k].element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][k] = sd[k]
-        size += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-        return ["model.safetensors"]
-    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    weight_map: dict[str, str] = {}
-    for name, shard in zip(names, shards):
-        save_file(shard, str(out_dir / name), metadata={"format": "pt"})
-        weight_map.update({k: name for k in shard})
-    total = sum(v.numel() * v.element_size() for v in sd.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    return [*names, INDEX_FILE]
 
 
 def save_titan_as_hf(model: nn.Module, out_dir: str | Path, cfg: ModelConfig, *, dtype: torch.dtype | None = None,

@@ -5,10 +5,28 @@
 in chunked Monarch actor messages from a weight-server actor on the trainer's process: it crosses hosts
 with nothing but Monarch. `torchstore` is an optional adapter for TorchStore's storage volumes.
 `cluster.transport=auto` (the default) picks per trainer->generator pair (`pair_transport`): shm on one
-host, monarch across hosts. `check_transport(name)` runs in `prepare` before anything spawns.
+host, monarch across hosts. `check_transport(name)` runs in `prepare` before anything spawns. Each transport
+is one module registering itself (`rlexp.transport.base.register_transport`); see rlexp/transport/base.py.
 """
-from rlexp.transport.base import TransportError, WeightTransport, check_weights, spec_of
-from rlexp.transport.registry import build_transport, check_transport, pair_transport, pair_transports
+from rlexp.transport.base import (
+    TransportError,
+    TransportSpec,
+    WeightReceiver,
+    WeightTransport,
+    check_weights,
+    register_transport,
+    spec_of,
+)
+from rlexp.transport.registry import (
+    build_publisher,
+    build_receiver,
+    build_transport,
+    check_transport,
+    pair_transport,
+    pair_transports,
+    transport_spec,
+)
 
-__all__ = ["TransportError", "WeightTransport", "build_transport", "check_transport", "check_weights",
-           "pair_transport", "pair_transports", "spec_of"]
+__all__ = ["TransportError", "TransportSpec", "WeightReceiver", "WeightTransport", "build_publisher",
+           "build_receiver", "build_transport", "check_transport", "check_weights", "pair_transport",
+           "pair_transports", "register_transport", "spec_of", "transport_spec"]

@@ -1,38 +1,112 @@
-"""Transport interface and registry."""
+"""Transport interface and the registry of transports by name (implementations register themselves here;
+this module imports none of them).
+
+A transport is one module: a trainer-side publisher (a `WeightTransport` subclass, registered with
+`@register_transport("name")`) and a generator-side receiver (its `receiver` class, a `WeightReceiver`). The
+trainer and the generators know a transport only through a `TransportSpec`: its name, the module that registers
+it (imported first in an actor's process, so a transport outside rlexp works too) and its settings, built from
+the run's config by the transport itself (`WeightTransport.settings`). `cluster.transport` names a registered
+transport, `auto`, or `package.module:Class` for one that no rlexp module imports.
+"""
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
 
 import torch
 
-TRANSPORTS = ("shm", "monarch", "torchstore")  # what a trainer->generator pair can use
-CHOICES = ("auto", *TRANSPORTS)  # what `cluster.transport` accepts; auto: shm on one host, monarch across
+from rlexp.weights import TransportError, WeightSpec, check_weights, spec_of
+
+__all__ = ["TRANSPORTS", "TransportError", "TransportSpec", "WeightReceiver", "WeightSink", "WeightSpec",
+           "WeightTransport", "check_weights", "register_transport", "spec_of"]
+
+TRANSPORTS: dict[str, type[WeightTransport]] = {}  # name -> publisher class, filled by `register_transport`
 
 
-class TransportError(RuntimeError):
-    """The transport cannot work in this environment/layout; raised at start, before spawning."""
+def register_transport(name: str) -> Callable[[type[WeightTransport]], type[WeightTransport]]:
+    def deco(cls: type[WeightTransport]) -> type[WeightTransport]:
+        cls.name = name
+        TRANSPORTS[name] = cls
+        return cls
+
+    return deco
+
+
+class WeightSink(Protocol):
+    """What a receiver loads into: a generator backend (`rlexp.models.backends.GeneratorBackend`)."""
+
+    def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None: ...
+
+    def load_folder(self, version: int, folder: str, check: Callable[[], None] | None = None) -> None: ...
+
+
+class WeightReceiver:
+    """Generator side: turns a location published by its transport back into weights inside a backend.
+
+    The default fetches an HF-named state dict (`afetch`) and hands it to `WeightSink.load_state_dict`, which
+    checks it against the generator's own parameters before copying; a transport whose locations are folders
+    overrides `receive` to let the backend read the folder itself (vLLM reloads from one)."""
+
+    def __init__(self, run_name: str, settings: dict[str, Any]) -> None:
+        self.run_name, self.settings = run_name, settings
+
+    def connect(self, server: Any) -> None:
+        """The transport's server actor (`WeightTransport.server`), handed over by the launcher after spawning."""
+
+    async def afetch(self, version: int, location: str) -> dict[str, torch.Tensor]:
+        raise NotImplementedError(f"{type(self).__name__} implements neither afetch nor receive")
+
+    async def receive(self, version: int, location: str, backend: WeightSink) -> None:
+        backend.load_state_dict(version, await self.afetch(version, location), where=location)
 
 
 class WeightTransport(ABC):
-    """Trainer side publishes a version; generator side turns a location back into weights.
+    """Trainer side: publishes a version and says where it is.
 
     A location is a string so it can travel through a Monarch endpoint as-is: `Trainer.push_weights` returns
     {transport: location} and each `Generator.update_weights(version, locations)` picks its own. For `shm`
     it is a folder of HF safetensors; for `monarch` a `monarch://<run>/v<version>` key served by the
-    trainer-side `WeightServer`; for `torchstore` a `torchstore://<key>` URI. Generators of the in-memory
-    transports load the fetched state dict (`GeneratorBackend.load_state_dict`; vLLM via a local folder).
+    trainer-side `WeightServer`; for `torchstore` a `torchstore://<key>` URI.
+
+    Class attributes describe the transport to the launcher: `receiver` (the generator side), `one_host`
+    (works only when the trainer and the generator share a host: refused across hosts), `server` (an actor
+    class the launcher spawns on the trainer's first process and connects every receiver to, or None).
+    Constructed as `cls(run_name, keep=keep, **settings)`.
     """
 
-    name: str
+    name: ClassVar[str] = ""
+    receiver: ClassVar[type[WeightReceiver]] = WeightReceiver
+    one_host: ClassVar[bool] = False
+    server: ClassVar[type | None] = None
+
+    @classmethod
+    def settings(cls, cfg: Any) -> dict[str, Any]:
+        """This transport's settings from the run's config (plain values: they travel to the actors as-is).
+        The default is `cluster.transport_options.<name>`."""
+        options = getattr(cfg.cluster, "transport_options", None) or {}
+        return dict(options.get(cls.name) or {})
+
+    @classmethod
+    def check(cls, settings: dict[str, Any], *, hosts: int = 1) -> None:
+        """Raise `TransportError` now (in `prepare`, before anything spawns) if this transport cannot work here
+        with these settings; `hosts`: how many hosts the trainer and generators span. The default checks that
+        the constructor takes the settings."""
+        try:
+            inspect.signature(cls).bind("run", keep=1, **settings)
+        except TypeError as e:
+            raise TransportError(f"cluster.transport_options.{cls.name}: {e}; {cls.__name__} takes "
+                                 f"{list(inspect.signature(cls).parameters)[1:]}") from None
 
     @abstractmethod
     def publish(self, version: int, hf_state_dict: dict[str, torch.Tensor]) -> str:
         """Make `version` available; returns its location. Old versions beyond `keep` are dropped."""
 
-    @abstractmethod
     def fetch(self, location: str) -> dict[str, torch.Tensor]:
-        """The HF-named state dict at `location` (CPU tensors)."""
+        """The HF-named state dict at `location` (CPU tensors), read in the publishing process (tests, bench)."""
+        raise NotImplementedError
 
     async def astart(self) -> None:  # noqa: B027 - optional: only a transport with a service to start has one
         """Trainer side, once in `Trainer.setup` (inside the actor's event loop)."""
@@ -44,32 +118,16 @@ class WeightTransport(ABC):
     async def afetch(self, location: str) -> dict[str, torch.Tensor]:
         return self.fetch(location)
 
-    def materialize(self, location: str, local_dir: str | Path | None = None) -> Path:
-        """A local folder of HF safetensors for `location` (what vLLM reloads from)."""
-        return Path(location)
-
     def close(self) -> None:  # noqa: B027 - optional: a transport with nothing to release keeps this no-op
         """Release everything this transport published (trainer side, at teardown)."""
 
 
-WeightSpec = dict[str, tuple[tuple[int, ...], torch.dtype]]
+@dataclass(frozen=True)
+class TransportSpec:
+    """Everything either side needs to build its end of one transport, opaque to the trainer and generators:
+    picklable, so it travels to actor processes, which import `module` (registering the transport) first."""
 
-
-def spec_of(sd: dict[str, torch.Tensor]) -> WeightSpec:
-    return {k: (tuple(v.shape), v.dtype) for k, v in sd.items()}
-
-
-def check_weights(version: int, got: WeightSpec, own: WeightSpec, *, where: str, check_dtype: bool = True) -> None:
-    """Refuse, before anything is loaded, weights that do not fit the generator's own parameters: a
-    wrong model (names), a wrong size (shapes) or a wrong precision (dtypes; vLLM casts on load, so its
-    backend skips that one)."""
-    missing, unexpected = sorted(set(own) - set(got)), sorted(set(got) - set(own))
-    shapes = [f"{k}: {got[k][0]} != own {own[k][0]}" for k in sorted(set(got) & set(own)) if got[k][0] != own[k][0]]
-    dtypes = [f"{k}: {got[k][1]} != own {own[k][1]}" for k in sorted(set(got) & set(own))
-              if check_dtype and got[k][1] != own[k][1]]
-    if missing or unexpected or shapes or dtypes:
-        raise TransportError(
-            f"generator: version {version} from {where} does not match this generator's model: "
-            f"missing {missing[:3]}, unexpected {unexpected[:3]}, shape {shapes[:3]}, dtype {dtypes[:3]} "
-            f"({len(missing)}/{len(unexpected)}/{len(shapes)}/{len(dtypes)}); the trainer and generators must load "
-            f"the same `model=` (and model.dtype); nothing was loaded")
+    name: str
+    module: str
+    run_name: str
+    settings: dict[str, Any] = field(default_factory=dict)

@@ -15,7 +15,7 @@ dtypes, shapes, byte offsets, a publish id), pulls the chunks with a bounded num
 flat buffer, and returns views of it. Every chunk reply carries the version and publish id it came from;
 a chunk of another publish (the version was re-published, or dropped past `keep`) fails the fetch with a
 clear error, so a generator never loads torn weights. Compatibility with the generator's own parameters
-is checked by the backend (`rlexp.transport.base.check_weights`).
+is checked by the backend (`rlexp.weights.check_weights`).
 
 Why not Monarch RDMA buffers (`monarch.rdma.RDMABuffer`): they import and work on this CPU build, but
 without ibverbs hardware `get_rdma_backend()` is "tcp", a TCP fallback Monarch itself warns is slow. On
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from monarch.actor import Actor, endpoint
 
-from rlexp.transport.base import TransportError, WeightTransport
+from rlexp.transport.base import TransportError, WeightReceiver, WeightTransport, register_transport
 
 URI = "monarch://"
 DEFAULT_CHUNK_BYTES = 64 * 2**20
@@ -134,45 +134,6 @@ def _lookup(run: str, version: int) -> Published:
     return pub
 
 
-class MonarchTransport(WeightTransport):
-    """Trainer side: publishes into this process's registry, which `WeightServer` serves."""
-
-    name = "monarch"
-
-    def __init__(self, run_name: str, *, keep: int = 2, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
-        if keep < 1:
-            raise ValueError("keep must be >= 1")
-        if chunk_bytes < _ALIGN or chunk_bytes % _ALIGN:
-            raise ValueError(f"transport=monarch: chunk size {chunk_bytes} bytes must be a positive multiple "
-                             f"of {_ALIGN}; set cluster.transport_chunk_mb")
-        self.run, self.keep, self.chunk_bytes = run_name, keep, chunk_bytes
-        with _LOCK:
-            _RUNS[run_name] = {}
-
-    def publish(self, version: int, hf_state_dict: dict[str, torch.Tensor]) -> str:
-        pub = pack(version, hf_state_dict, self.chunk_bytes)
-        with _LOCK:
-            versions = _RUNS.setdefault(self.run, {})
-            versions[version] = pub  # replaces a re-published version whole (new publish id)
-            for v in sorted(versions)[: max(0, len(versions) - self.keep)]:
-                del versions[v]
-        return location(self.run, version)
-
-    def versions(self) -> list[int]:
-        with _LOCK:
-            return sorted(_RUNS.get(self.run, {}))
-
-    def fetch(self, location: str) -> dict[str, torch.Tensor]:
-        """In-process read (tests, bench); generators use `MonarchWeightClient`."""
-        run, version = parse_location(location)
-        pub = _lookup(run, version)
-        return {k: v.clone() for k, v in unpack(pub.manifest(), torch.cat(pub.chunks)).items()}
-
-    def close(self) -> None:
-        with _LOCK:
-            _RUNS.pop(self.run, None)
-
-
 class WeightServer(Actor):
     """Serves published versions to generators on any host; spawn it on the trainer's first process."""
 
@@ -219,3 +180,63 @@ class MonarchWeightClient:
                                          f"expected {want}")
                 flat[j * cb:j * cb + want].copy_(data)
         return unpack(man, flat)
+
+
+class MonarchReceiver(WeightReceiver):
+    """Generator side: a `MonarchWeightClient` of the run's `WeightServer` (handed over by `connect`)."""
+
+    client: MonarchWeightClient | None = None
+
+    def connect(self, server: Any) -> None:
+        self.client = MonarchWeightClient(server)
+
+    async def afetch(self, version: int, location: str) -> dict[str, torch.Tensor]:
+        if self.client is None:
+            raise TransportError("generator: transport=monarch but no weight server was connected "
+                                 "(the launcher connects it after spawning)")
+        return await self.client.afetch(location, version)
+
+
+@register_transport("monarch")
+class MonarchTransport(WeightTransport):
+    """Trainer side: publishes into this process's registry, which `WeightServer` serves."""
+
+    receiver = MonarchReceiver
+    server = WeightServer
+
+    @classmethod
+    def settings(cls, cfg: Any) -> dict[str, Any]:
+        return {"chunk_bytes": cfg.cluster.transport_chunk_mb * 2**20}
+
+    def __init__(self, run_name: str, *, keep: int = 2, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        if chunk_bytes < _ALIGN or chunk_bytes % _ALIGN:
+            raise ValueError(f"transport=monarch: chunk size {chunk_bytes} bytes must be a positive multiple "
+                             f"of {_ALIGN}; set cluster.transport_chunk_mb")
+        self.run, self.keep, self.chunk_bytes = run_name, keep, chunk_bytes
+        with _LOCK:
+            _RUNS[run_name] = {}
+
+    def publish(self, version: int, hf_state_dict: dict[str, torch.Tensor]) -> str:
+        pub = pack(version, hf_state_dict, self.chunk_bytes)
+        with _LOCK:
+            versions = _RUNS.setdefault(self.run, {})
+            versions[version] = pub  # replaces a re-published version whole (new publish id)
+            for v in sorted(versions)[: max(0, len(versions) - self.keep)]:
+                del versions[v]
+        return location(self.run, version)
+
+    def versions(self) -> list[int]:
+        with _LOCK:
+            return sorted(_RUNS.get(self.run, {}))
+
+    def fetch(self, location: str) -> dict[str, torch.Tensor]:
+        """In-process read (tests, bench); generators use `MonarchWeightClient`."""
+        run, version = parse_location(location)
+        pub = _lookup(run, version)
+        return {k: v.clone() for k, v in unpack(pub.manifest(), torch.cat(pub.chunks)).items()}
+
+    def close(self) -> None:
+        with _LOCK:
+            _RUNS.pop(self.run, None)

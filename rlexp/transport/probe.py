@@ -43,8 +43,9 @@ class TransportProbe(Actor):
 
         if name not in self.transports:
             # keep=2: what a run keeps at least, and what lets shm reuse the dropped version's pages
-            self.transports[name] = build_transport(name, self.run_name, keep=2, shm_root=self.shm_root,
-                                                    chunk_bytes=self.chunk_bytes)
+            settings = {"shm": {"root": self.shm_root}, "monarch": {"chunk_bytes": self.chunk_bytes}}.get(name, {})
+            self.transports[name] = build_transport(name, self.run_name, keep=2,
+                                                    **{k: v for k, v in settings.items() if v is not None})
         t0 = time.perf_counter()
         loc = await self.transports[name].apublish(version, self.sd)
         return loc, time.perf_counter() - t0

@@ -36,24 +36,26 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from rlexp.models.hf import (
-    _ST_DTYPES,
+from rlexp.transport.base import WeightReceiver, WeightSink, WeightTransport, register_transport
+from rlexp.weights import (
+    ST_DTYPES,
+    ST_NAMES,
+    TransportError,
     read_hf_state_dict,
     read_hf_state_dict_into,
+    staging_root,
     write_hf_state_dict,
 )
-from rlexp.transport.base import TransportError, WeightTransport
 
-SHM = Path("/dev/shm")
 LATEST = "LATEST"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 WEIGHTS = "model.safetensors"
 MARK = "rlexp_version"
 _WRITING = "w" * 20  # the mark while a recycled file is being overwritten (as wide as a version)
-_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 _THREADS = max(1, min(4, os.cpu_count() or 1))  # parallel pwrite of a fresh file: one kernel copy per thread
 
 
@@ -160,7 +162,7 @@ class Layout:
         for k in sorted(sd):
             t = sd[k]
             n = t.numel() * t.element_size()
-            meta[k] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
+            meta[k] = {"dtype": ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
             entries.append((k, off, n))
             off += n
         js = json.dumps(meta, separators=(",", ":")).encode()
@@ -236,9 +238,7 @@ def check_intact(location: str | Path, version: int | None = None) -> None:
                              f"must not be used: load the latest version, or raise `keep`")
 
 
-def default_root() -> Path:
-    """/dev/shm when the host has one (Linux), else the temp dir (still correct, slower)."""
-    return SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else Path(tempfile.gettempdir())
+default_root = staging_root  # /dev/shm when the host has one, else the temp dir
 
 
 def check_shm(*, hosts: int = 1, root: str | Path | None = None, need_bytes: int | None = None) -> None:
@@ -256,8 +256,34 @@ def check_shm(*, hosts: int = 1, root: str | Path | None = None, need_bytes: int
                                  f"only {free / 2**30:.1f} GiB free; in Docker raise --shm-size, or lower `keep`")
 
 
+class ShmReceiver(WeightReceiver):
+    """Generator side: the backend reads the version's folder itself (vLLM reloads from a folder; titan maps it),
+    and the folder is checked intact before and after, so torn weights are refused, never counted as loaded."""
+
+    async def afetch(self, version: int, location: str) -> dict[str, torch.Tensor]:
+        check_intact(location, version)
+        return fetch(location)
+
+    async def receive(self, version: int, location: str, backend: WeightSink) -> None:
+        if not os.path.isdir(location):
+            raise FileNotFoundError(f"generator: weights for version {version} are not at {location}")
+        check_intact(location, version)
+        backend.load_folder(version, location, check=lambda: check_intact(location, version))
+
+
+@register_transport("shm")
 class ShmTransport(WeightTransport):
-    name = "shm"
+    receiver = ShmReceiver
+    one_host = True  # /dev/shm is per host
+
+    @classmethod
+    def settings(cls, cfg: Any) -> dict[str, Any]:
+        return {"root": cfg.cluster.shm_dir}
+
+    @classmethod
+    def check(cls, settings: dict[str, Any], *, hosts: int = 1) -> None:
+        super().check(settings, hosts=hosts)
+        check_shm(hosts=hosts)
 
     def __init__(self, run_name: str, *, root: str | Path | None = None, keep: int = 2,
                  config: dict | None = None, max_shard_bytes: int = 5 * 2**30) -> None:
@@ -296,7 +322,7 @@ class ShmTransport(WeightTransport):
     def publish(self, version: int, hf_state_dict: dict[str, torch.Tensor]) -> str:
         sd = {k: v.detach().to("cpu").contiguous() for k, v in hf_state_dict.items()}
         need = sum(t.numel() * t.element_size() for t in sd.values())
-        layout = Layout.of(sd) if need <= self.max_shard_bytes and all(t.dtype in _ST_NAMES for t in sd.values()) \
+        layout = Layout.of(sd) if need <= self.max_shard_bytes and all(t.dtype in ST_NAMES for t in sd.values()) \
             else None
         recycled = self._recyclable(version, layout) if layout is not None else None
         free = shutil.disk_usage(self.dir).free
@@ -344,12 +370,7 @@ class ShmTransport(WeightTransport):
             shutil.rmtree(self.version_dir(v), ignore_errors=True)
 
     def fetch(self, location: str) -> dict[str, torch.Tensor]:
-        p = Path(location)
-        if not p.is_dir():
-            raise TransportError(f"transport=shm: {p} does not exist (garbage-collected? raise `keep`)")
-        sd = {k: v.clone() for k, v in read_hf_state_dict(p).items()}  # copies, not views of a recyclable file
-        check_intact(p)
-        return sd
+        return fetch(location)
 
     def fetch_into(self, location: str, dest: dict[str, torch.Tensor]) -> set[str]:
         """Read `location` straight into existing tensors (the titan backend's parameters, in HF naming):
@@ -360,6 +381,16 @@ class ShmTransport(WeightTransport):
     def close(self) -> None:
         self.maps.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def fetch(location: str | Path) -> dict[str, torch.Tensor]:
+    """`ShmTransport.fetch` for any reader: a copy of the version at `location`, checked intact after reading."""
+    p = Path(location)
+    if not p.is_dir():
+        raise TransportError(f"transport=shm: {p} does not exist (garbage-collected? raise `keep`)")
+    sd = {k: v.clone() for k, v in read_hf_state_dict(p).items()}  # copies, not views of a recyclable file
+    check_intact(p)
+    return sd
 
 
 def fetch_into(location: str | Path, dest: dict[str, torch.Tensor]) -> set[str]:
@@ -382,7 +413,7 @@ def fetch_into(location: str | Path, dest: dict[str, torch.Tensor]) -> set[str]:
                 continue
             t = dest[k]
             s, e = meta["data_offsets"]
-            ok = (t.device.type == "cpu" and t.is_contiguous() and _ST_DTYPES.get(meta["dtype"]) == t.dtype
+            ok = (t.device.type == "cpu" and t.is_contiguous() and ST_DTYPES.get(meta["dtype"]) == t.dtype
                   and list(t.shape) == meta["shape"])
             (fast if ok else slow).append((k, s, e - s))
         size = os.fstat(fh.fileno()).st_size

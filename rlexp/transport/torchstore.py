@@ -15,13 +15,11 @@ import asyncio
 import importlib.metadata as md
 import os
 import re
-from pathlib import Path
+from typing import Any
 
 import torch
 
-from rlexp.models.hf import write_hf_state_dict
-from rlexp.transport.base import TransportError, WeightTransport
-from rlexp.transport.shm import default_root
+from rlexp.transport.base import TransportError, WeightReceiver, WeightTransport, register_transport
 
 URI = "torchstore://"
 IGNORE_PIN_ENV = "RLEXP_TORCHSTORE_IGNORE_PIN"
@@ -91,10 +89,28 @@ def _run(coro):
     raise RuntimeError("inside an event loop (a Monarch async endpoint): await apublish/afetch instead")
 
 
+class TorchStoreReceiver(WeightReceiver):
+    """Generator side: reads from the store the trainer started (`cluster.transport_options.torchstore.store_name`
+    names a non-default one)."""
+
+    store: TorchStoreTransport | None = None
+
+    async def afetch(self, version: int, location: str) -> dict[str, torch.Tensor]:
+        if self.store is None:
+            self.store = TorchStoreTransport("generator", store_name=self.settings.get("store_name"))
+        return await self.store.afetch(location)
+
+
+@register_transport("torchstore")
 class TorchStoreTransport(WeightTransport):
     """Each version is one TorchStore state dict under key `rlexp/<run>/v<version>`."""
 
-    name = "torchstore"
+    receiver = TorchStoreReceiver
+
+    @classmethod
+    def check(cls, settings: dict[str, Any], *, hosts: int = 1) -> None:
+        super().check(settings, hosts=hosts)
+        check_torchstore()
 
     def __init__(self, run_name: str, *, keep: int = 2, store_name: str | None = None) -> None:
         import torchstore as ts
@@ -142,15 +158,6 @@ class TorchStoreTransport(WeightTransport):
 
     def fetch(self, location: str) -> dict[str, torch.Tensor]:
         return _run(self.afetch(location))
-
-    def materialize(self, location: str, local_dir: str | Path | None = None) -> Path:
-        """Fetch and write HF safetensors into a local (shm) folder for vLLM's `reload_weights`."""
-        if local_dir:
-            out = Path(local_dir)
-        else:
-            out = default_root() / self.prefix.replace("/", "_") / location.rsplit("/", 1)[-1]
-        write_hf_state_dict(self.fetch(location), out)
-        return out
 
     async def aclose(self) -> None:
         for v in self._published:
