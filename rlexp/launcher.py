@@ -33,6 +33,7 @@ from rlexp.config.layout import assign_gpus
 from rlexp.controller import Controller
 from rlexp.errors import RunStopped
 from rlexp.models.tokenizer import load_tokenizer
+from rlexp.phases import Phases
 from rlexp.prepare import Prepared, prepare
 from rlexp.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.tracking import runlog
@@ -308,7 +309,10 @@ def run(cfg: DictConfig) -> dict[str, float]:
     runlog.attach()  # console summary/progress/final lines go to train.log too
     # This process is Monarch's root: its actor prefix (`[actor=<root>] `, added once per log handler) says nothing.
     monarch_config.prefix_python_logs_with_actor = False
+    phases = Phases()
+    phases.done("config composed")
     p = prepare(cfg)
+    phases.done("checks done (config, memory plan, data, reward, model files)")
     resume_from = checkpoints.find_resume(p.cfg.resume, run_dir)
     cfg_hash = checkpoints.resume_hash(cfg)
     if resume_from is not None:
@@ -327,7 +331,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     try:
         with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
             graph = Graph(Hosts(p.cfg.cluster))
+            phases.done(f"hosts up (cluster={p.cfg.cluster.name})")
             build_graph(p, run_name, graph, run_dir)
+            phases.done("actors spawned, weights loaded, engines ready")
             runlog.announce("\n".join([*graph.placement, *runlog.tracker_lines(trackers.manifest, run_dir)]))
             assert graph.services is not None
             elastic = Elastic(graph, run_dir)

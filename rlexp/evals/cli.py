@@ -124,8 +124,9 @@ def help_text(config_dir: str | Path = DEFAULT_CONF) -> str:
 
     out = [_parser().format_help().rstrip()]
     benchmarks = sorted((conf / "benchmark").glob("*.yaml"))
-    out += section(f"benchmarks (benchmark=NAME; default {_group_default(defaults, 'benchmark')})",
-                   [(b.stem, _benchmark_line(b)) for b in benchmarks])
+    out += section(f"benchmarks (benchmark=NAME; default {_group_default(defaults, 'benchmark')}). Offline, shipped "
+                   f"in a package: gpqa_diamond, gsm8k, and a run's held-out split (run=PATH); the others read the "
+                   f"Hugging Face cache", [(b.stem, _benchmark_line(b)) for b in benchmarks])
     backends = sorted((conf / "generator").glob("*.yaml"))
     out += section(f"backends (backend=NAME; default {_yaml_value(cfg.get('backend'))})",
                    [(str(_load_raw(b).get("backend", b.stem)), _first_comment(b)) for b in backends])

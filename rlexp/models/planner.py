@@ -567,3 +567,44 @@ def _generator_fixes(arch: ArchConfig, g: GeneratorSetup, cap: float, per_host: 
     if not out:
         out.append("the weights alone do not fit: raise model.parallelism.generator_tp")
     return ["(generator) " + o for o in out]
+
+
+def local_gpus() -> tuple[int, float]:
+    """GPUs this machine shows torch, and the smallest one's memory in GiB ((0, 0) without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, 0.0
+    n = torch.cuda.device_count()
+    return n, min(torch.cuda.get_device_properties(i).total_memory for i in range(n)) / GiB
+
+
+def check_devices(report: PlanReport, cluster: Any, have: tuple[int, float] | None = None,
+                  argv: list[str] | None = None) -> None:
+    """Refuse, before any process starts, a local-job run whose plan needs GPUs this machine does not have:
+    the plan, what the machine has, and the nearest command that runs here. (Slurm and Kubernetes jobs run the
+    controller on a machine without the run's GPUs: nothing to check here.)"""
+    if str(_get(cluster, "job", "local")) != "local" or str(_get(cluster, "device", "cpu")) != "cuda":
+        return
+    gpus, gib = have if have is not None else local_gpus()
+    if gpus >= report.gpus_needed and (not report.gpu_memory_gib or gib >= report.gpu_memory_gib * 0.95):
+        return
+    machine = f"{gpus} GPU(s) of {gib:.0f} GiB" if gpus else "no GPU visible to torch (CPU only)"
+    raise PlanError(f"model={report.model} needs {report.gpus_needed} GPUs of {report.gpu_memory_gib or '?'} GiB "
+                    f"(cluster={_get(cluster, 'name', '?')}); this machine has {machine}.\n{report.table()}\n"
+                    f"nearest command that runs here: {nearest_command(argv, gpus)}", report)
+
+
+def nearest_command(argv: list[str] | None, gpus: int) -> str:
+    """The command line minus what needs the GPUs: without GPUs, the CPU demo (the tiny model on its own task)
+    with the rest of the choices (reward, algorithm, ...); with some, the same run planned for them."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    args = [a for a in args if a not in ("train", "plan")]
+    if gpus == 0:
+        drop = ("model", "cluster", "experiment", "environment", "generator", "trainer", "verifier_set")
+        keep = [a for a in args if a.split("=", 1)[0].split(".", 1)[0].lstrip("+~") not in drop]
+        return "rlexp train " + " ".join(keep) if keep else "rlexp train"
+    return (f"rlexp plan {' '.join(args)} cluster.gpus_per_host={gpus} (then lower "
+            f"model.parallelism.trainer_fsdp / generator_replicas, or a smaller model, until it fits)")
