@@ -309,8 +309,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
     runlog.attach()  # console summary/progress/final lines go to train.log too
     # This process is Monarch's root: its actor prefix (`[actor=<root>] `, added once per log handler) says nothing.
     monarch_config.prefix_python_logs_with_actor = False
-    phases = Phases()
-    phases.done("config composed")
+    phases = Phases(since_start=True)
+    phases.done("started, config composed")
     p = prepare(cfg)
     phases.done("checks done (config, memory plan, data, reward, model files)")
     resume_from = checkpoints.find_resume(p.cfg.resume, run_dir)

@@ -152,3 +152,9 @@ def test_phases_print_one_line_each_with_time():
     assert len(lines) == 2 and lines[0].startswith("[rlexp] checks done (") and lines[0].endswith(" s)")
 
 
+
+
+def test_first_phase_counts_from_the_process_start():
+    out = io.StringIO()
+    time.sleep(0.2)
+    assert Phases(out, since_start=True).done("started") >= 0.2
