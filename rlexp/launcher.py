@@ -33,6 +33,7 @@ from rlexp.config.layout import assign_gpus
 from rlexp.controller import Controller
 from rlexp.errors import RunStopped
 from rlexp.models.tokenizer import load_tokenizer
+from rlexp.phases import Phases
 from rlexp.prepare import Prepared, prepare
 from rlexp.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.tracking import runlog
@@ -316,7 +317,10 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if cfg.resume == "auto" and (done := checkpoints.finished(run_dir, cfg.steps)) is not None:
         print(f"[rlexp] {done}", flush=True)  # a plain print: the finished run's folder is left untouched
         return read_manifest(run_dir).get("final_metrics") or {}
+    phases = Phases(since_start=True)
+    phases.done("started, config composed")
     p = prepare(cfg)
+    phases.done("checks done (config, memory plan, data, reward, model files)")
     resume_from = checkpoints.find_resume(p.cfg.resume, run_dir, say=runlog.announce)  # checked, intact
     cfg_hash = checkpoints.resume_hash(cfg)
     if resume_from is not None:
@@ -334,7 +338,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     try:
         with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
             graph = Graph(Hosts(p.cfg.cluster))
+            phases.done(f"hosts up (cluster={p.cfg.cluster.name})")
             build_graph(p, run_name, graph, run_dir)
+            phases.done("actors spawned, weights loaded, engines ready")
             runlog.announce("\n".join([*graph.placement, *runlog.tracker_lines(trackers.manifest, run_dir)]))
             assert graph.services is not None
             elastic = Elastic(graph, run_dir)

@@ -21,7 +21,7 @@ from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env
 from rlexp.evals.benchmarks import load_benchmarks
 from rlexp.models.hf import CheckpointError, check_model_files
-from rlexp.models.planner import check_plan
+from rlexp.models.planner import PlanError, check_devices, plan_memory
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
@@ -48,9 +48,14 @@ class Prepared:
 def prepare(cfg: DictConfig) -> Prepared:
     """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
     t: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    report = plan_memory(cfg) if t.model.flavor != "tiny" or t.trainer.micro_batch_size == 0 else None
+    if report is not None and t.trainer.micro_batch_size == 0:  # derived: the largest the plan fits
+        t.trainer.micro_batch_size = cfg.trainer.micro_batch_size = report.micro_batch_size
+    if report is not None and t.model.flavor != "tiny":
+        check_devices(report, t.cluster)  # this machine has the GPUs the plan needs, before anything else says no
     validate(t, check_weights=check_model_files)
-    if t.model.flavor != "tiny":
-        check_plan(cfg)
+    if report is not None and t.model.flavor != "tiny" and not report.ok:
+        raise PlanError("the configured layout does not fit:\n" + report.table(), report)
     try:
         check_cluster(t.cluster)
     except ValueError as e:

@@ -25,12 +25,19 @@ def test_every_group_option_composes_into_the_schema(group: str, option: str) ->
         cfg = compose("train", overrides=[f"{group}={option}"])
     typed = OmegaConf.to_object(cfg)  # raises on a type mismatch anywhere
     assert getattr(typed, group) is not None
+    if group == "model" and option != "tiny":  # brings a GPU cluster (conf/scale/); on CPU it is refused
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cpu = compose("train", overrides=[f"model={option}", "cluster=local", "generator=titan",
+                                                   "trainer.micro_batch_size=1"])
+        with pytest.raises(ConfigError, match="billion-parameter"):
+            validate(OmegaConf.to_object(cpu))
+        return
     if group in ("cluster",) and typed.cluster.device == "cuda":
         return  # needs a GPU to validate; composition is what is checked here
-    if group == "model" and option != "tiny":
-        with pytest.raises(ConfigError, match="billion-parameter"):
-            validate(typed)
-        return
+    if typed.trainer.micro_batch_size == 0:  # trainer=large: derived from the memory plan, as prepare does first
+        from rlexp.models.planner import plan_memory
+
+        typed.trainer.micro_batch_size = plan_memory(cfg).micro_batch_size
     validate(typed)
 
 

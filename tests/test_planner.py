@@ -14,23 +14,27 @@ CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf"
 # Reference RL workload the default layouts are sized for (documented in the report):
 # 32 prompts x 8 samples, 1024 prompt + 3072 response tokens, micro-batch 1, activation checkpointing, 80 GB GPUs.
 WORKLOAD = {"max_prompt_tokens": 1024, "max_tokens": 3072, "group_size": 8, "prompts_per_step": 32, "kl_coef": 0.0}
+FSDP4 = {"trainer_fsdp": 4, "generator_replicas": 4}  # the 8B layout these tests were worked out by hand for
 HOSTS = {"qwen3_0_6b": 1, "qwen3_1_7b": 1, "qwen3_4b": 1, "qwen3_8b": 1, "qwen3_14b": 2, "qwen3_32b": 3}
 
 
-def run_cfg(model: str, *, hosts: int = 1, gpu_gb: float = 80, ac: bool = True, mb: int = 1, **model_par):
-    m = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(CONF / "model" / f"{model}.yaml"))
+def run_cfg(model: str, *, hosts: int = 1, gpu_gb: float = 80, ac: bool = True, mb: int = 1, prompts: int = 32,
+            **model_par):
+    raw = OmegaConf.load(CONF / "model" / f"{model}.yaml")
+    raw.pop("defaults", None)  # the run a real model brings (conf/scale/): composed by Hydra, not here
+    m = OmegaConf.merge(OmegaConf.structured(ModelConfig), raw)
     for k, v in model_par.items():
         m.parallelism[k] = v
     return OmegaConf.create({
         "model": m,
         "cluster": {"gpu_memory_gb": gpu_gb, "gpus_per_host": 8, "hosts": hosts},
         "trainer": {"micro_batch_size": mb, "activation_checkpointing": ac, "mixed_precision": True},
-        "algorithm": dict(WORKLOAD),
+        "algorithm": {**WORKLOAD, "prompts_per_step": prompts},
     })
 
 
 def test_qwen3_8b_by_hand():
-    r = check_plan(run_cfg("qwen3_8b"))  # FSDP 4 x TP 1 trainer, 4 x TP 1 generators
+    r = check_plan(run_cfg("qwen3_8b", **FSDP4))  # 4 x TP 1 generators
     n = 8_190_735_360  # see test_models_catalog.EXACT
     t = r.trainer
     assert t.get("parameters (bf16)") == n * 2 / 4 == 4_095_367_680
@@ -75,7 +79,7 @@ def test_qwen3_32b_by_hand():
 @pytest.mark.parametrize("model", list(HOSTS))
 @pytest.mark.parametrize("variant", ["", "_instruct"])
 def test_default_layouts_fit_the_reference_workload(model, variant):
-    check_plan(run_cfg(model + variant, hosts=HOSTS[model]))
+    check_plan(run_cfg(model + variant, hosts=HOSTS[model], prompts=16))  # conf/scale/one_node.yaml's batch
 
 
 def test_32b_on_one_node_is_refused_with_advice():
@@ -89,7 +93,7 @@ def test_32b_on_one_node_is_refused_with_advice():
 
 
 def test_activation_checkpointing_and_micro_batch_advice():
-    cfg = run_cfg("qwen3_8b", ac=False, mb=2)
+    cfg = run_cfg("qwen3_8b", **FSDP4, ac=False, mb=2)
     r = plan_memory(cfg)
     assert not r.ok
     fixes = "\n".join(r.fixes)
@@ -98,7 +102,7 @@ def test_activation_checkpointing_and_micro_batch_advice():
 
 
 def test_generator_kv_refusal_and_gpu_count():
-    cfg = run_cfg("qwen3_8b", generator_replicas=1)
+    cfg = run_cfg("qwen3_8b", trainer_fsdp=4, generator_replicas=1)
     cfg.algorithm.prompts_per_step = 64  # 512 sequences x 4096 tokens on one GPU = 288 GiB of KV
     r = plan_memory(cfg)
     fixes = "\n".join(r.fixes)
@@ -115,7 +119,7 @@ def test_tp_must_divide_heads():
 
 
 def test_no_gpu_limit_only_reports():
-    cfg = run_cfg("qwen3_8b")
+    cfg = run_cfg("qwen3_8b", **FSDP4)
     cfg.cluster.gpu_memory_gb = None
     r = check_plan(cfg)
     assert r.ok and "no GPU memory limit" in r.table()
@@ -124,11 +128,16 @@ def test_no_gpu_limit_only_reports():
 def _mini_conf(tmp_path: Path) -> Path:
     """A minimal run config composed by Hydra (the real model group, a fixed 80 GB cluster), independent of
     the defaults in rlexp/conf/train.yaml."""
-    (tmp_path / "model").symlink_to(CONF / "model")
+    (tmp_path / "model").mkdir()
+    for f in (CONF / "model").glob("*.yaml"):  # without the run a real model brings (conf/scale/)
+        raw = OmegaConf.load(f)
+        raw.pop("defaults", None)
+        OmegaConf.save(raw, tmp_path / "model" / f.name)
     (tmp_path / "cluster").mkdir()
     (tmp_path / "cluster" / "h100.yaml").write_text("gpu_memory_gb: 80\ngpus_per_host: 8\nhosts: 1\n")
     (tmp_path / "train.yaml").write_text(
         "defaults:\n  - model: qwen3_8b\n  - cluster: h100\n  - _self_\n"
+        "model: {parallelism: {trainer_fsdp: 4, generator_replicas: 4}}\n"
         "trainer: {micro_batch_size: 1, activation_checkpointing: true, mixed_precision: true}\n"
         "algorithm: {max_prompt_tokens: 1024, max_tokens: 3072, group_size: 8, prompts_per_step: 32}\n")
     return tmp_path
@@ -147,7 +156,7 @@ def test_plan_cli_composes_and_refuses(tmp_path, capsys):
 
 def test_plan_cli_on_the_real_run_config(capsys):
     assert plan_cli.main(["model=qwen3_8b", "cluster=gpu_node", "trainer=large"]) == 0
-    assert "FSDP 4 x TP 1" in capsys.readouterr().out
+    assert "FSDP 3 x TP 1" in capsys.readouterr().out
     assert plan_cli.main(["model=qwen3_32b", "cluster=gpu_node", "trainer=large"]) == 1
     assert "needs 24 GPUs" in capsys.readouterr().out
 
@@ -170,7 +179,7 @@ def with_verifiers(cfg, *members, reward: str = "weaver", **options):
 
 
 def test_verifiers_are_counted_sized_and_printed():
-    r = plan_memory(with_verifiers(run_cfg("qwen3_8b", hosts=2), RM, JUDGE, POLICY_JUDGE, MAJORITY))
+    r = plan_memory(with_verifiers(run_cfg("qwen3_8b", **FSDP4, hosts=2), RM, JUDGE, POLICY_JUDGE, MAJORITY))
     assert [(v.name, v.kind, v.replicas) for v in r.verifiers] == [("rm", "reward_model", 2), ("judge", "lm_judge", 1)]
     assert r.gpus_needed == 4 + 4 + 2 + 1  # trainer + generators + one GPU per verifier replica
     assert r.verifiers[0].bytes_per_gpu == 24 * GiB and r.verifiers[0].fits
@@ -183,21 +192,21 @@ def test_verifiers_are_counted_sized_and_printed():
 
 
 def test_single_rm_serves_one_verifier_and_rule_none():
-    cfg = with_verifiers(run_cfg("qwen3_8b", hosts=2), JUDGE, RM, reward="single_rm")
+    cfg = with_verifiers(run_cfg("qwen3_8b", **FSDP4, hosts=2), JUDGE, RM, reward="single_rm")
     assert [v.name for v in plan_memory(cfg).verifiers] == ["rm"]  # the first reward model
-    cfg = with_verifiers(run_cfg("qwen3_8b", hosts=2), JUDGE, RM, reward="single_rm", verifier="judge")
+    cfg = with_verifiers(run_cfg("qwen3_8b", **FSDP4, hosts=2), JUDGE, RM, reward="single_rm", verifier="judge")
     assert [v.name for v in plan_memory(cfg).verifiers] == ["judge"]
-    r = plan_memory(with_verifiers(run_cfg("qwen3_8b", hosts=2), JUDGE, RM, reward="rule"))
+    r = plan_memory(with_verifiers(run_cfg("qwen3_8b", **FSDP4, hosts=2), JUDGE, RM, reward="rule"))
     assert r.verifiers == [] and r.gpus_needed == 8
 
 
 def test_verifier_gpus_beyond_the_host_are_refused_with_advice():
     one = dict(RM, replicas=1)
-    r = plan_memory(with_verifiers(run_cfg("qwen3_8b"), one))
+    r = plan_memory(with_verifiers(run_cfg("qwen3_8b", **FSDP4), one))
     assert any("needs 9 GPUs (trainer 4x1 + generators 4x1 + verifiers 1)" in p for p in r.problems)
     # three replicas still hold the step's 256 sequences (86 each: 48.4 GiB of KV), and free one GPU
     assert "(verifiers) lower model.parallelism.generator_replicas to 3" in "\n".join(r.fixes)
-    r = plan_memory(with_verifiers(run_cfg("qwen3_8b"), dict(RM, replicas=3)))
+    r = plan_memory(with_verifiers(run_cfg("qwen3_8b", **FSDP4), dict(RM, replicas=3)))
     fixes = "\n".join(r.fixes)
     assert "generator_replicas to" not in fixes.split("(verifiers)", 1)[1]  # two replicas' KV would not fit
     assert "at most 1 fit beside the trainer (4) and 3 generator replica(s)" in fixes

@@ -172,6 +172,10 @@ class ClusterConfig:
     hosts_per_role: HostsPerRole = field(default_factory=HostsPerRole)
     gpus_per_host: int = 0
     gpu_memory_gb: float = 0.0
+    # `rlexp plan`'s time estimate: the GPU's peak dense bf16 TFLOP/s (0: unknown; H100 SXM 989) and the fraction
+    # of it a run reaches (model FLOPs utilisation).
+    gpu_peak_tflops: float = 0.0
+    mfu: float = 0.4
     # Where the weight transport stages safetensors (shared memory on one host).
     shm_dir: str = "/dev/shm/rlexp"
     # How weights go from the trainer to each generator: auto = shm when the pair shares a host, monarch

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import socket
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,10 @@ def load_hf(name: str, revision: str | None, split: str, config: str | None = No
     if revision is None:
         raise DatasetMissing(f"environment.revision must pin {name} to a commit so results are reproducible; "
                              f"set environment.revision=<commit sha>")
+    if not hub_reachable():  # offline: read the cache only, so a missing copy fails now, not after retries
+        go_offline()
+        if not maybe_cached(name, revision):
+            raise DatasetMissing(f"{how}\n(cause: no network or HF_HUB_OFFLINE=1, and no cached copy)")
     try:
         import datasets
     except ImportError as e:  # pragma: no cover - datasets is a core dependency
@@ -67,6 +73,55 @@ def load_hf(name: str, revision: str | None, split: str, config: str | None = No
     except Exception as e:  # datasets raises many types for "not cached / no network"
         raise DatasetMissing(f"{how}\n(cause: {type(e).__name__}: {str(e)[:300]})") from e
     return [dict(r) for r in ds]
+
+
+_REACHABLE: bool | None = None
+
+
+def hub_reachable(timeout_s: float = 2.0) -> bool:
+    """Whether the Hugging Face endpoint answers a TCP connection, asked once per process. False when
+    HF_HUB_OFFLINE is set. Without it, `datasets` retries an unreachable hub for tens of seconds before it
+    gives up on a dataset that is not cached."""
+    global _REACHABLE
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    if _REACHABLE is None:
+        from urllib.parse import urlsplit
+
+        from huggingface_hub import constants
+
+        url = urlsplit(constants.ENDPOINT)
+        try:
+            socket.create_connection((url.hostname or "", url.port or 443), timeout=timeout_s).close()
+            _REACHABLE = True
+        except OSError:
+            _REACHABLE = False
+    return _REACHABLE
+
+
+def maybe_cached(name: str, revision: str) -> bool:
+    """False only when neither the hub's cache (the revision's snapshot) nor `datasets`' own cache holds anything
+    of `name`: then, offline, loading cannot succeed and need not be tried (importing `datasets` alone takes
+    seconds)."""
+    from huggingface_hub import constants
+
+    if (Path(constants.HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}" / "snapshots" / revision).is_dir():
+        return True
+    root = Path(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets")
+    prefix = name.replace("/", "___").lower()
+    return root.is_dir() and any(p.name.lower().startswith(prefix) for p in root.iterdir())
+
+
+def go_offline() -> None:
+    """HF_HUB_OFFLINE=1 for this process: set before `datasets` is imported, and in the flags of the libraries
+    that already read it (they read it once, at import)."""
+    import sys
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    for module, attr in (("huggingface_hub.constants", "HF_HUB_OFFLINE"), ("datasets.config", "HF_HUB_OFFLINE"),
+                         ("datasets.config", "HF_DATASETS_OFFLINE")):
+        if module in sys.modules and hasattr(sys.modules[module], attr):
+            setattr(sys.modules[module], attr, True)
 
 
 def package_file(package: str, relpath: str, pip_name: str) -> Path:

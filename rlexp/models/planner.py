@@ -31,6 +31,15 @@ Generator replica, per GPU (vLLM, TP = generator_tp):
     = ceil(prompts_per_step * group_size / generator_replicas), each max_prompt_tokens + max_tokens
     long: 2 (K and V) * n_layers * max(1, n_kv_heads / TP) * head_dim * bytes * tokens.
   sampler logits: sequences * vocab * 4 B (fp32), plus the runtime overhead (CUDA graphs, activations).
+Micro-batch: `trainer.micro_batch_size=0` (trainer=large, what a real model brings) is derived here: the largest
+  micro-batch, up to the rows each data-parallel rank trains per step, whose trainer plan fits; the rest of the step's
+  rows are gradient accumulation (rlexp/actors/trainer.py splits a step into micro-batches).
+Time: FLOPs at a stated utilisation, so a person can size a Slurm request. Per step, with N parameters and
+  T = prompts_per_step * group_size * (max_prompt_tokens + max_tokens) tokens (every sequence at full length):
+  generation 2 N T over the generator GPUs, training (6 N T, 8 N T with activation checkpointing's recomputed
+  forward, + 2 N T for the reference model) over the trainer GPUs, each at `cluster.mfu` x `cluster.gpu_peak_tflops`;
+  on-policy the two run one after the other, async they overlap. Decoding is memory-bound and usually runs below
+  the training MFU: read the generation time as a lower bound.
 Model verifiers (reward models and LM judges the reward serves, `rlexp.config.layout.reward_verifiers`), per GPU:
   each replica has a GPU of its own and needs the verifier's `memory_gb` (read as GiB, like
   `cluster.gpu_memory_gb`; the verifier_set files size it as bf16 weights + headroom). These are the
@@ -97,6 +106,12 @@ class TrainerSetup:
     mixed_precision: bool
     dtype: str
     reference_model: bool = False
+    rows_per_rank: int = 0  # rows of the step's batch one data-parallel rank trains (0: unknown)
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per optimizer step on each rank."""
+        return max(1, math.ceil(self.rows_per_rank / self.micro_batch_size)) if self.rows_per_rank else 1
 
 
 @dataclass
@@ -161,6 +176,9 @@ class PlanReport:
     fixes: list[str] = field(default_factory=list)
     verifiers: list[VerifierPlan] = field(default_factory=list)
     reward: str = ""  # reward.name, and the verifier set the verifiers come from, for the table
+    micro_batch_size: int = 0  # the trainer's micro-batch: configured, or derived from the plan
+    micro_batch_derived: bool = False
+    time: StepTime | None = None
 
     @property
     def verifier_gpus(self) -> int:
@@ -179,6 +197,9 @@ class PlanReport:
                          f"this layout uses {self.gpus_needed}")
         else:
             lines.append("cluster: no GPU memory limit configured (cluster.gpu_memory_gb unset): sizes only")
+        if self.micro_batch_derived:
+            lines.append(f"trainer.micro_batch_size=0: derived {self.micro_batch_size}, the largest micro-batch whose "
+                         f"trainer plan fits")
         for rp in (self.trainer, self.generator):
             lines.append("")
             lines.append(f"{rp.role}: {rp.gpus} GPU(s), {rp.layout}")
@@ -199,11 +220,74 @@ class PlanReport:
                 verdict = "" if v.capacity_bytes is None or not v.bytes_per_gpu else (
                     "  fits" if v.fits else "  DOES NOT FIT")
                 lines.append(f"  {v.name:<{w}}{v.kind:<14}{v.replicas:>8}{gib}  {v.checkpoint}{verdict}")
+        if self.time is not None:
+            lines.append("")
+            lines.extend(self.time.lines())
         if self.problems:
             lines.append("")
             lines.extend(f"problem: {p}" for p in self.problems)
             lines.extend(f"fix: {f}" for f in self.fixes)
         return "\n".join(lines)
+
+
+@dataclass
+class StepTime:
+    """Seconds per step and per run from FLOPs (see the module docstring): a stated estimate, not a measurement."""
+
+    gen_flops: float
+    train_flops: float
+    gen_gpus: int
+    train_gpus: int
+    peak_tflops: float  # per GPU, bf16 dense; 0 = unknown
+    mfu: float
+    steps: int
+    overlap: bool  # async: generation overlaps training
+
+    def seconds(self, flops: float, gpus: int) -> float:
+        return flops / (max(1, gpus) * self.peak_tflops * 1e12 * self.mfu)
+
+    @property
+    def step_s(self) -> float:
+        g, t = self.seconds(self.gen_flops, self.gen_gpus), self.seconds(self.train_flops, self.train_gpus)
+        return max(g, t) if self.overlap else g + t
+
+    def lines(self) -> list[str]:
+        if not self.peak_tflops or self.mfu <= 0:
+            return [f"time: unknown (set cluster.gpu_peak_tflops, the GPU's peak bf16 TFLOP/s, and cluster.mfu) for "
+                    f"{self.gen_flops / 1e15:.1f} PFLOP of generation + {self.train_flops / 1e15:.1f} PFLOP of "
+                    f"training per step"]
+        g, t = self.seconds(self.gen_flops, self.gen_gpus), self.seconds(self.train_flops, self.train_gpus)
+        how = "max of the two (sync=async)" if self.overlap else "their sum (sync=on_policy)"
+        run_h = self.step_s * self.steps / 3600
+        return [f"time at MFU {self.mfu:g} of {self.peak_tflops:g} TFLOP/s bf16 per GPU (cluster.mfu, "
+                f"cluster.gpu_peak_tflops): generation {self.gen_flops / 1e15:.1f} PFLOP / {self.gen_gpus} GPU(s) = "
+                f"{g:.1f} s, training {self.train_flops / 1e15:.1f} PFLOP / {self.train_gpus} GPU(s) = {t:.1f} s",
+                f"  ~{self.step_s:.1f} s per step ({how}), ~{run_h:.1f} h for {self.steps} steps, plus start-up "
+                f"and evaluation; generation is a lower bound (decoding is memory-bound)"]
+
+
+def step_time(n_params: int, t: TrainerSetup, g: GeneratorSetup, peak_tflops: float, mfu: float, steps: int,
+              overlap: bool) -> StepTime:
+    tokens = g.seqs_per_step * g.seq_len
+    train = ((8 if t.activation_checkpointing else 6) + (2 if t.reference_model else 0)) * n_params * tokens
+    return StepTime(2 * n_params * tokens, train, g.tp * g.replicas, t.fsdp * t.tp, peak_tflops, mfu, steps,
+                    overlap)
+
+
+def fit_micro_batch(arch: ArchConfig, t: TrainerSetup, cap: float | None) -> int:
+    """The largest micro-batch (up to the rows one rank trains per step) whose trainer plan fits; 1 when none
+    does (the plan then says what else to change)."""
+    hi = max(1, t.rows_per_rank)
+    if cap is None:
+        return hi
+    fits = lambda mb: trainer_plan(arch, replace(t, micro_batch_size=mb), cap).fits  # noqa: E731
+    lo = 1
+    if not fits(lo):
+        return 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -255,7 +339,8 @@ def trainer_plan(arch: ArchConfig, s: TrainerSetup, capacity_bytes: float | None
     if s.reference_model:
         items.append(Item("reference model (bf16)", n * 2 / shards, f"{n:,} x 2 B / {shards} (kl_coef > 0)"))
     items.append(Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, NCCL, fragmentation"))
-    layout = (f"FSDP {s.fsdp} x TP {s.tp}, micro-batch {s.micro_batch_size} x {s.seq_len} tokens, "
+    accum = f" (x{s.accumulation} accumulated)" if s.accumulation > 1 else ""
+    layout = (f"FSDP {s.fsdp} x TP {s.tp}, micro-batch {s.micro_batch_size} x {s.seq_len} tokens{accum}, "
               f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}, "
               f"{'bf16 mixed precision' if s.mixed_precision else s.dtype}")
     return RolePlan("trainer", shards, layout, items, capacity_bytes)
@@ -307,8 +392,10 @@ def setups_from_cfg(cfg: Any) -> tuple[ArchConfig, TrainerSetup, GeneratorSetup]
         arch = ArchConfig(**{k: arch[k] for k in ArchConfig.__dataclass_fields__ if k in arch})
     seq_len = int(_get(cfg, "algorithm.max_prompt_tokens")) + int(_get(cfg, "algorithm.max_tokens"))
     dtype = str(_get(m, "dtype", "bfloat16"))
+    seqs = int(_get(cfg, "algorithm.prompts_per_step")) * int(_get(cfg, "algorithm.group_size"))
+    fsdp = int(_get(m, "parallelism.trainer_fsdp", 1))
     t = TrainerSetup(
-        fsdp=int(_get(m, "parallelism.trainer_fsdp", 1)),
+        fsdp=fsdp,
         tp=int(_get(m, "parallelism.trainer_tp", 1)),
         micro_batch_size=int(_get(cfg, "trainer.micro_batch_size")),
         seq_len=seq_len,
@@ -316,12 +403,13 @@ def setups_from_cfg(cfg: Any) -> tuple[ArchConfig, TrainerSetup, GeneratorSetup]
         mixed_precision=bool(_get(cfg, "trainer.mixed_precision", True)),
         dtype=dtype,
         reference_model=float(_get(cfg, "algorithm.kl_coef", 0.0)) > 0,
+        rows_per_rank=math.ceil(seqs / fsdp),
     )
     # The effective layout: `generator.*` (which defaults to the model's layout) wins when present.
     g = GeneratorSetup(
         tp=int(_get(cfg, "generator.tp", None) or _get(m, "parallelism.generator_tp", 1)),
         replicas=int(_get(cfg, "generator.replicas", None) or _get(m, "parallelism.generator_replicas", 1)),
-        seqs_per_step=int(_get(cfg, "algorithm.prompts_per_step")) * int(_get(cfg, "algorithm.group_size")),
+        seqs_per_step=seqs,
         seq_len=seq_len,
         dtype="bfloat16" if dtype == "float32" and bool(_get(cfg, "trainer.mixed_precision", True)) else dtype,
     )
@@ -332,7 +420,8 @@ PLAN_FIELDS = (
     "model.name", "model.dtype", "model.arch.*", "model.parallelism.trainer_fsdp", "model.parallelism.trainer_tp",
     "generator.tp and generator.replicas (optional, default model.parallelism.generator_tp / generator_replicas)",
     "cluster.gpu_memory_gb", "cluster.gpus_per_host", "cluster.hosts",
-    "trainer.micro_batch_size", "trainer.activation_checkpointing", "trainer.mixed_precision",
+    "trainer.micro_batch_size (0: derived here)", "cluster.gpu_peak_tflops, cluster.mfu, steps, sync.mode "
+    "(optional: the time estimate)", "trainer.activation_checkpointing", "trainer.mixed_precision",
     "algorithm.max_prompt_tokens", "algorithm.max_tokens", "algorithm.group_size", "algorithm.prompts_per_step",
     "algorithm.kl_coef (optional, default 0)",
     "reward.name, reward.options, reward.verifiers, verifier_set.name, verifier_set.members (optional: the served "
@@ -348,6 +437,9 @@ def plan_memory(cfg: Any, headroom: float = DEFAULT_HEADROOM) -> PlanReport:
     hosts = _get(cfg, "cluster.hosts", 1)
     available = int(per_host) * int(hosts) if per_host else None
     cap = gib * GiB * (1 - headroom) if gib else None
+    derived = t.micro_batch_size == 0
+    if derived:
+        t = replace(t, micro_batch_size=fit_micro_batch(arch, t, cap))
     verifiers = verifier_plans(cfg, cap)
     set_name = _get(cfg, "verifier_set.name", None)
     report = PlanReport(
@@ -356,6 +448,10 @@ def plan_memory(cfg: Any, headroom: float = DEFAULT_HEADROOM) -> PlanReport:
         gpus_needed=t.fsdp * t.tp + g.tp * g.replicas + sum(v.gpus for v in verifiers), gpus_available=available,
         gpu_memory_gib=gib, headroom=headroom, verifiers=verifiers,
         reward=f"reward={_get(cfg, 'reward.name', '?')}" + (f" (verifier_set={set_name})" if set_name else ""),
+        micro_batch_size=t.micro_batch_size, micro_batch_derived=derived,
+        time=step_time(param_count(arch), t, g, float(_get(cfg, "cluster.gpu_peak_tflops", 0.0)),
+                       float(_get(cfg, "cluster.mfu", 0.0)), int(_get(cfg, "steps", 1)),
+                       str(_get(cfg, "sync.mode", "on_policy")) == "async"),
     )
     _diagnose(report, arch, t, g, cap, per_host and int(per_host), available)
     return report
@@ -471,3 +567,44 @@ def _generator_fixes(arch: ArchConfig, g: GeneratorSetup, cap: float, per_host: 
     if not out:
         out.append("the weights alone do not fit: raise model.parallelism.generator_tp")
     return ["(generator) " + o for o in out]
+
+
+def local_gpus() -> tuple[int, float]:
+    """GPUs this machine shows torch, and the smallest one's memory in GiB ((0, 0) without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, 0.0
+    n = torch.cuda.device_count()
+    return n, min(torch.cuda.get_device_properties(i).total_memory for i in range(n)) / GiB
+
+
+def check_devices(report: PlanReport, cluster: Any, have: tuple[int, float] | None = None,
+                  argv: list[str] | None = None) -> None:
+    """Refuse, before any process starts, a local-job run whose plan needs GPUs this machine does not have:
+    the plan, what the machine has, and the nearest command that runs here. (Slurm and Kubernetes jobs run the
+    controller on a machine without the run's GPUs: nothing to check here.)"""
+    if str(_get(cluster, "job", "local")) != "local" or str(_get(cluster, "device", "cpu")) != "cuda":
+        return
+    gpus, gib = have if have is not None else local_gpus()
+    if gpus >= report.gpus_needed and (not report.gpu_memory_gib or gib >= report.gpu_memory_gib * 0.95):
+        return
+    machine = f"{gpus} GPU(s) of {gib:.0f} GiB" if gpus else "no GPU visible to torch (CPU only)"
+    raise PlanError(f"model={report.model} needs {report.gpus_needed} GPUs of {report.gpu_memory_gib or '?'} GiB "
+                    f"(cluster={_get(cluster, 'name', '?')}); this machine has {machine}.\n{report.table()}\n"
+                    f"nearest command that runs here: {nearest_command(argv, gpus)}", report)
+
+
+def nearest_command(argv: list[str] | None, gpus: int) -> str:
+    """The command line minus what needs the GPUs: without GPUs, the CPU demo (the tiny model on its own task)
+    with the rest of the choices (reward, algorithm, ...); with some, the same run planned for them."""
+    import sys
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    args = [a for a in args if a not in ("train", "plan")]
+    if gpus == 0:
+        drop = ("model", "cluster", "experiment", "environment", "generator", "trainer", "verifier_set")
+        keep = [a for a in args if a.split("=", 1)[0].split(".", 1)[0].lstrip("+~") not in drop]
+        return "rlexp train " + " ".join(keep) if keep else "rlexp train"
+    return (f"rlexp plan {' '.join(args)} cluster.gpus_per_host={gpus} (then lower "
+            f"model.parallelism.trainer_fsdp / generator_replicas, or a smaller model, until it fits)")
