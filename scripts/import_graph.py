@@ -47,7 +47,8 @@ LAYERS: dict[str, int] = {
     **dict.fromkeys(["rlexp.actors", "rlexp.envs", "rlexp.rewards", "rlexp.models", "rlexp.transport", "rlexp.tracking",
                      "rlexp.evals", "rlexp.grpo", "rlexp.seeding", "rlexp.weights"], 1),
     **dict.fromkeys(["rlexp.launcher", "rlexp.inprocess", "rlexp.prepare", "rlexp.controller", "rlexp.loop",
-                     "rlexp.rollouts", "rlexp.services", "rlexp.checkpoints", "rlexp.cluster", "rlexp.runlock", "rlexp.phases"], 2),
+                     "rlexp.rollouts", "rlexp.services", "rlexp.checkpoints", "rlexp.cluster", "rlexp.runlock",
+                     "rlexp.phases"], 2),
     **dict.fromkeys(["rlexp.cli", "rlexp.__main__", "rlexp.train", "rlexp.evals.cli", "rlexp.models.plan_cli",
                      "rlexp.tracking.compare", "rlexp.tracking.reproduce", "rlexp.bench"], 3),
 }
