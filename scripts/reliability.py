@@ -17,10 +17,12 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -61,9 +63,9 @@ def tagged_pids(tag: str) -> list[int]:
         if not p.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if f"RLEXP_TEST_TAG={tag}".encode() in (p / "environ").read_bytes().split(b"\0"):
-                if (p / "stat").read_text().split(") ")[-1].split()[0] != "Z":
-                    pids.append(int(p.name))
+            mine = f"RLEXP_TEST_TAG={tag}".encode() in (p / "environ").read_bytes().split(b"\0")
+            if mine and (p / "stat").read_text().split(") ")[-1].split()[0] != "Z":  # zombies are dead
+                pids.append(int(p.name))
     return pids
 
 
@@ -126,6 +128,327 @@ def case(area: str, what: str, command: str, expected: str) -> Callable[[Callabl
     return deco
 
 
+# ------------------------------------------------------------------------------------------------ cases
+def start(args: list[str], cwd: Path, tag: str, **env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rlexp", *args], cwd=cwd, env=env_for(tag, **env),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(proc: subprocess.Popen, needle: str, timeout: float = 300) -> str:
+    """Reads the process's output until `needle` appears (or it exits); returns what was read."""
+    seen: list[str] = []
+    deadline = time.time() + timeout
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if needle in line or time.time() > deadline:
+            break
+    return "".join(seen)
+
+
+def hostile_manifest(work: Path, overrides: list[str], **hydra: str) -> Path:
+    run = BASE.copy(work)
+    m = json.loads((run / "manifest.json").read_text())
+    m["overrides"] = list(m.get("overrides") or []) + overrides
+    if hydra:
+        m.setdefault("hydra", {}).update(hydra)
+    (run / "manifest.json").write_text(json.dumps(m))
+    return run
+
+
+@case("untrusted manifest", "`rlexp reproduce` of a manifest whose overrides add a Hydra callback writing a file",
+      "rlexp reproduce RUN  # overrides += +hydra.callbacks.x._target_=pathlib.Path.write_text ...",
+      "refused before anything runs, the override named, the file not written")
+def _(work: Path) -> Outcome:
+    target = work / "pwned.pth"
+    run = hostile_manifest(work, ["+hydra.callbacks.x._target_=pathlib.Path.write_text",
+                                  "+hydra.callbacks.x._args_=[{_target_:pathlib.Path,_args_:[" + str(target)
+                                  + "]},'import os']"])
+    p, secs = rlexp(["reproduce", str(run)], cwd=work)
+    out = refused(p, secs, "hydra.callbacks")
+    out.ok = out.ok and not target.exists() and not (run.parent / "reproduce").exists()
+    return out
+
+
+@case("untrusted manifest", "a manifest override with a resolver interpolation (`${oc.env:HOME}`)",
+      "rlexp reproduce RUN  # overrides += +x.y=${oc.env:HOME}", "refused, the override named")
+def _(work: Path) -> Outcome:
+    run = hostile_manifest(work, ["+x.y=${oc.env:HOME}"])
+    p, secs = rlexp(["reproduce", str(run)], cwd=work)
+    return refused(p, secs, "oc.env")
+
+
+@case("untrusted manifest", "a manifest naming its own config folder (`hydra.config_dir`)",
+      "rlexp reproduce RUN  # manifest.hydra.config_dir = a folder with a hostile train.yaml",
+      "the folder is not used: refused, or re-run from rlexp's own configs")
+def _(work: Path) -> Outcome:
+    evil = work / "evil_conf"
+    evil.mkdir()
+    (evil / "train.yaml").write_text("hydra:\n  callbacks:\n    x:\n      _target_: os.getcwd\n")
+    run = hostile_manifest(work, [], config_dir=str(evil))
+    p, secs = rlexp(["reproduce", "--dry-run", str(run)], cwd=work)
+    used = str(evil) in p.stdout
+    return Outcome(f"exit {p.returncode} in {secs:.1f} s; config folder in the command: {used}; "
+                   f"{last_line(p.stderr) or last_line(p.stdout)}", not used and not has_traceback(p), secs)
+
+
+@case("bad input", "`trainer.lr=nan`", "rlexp train trainer.lr=nan", "refused before spawning, naming trainer.lr")
+def _(work: Path) -> Outcome:
+    p, secs = rlexp(["train", "trainer.lr=nan", f"hydra.run.dir={work / 'r'}"], cwd=work)
+    return refused(p, secs, "trainer.lr")
+
+
+@case("bad input", "`trainer.lr=inf`", "rlexp train trainer.lr=inf", "refused before spawning, naming trainer.lr")
+def _(work: Path) -> Outcome:
+    p, secs = rlexp(["train", "trainer.lr=inf", f"hydra.run.dir={work / 'r'}"], cwd=work)
+    return refused(p, secs, "trainer.lr")
+
+
+@case("bad input", "a misspelt environment option", "rlexp train +environment.options.nterms=5",
+      "refused before spawning, naming nterms and suggesting n_terms")
+def _(work: Path) -> Outcome:
+    p, secs = rlexp(["train", "+environment.options.nterms=5", f"hydra.run.dir={work / 'r'}"], cwd=work)
+    return refused(p, secs, "nterms", "n_terms")
+
+
+@case("bad input", "a `_target_` injected on the command line", "rlexp train +trainer.x._target_=os.system",
+      "refused before spawning, the key named")
+def _(work: Path) -> Outcome:
+    p, secs = rlexp(["train", "+trainer.x._target_=os.system", f"hydra.run.dir={work / 'r'}"], cwd=work)
+    return refused(p, secs, "_target_")
+
+
+@case("concurrent runs", "a second `rlexp train` on a live run folder",
+      "rlexp train steps=60 hydra.run.dir=D & sleep 2; rlexp train hydra.run.dir=D",
+      "the second refused at once naming the holder's pid and host; the first finishes, each step logged once")
+def _(work: Path) -> Outcome:
+    run, tag = work / "D", uuid.uuid4().hex
+    first = start(["train", "steps=60", "eval.every_n_steps=0", f"hydra.run.dir={run}"], work, tag)
+    try:
+        time.sleep(2)
+        p, secs = rlexp(["train", "steps=60", f"hydra.run.dir={run}"], cwd=work)
+        first.wait(timeout=600)
+    finally:
+        first.kill()
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    once = len(steps) == len(set(steps)) == 60
+    out = refused(p, secs, "in use by pid", socket.gethostname(), limit_s=20)
+    out.observed += f"; first run exit {first.returncode}, {len(steps)} rows, each step once: {once}"
+    out.ok = out.ok and first.returncode == 0 and once
+    return out
+
+
+def flip(path: Path, at: int = 1024, n: int = 64) -> None:
+    data = bytearray(path.read_bytes())
+    data[at:at + n] = bytes(b ^ 0xFF for b in data[at:at + n])
+    path.write_bytes(bytes(data))
+
+
+def resume_outcome(work: Path, damage: Callable[[Path], None], needle: str) -> Outcome:
+    run = BASE.copy(work)
+    ckpts = sorted((run / "checkpoints").glob("step_*"))
+    newest, older = ckpts[-1], ckpts[-2]
+    damage(newest)
+    p, secs = rlexp(["train", *TINY, "steps=8", "resume=auto", f"hydra.run.dir={run}"], cwd=work)
+    said = f"resuming from {older.name}" in p.stdout + p.stderr and needle in p.stdout + p.stderr
+    return Outcome(f"exit {p.returncode} in {secs:.0f} s; says it skips {newest.name} and resumes from "
+                   f"{older.name}: {said}", p.returncode == 0 and said and not has_traceback(p), secs)
+
+
+@case("corruption", "64 bytes flipped in the newest checkpoint's `trainer.pt`, then `resume=auto`",
+      "rlexp train resume=auto hydra.run.dir=RUN", "falls back to the newest intact checkpoint, saying which and why")
+def _(work: Path) -> Outcome:
+    return resume_outcome(work, lambda c: flip(c / "trainer.pt"), "sha256")
+
+
+@case("corruption", "the newest checkpoint's `meta.json` is not JSON, then `resume=auto`",
+      "rlexp train resume=auto hydra.run.dir=RUN", "falls back to the newest intact checkpoint, naming the file")
+def _(work: Path) -> Outcome:
+    return resume_outcome(work, lambda c: (c / "meta.json").write_text("{not json"), "meta.json")
+
+
+@case("corruption", "`controller.pt` replaced by a crafted pickle that calls `os.system`",
+      "rlexp train resume=auto hydra.run.dir=RUN", "never unpickled: refused or skipped, naming what it references")
+def _(work: Path) -> Outcome:
+    import pickle
+
+    class Evil:
+        def __reduce__(self) -> tuple:
+            return (os.system, (f"touch {work / 'pwned'}",))
+
+    def damage(c: Path) -> None:
+        (c / "controller.pt").write_bytes(pickle.dumps(Evil()))
+
+    out = resume_outcome(work, damage, "controller.pt")
+    out.ok = out.ok and not (work / "pwned").exists()
+    return out
+
+
+@case("corruption", "`metrics.jsonl` cut mid-line by a crash, then compared",
+      "python -c 'from rlexp.tracking.reproduce import compare_metrics; print(compare_metrics(A, B))'",
+      "the partial last line skipped with a warning naming file and line; no crash")
+def _(work: Path) -> Outcome:
+    a, b = BASE.copy(work, "a"), BASE.copy(work, "b")
+    with open(b / "metrics.jsonl", "a") as f:
+        f.write('{"step": 99, "loss": 0.1')
+    code = f"from rlexp.tracking.reproduce import compare_metrics; print(compare_metrics('{a}/metrics.jsonl', " \
+           f"'{b}/metrics.jsonl'))"
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-c", code], cwd=work, capture_output=True, text=True, timeout=120)
+    warned = "partial last line" in p.stderr and "metrics.jsonl" in p.stderr
+    ok = p.returncode == 0 and warned and p.stdout.strip() == "None"
+    return Outcome(f"exit {p.returncode}; compare_metrics -> {p.stdout.strip()}; warned: {warned}", ok,
+                   time.time() - t0)
+
+
+@case("run folders", "`resume=auto` on a run that already finished", "rlexp train resume=auto hydra.run.dir=RUN",
+      "says it is complete, exit 0, checkpoints and metrics untouched")
+def _(work: Path) -> Outcome:
+    run = BASE.copy(work)
+    before = {q: q.read_bytes() for q in run.rglob("*") if q.is_file() and ".hydra" not in q.parts}
+    p, secs = rlexp(["train", *TINY, "resume=auto", f"hydra.run.dir={run}"], cwd=work)
+    same = all(q.read_bytes() == b for q, b in before.items() if q.name != ".lock")
+    ok = p.returncode == 0 and "already complete" in p.stdout + p.stderr and same and secs < 60
+    return Outcome(f"exit {p.returncode} in {secs:.1f} s: {last_line(p.stdout)}; files unchanged: {same}", ok, secs)
+
+
+@case("run folders", "the disk fills up during a run (a 2 MB tmpfs as the run folder)",
+      "mount -t tmpfs -o size=2m tmpfs D && rlexp train hydra.run.dir=D",
+      "one line naming ENOSPC, manifest status failed with the reason, no temporary files left")
+def _(work: Path) -> Outcome:
+    mnt = work / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        return Outcome("skipped: cannot mount a tmpfs here (needs root)", True)
+    try:
+        p, secs = rlexp(["train", *TINY, f"hydra.run.dir={mnt / 'run'}"], cwd=work)
+        m = json.loads((mnt / "run" / "manifest.json").read_text())
+        tmp = [q.name for q in (mnt / "run").rglob("*tmp*")]
+        ok = p.returncode != 0 and "ENOSPC" in p.stderr and m.get("status") == "failed" and not tmp \
+            and not has_traceback(p)
+        return Outcome(f"exit {p.returncode}: {last_line(p.stderr)}; manifest {m.get('status')}; temporaries {tmp}",
+                       ok, secs)
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def socket_dirs() -> set[str]:
+    return {q.name for q in Path(tempfile.gettempdir()).glob("monarch_process_job_*")}
+
+
+def kill_at(work: Path, needle: str, sig: int = signal.SIGKILL, twice: bool = False) -> Outcome:
+    tag, before = uuid.uuid4().hex, socket_dirs()
+    proc = start(["train", "cluster=process", "steps=200", "eval.every_n_steps=0", f"hydra.run.dir={work / 'r'}"],
+                 work, tag)
+    seen = wait_for(proc, needle)
+    proc.send_signal(sig)
+    if twice:
+        time.sleep(0.5)
+        proc.send_signal(sig)
+    rest, _ = proc.communicate(timeout=120)
+    left, secs = wait_clean(tag, timeout=30)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    new_dirs = socket_dirs() - before
+    tb = "Traceback (most recent call last)" in seen + rest
+    ok = not left and not new_dirs and (sig == signal.SIGKILL or not tb)
+    return Outcome(f"exit {proc.returncode}; processes left after {secs:.1f} s: {len(left)}; socket folders left: "
+                   f"{len(new_dirs)}; traceback: {tb}", ok, secs)
+
+
+@case("faults", "controller SIGKILLed while hosts start (`cluster=process`)",
+      "rlexp train cluster=process & kill -9 $! once 'hosts up' is printed",
+      "every host process gone within 30 s, no socket folder left")
+def _(work: Path) -> Outcome:
+    return kill_at(work, "hosts up")
+
+
+@case("faults", "controller SIGKILLed mid-run (`cluster=process`)",
+      "rlexp train cluster=process & kill -9 $! at step 10",
+      "every host process gone within 30 s, no socket folder left")
+def _(work: Path) -> Outcome:
+    return kill_at(work, "step 10")
+
+
+@case("faults", "Ctrl-C twice during start-up (`cluster=process`)", "rlexp train cluster=process, then ^C ^C",
+      "one line, no traceback, no process or socket folder left")
+def _(work: Path) -> Outcome:
+    return kill_at(work, "hosts up", signal.SIGINT, twice=True)
+
+
+class Listener:
+    """A loopback port that counts connections: the W&B server and every proxy of a run point here."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port, self.count, self.stop = self.sock.getsockname()[1], 0, threading.Event()
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                self.sock.accept()[0].close()
+                self.count += 1
+
+
+@case("trackers", "`WANDB_MODE=offline` with `WANDB_API_KEY` set",
+      "WANDB_MODE=offline WANDB_API_KEY=... rlexp train logger=wandb", "offline run folder, no connection attempted")
+def _(work: Path) -> Outcome:
+    net = Listener()
+    url = f"http://127.0.0.1:{net.port}"
+    p, secs = rlexp(["train", "steps=2", "eval.every_n_steps=0", "logger=wandb", f"hydra.run.dir={work / 'r'}"],
+                    cwd=work, WANDB_API_KEY="x" * 40, WANDB_BASE_URL=url, HTTPS_PROXY=url, HTTP_PROXY=url,
+                    WANDB_DIR=str(work))
+    net.stop.set()
+    offline = any((work / "r").rglob("offline-run-*"))
+    return Outcome(f"exit {p.returncode}; offline run folder: {offline}; connections: {net.count}",
+                   p.returncode == 0 and offline and net.count == 0, secs)
+
+
+SECRETS = {"pwd": "Pw-{n}", "pass": "Pa-{n}", "db_pass": "Db-{n}", "dsn": "postgres://u:Ds-{n}@h/db",
+           "connection_string": "Server=h;Password=Cs-{n}",
+           "webhook_url": "https://hooks.slack.com/services/T0/B0/Wh{n}",
+           "smtp_pwd": "Sm-{n}", "api_key": "Ak-{n}", "note": "password=Nt-{n}"}
+
+
+@case("secrets", f"{len(SECRETS)} planted secrets (`+x.pwd`, `pass`, `db_pass`, `dsn`, `connection_string`, "
+      "`webhook_url`, ...) through `logger=all`", "rlexp train logger=all +x.pwd=... +x.dsn=... ...",
+      "no secret in any file of the run folder, the W&B files or the MLflow store")
+def _(work: Path) -> Outcome:
+    marker = uuid.uuid4().hex[:10]
+    planted = {k: v.format(n=marker) for k, v in SECRETS.items()}
+    over = [f"+x.{k}={json.dumps(v) if ',' in v or ';' in v else v}" for k, v in planted.items()]
+    p, secs = rlexp(["train", "steps=2", "eval.every_n_steps=0", "logger=all", *over, f"hydra.run.dir={work / 'r'}",
+                     f"logger.runs_root={work}"], cwd=work)
+    leaks = sorted({str(q.relative_to(work)) for q in work.rglob("*")
+                    if q.is_file() and marker.encode() in q.read_bytes()})
+    db = next(work.rglob("mlflow.db"), None)
+    if db is not None:
+        with sqlite3.connect(db) as con:
+            for (t,) in con.execute("select name from sqlite_master where type='table'").fetchall():
+                if marker in repr(con.execute(f"select * from {t}").fetchall()):
+                    leaks.append(f"mlflow.db:{t}")
+    return Outcome(f"exit {p.returncode}; files with a secret: {leaks or 'none'}",
+                   p.returncode == 0 and not leaks and db is not None, secs)
+
+
+@case("trackers", "`MLFLOW_TRACKING_URI=sqlite:///...` run from another folder",
+      "cd elsewhere && MLFLOW_TRACKING_URI=sqlite:///S/mlflow.db rlexp train logger=mlflow",
+      "artifacts beside the store, nothing written to the current folder")
+def _(work: Path) -> Outcome:
+    store, cwd = work / "store", work / "cwd"
+    store.mkdir()
+    cwd.mkdir()
+    p, secs = rlexp(["train", "steps=2", "eval.every_n_steps=0", "logger=mlflow", f"hydra.run.dir={work / 'r'}"],
+                    cwd=cwd, MLFLOW_TRACKING_URI=f"sqlite:///{store}/mlflow.db")
+    in_cwd = sorted(q.name for q in cwd.iterdir())
+    beside = any((store / "artifacts").rglob("manifest.json"))
+    return Outcome(f"exit {p.returncode}; in the current folder: {in_cwd or 'nothing'}; artifacts beside the store: "
+                   f"{beside}", p.returncode == 0 and not in_cwd and beside, secs)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=REPO / "results" / "reliability.md")
@@ -170,7 +493,8 @@ def write_table(out: Path, rows: list[tuple[Case, Outcome]], argv: list[str]) ->
     ]
     for c, o in rows:
         obs = o.observed.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {c.area} | {c.what} | `{c.command}` | {c.expected} | {obs} | {'as expected' if o.ok else 'NOT as expected'} |")
+        verdict = "as expected" if o.ok else "NOT as expected"
+        lines.append(f"| {c.area} | {c.what} | `{c.command}` | {c.expected} | {obs} | {verdict} |")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}: {passed}/{len(rows)} as expected")

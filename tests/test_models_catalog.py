@@ -29,7 +29,9 @@ EXACT = {
 
 def _load(name: str) -> ModelConfig:
     """Compose the yaml into the structured schema: unknown keys or wrong types fail here."""
-    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(CONF / f"{name}.yaml"))
+    raw = OmegaConf.load(CONF / f"{name}.yaml")
+    raw.pop("defaults", None)  # what the model brings to a run (rlexp/conf/scale/), not a model field
+    merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), raw)
     return OmegaConf.to_object(merged)
 
 
