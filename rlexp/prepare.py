@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.cluster import check_cluster, weight_hosts
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError, validate
 from rlexp.envs.base import Environment
-from rlexp.envs.registry import build_env
+from rlexp.envs.registry import build_env, check_env_options
 from rlexp.evals.benchmarks import load_benchmarks
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.planner import check_plan
@@ -45,10 +46,24 @@ class Prepared:
     served_verifiers: list[VerifierConfig] = field(default_factory=list)
 
 
+def check_config(cfg: DictConfig) -> TrainConfig:
+    """The composed config as the typed schema, every value checked (`rlexp.config.validate.validate`) and the
+    environment's options known (`rlexp.envs.base.Environment.Options`): the cheap part of `prepare`, so a bad
+    override is refused naming its key in well under a second. Resolving an interpolation that fails (an
+    unset `${oc.env:...}`, a string where a number belongs) is a `ConfigError` too, not a traceback."""
+    try:
+        t: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+    validate(t, check_weights=check_model_files)
+    check_env_options(t.environment)
+    return t
+
+
 def prepare(cfg: DictConfig) -> Prepared:
     """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
-    t: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    validate(t, check_weights=check_model_files)
+    t = check_config(cfg)
     if t.model.flavor != "tiny":
         check_plan(cfg)
     try:
