@@ -161,8 +161,7 @@ def check_overrides(overrides: Sequence[Any], source: str, conf_dirs: Sequence[P
             why = schema_path_error(parts)
             if why:
                 raise refuse(f"{key} is not a key of rlexp's config ({why})")
-        if not o.is_delete():
-            why = _value_error(o.value())
-            if why:
-                raise refuse(why)
+        why = _value_error(o.value())  # a delete's value too (`~k=v` deletes only when it matches)
+        if why:
+            raise refuse(why)
     return list(overrides)

@@ -37,10 +37,38 @@ def _numbers(node: Any, key: str) -> Iterator[tuple[str, Any]]:
         yield key, node
 
 
+def check_types(node: Any, tp: Any, key: str = "") -> None:
+    """Every value has its field's declared type. Composition checks what is written, but an interpolation
+    (`trainer.betas=${seed}`) is only resolved by `OmegaConf.to_object`, which lets a wrong type through."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if type(None) in typing.get_args(tp):
+        if node is None:
+            return
+        tp = args[0] if len(args) == 1 else Any
+    origin = typing.get_origin(tp) or tp
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        for f in dataclasses.fields(tp):
+            check_types(getattr(node, f.name), hints[f.name], f"{key}.{f.name}" if key else f.name)
+        return
+    expect = {list: list, dict: dict, bool: bool, str: str, int: int, float: (int, float)}.get(origin)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        expect = tp
+    if expect is None:
+        return
+    if not isinstance(node, expect) or (expect is not bool and isinstance(node, bool) and tp is not Any):
+        raise ConfigError(f"{key}={node!r} must be of type {getattr(tp, '__name__', tp)}")
+    if origin is list and typing.get_args(tp):
+        for i, v in enumerate(node):
+            check_types(v, typing.get_args(tp)[0], f"{key}.{i}")
+
+
 def check_numbers(c: Any) -> None:
     """Every float in the config (schema fields and free-form options alike) is finite, and every int of the
     schema is a count, size or seed in [0, INT_MAX]: `nan` or `inf` would otherwise reach an actor and fail
     there a minute later without naming the key."""
+    if dataclasses.is_dataclass(c):
+        check_types(c, type(c))
     for key, v in _numbers(c, ""):
         if isinstance(v, float) and not math.isfinite(v):
             raise ConfigError(f"{key}={v} is not a finite number; give a finite value")
