@@ -104,7 +104,18 @@ def find_resume(resume: str, run_dir: Path) -> Path | None:
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
-    return json.loads((ckpt / "meta.json").read_text())
+    """`meta.json` checked for shape (JSON only, never code): a damaged or hand-edited file is a ResumeError."""
+    path = ckpt / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ResumeError(f"{path}: unreadable ({e}); resume from another checkpoint or with resume=never") from None
+    if not (isinstance(meta, dict) and all(isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool)
+                                           and meta[k] >= 0 for k in ("step", "version"))
+            and isinstance(meta.get("resume_hash"), str)):
+        raise ResumeError(f"{path}: expected {{\"step\": int >= 0, \"version\": int >= 0, \"resume_hash\": str}}, "
+                          f"got {str(meta)[:200]}; resume from another checkpoint or with resume=never")
+    return meta
 
 
 def check_resume_config(ckpt: Path, cfg_hash: str, force: bool) -> None:

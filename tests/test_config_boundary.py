@@ -74,3 +74,32 @@ def test_train_refuses_a_misspelt_environment_option(tmp_path: Path, tag: str) -
     assert p.returncode == 2, p.stdout + p.stderr
     assert "'nterms'" in p.stderr and "did you mean n_terms" in p.stderr and "Traceback" not in p.stderr
     assert not tagged_pids(tag)
+
+
+def test_checkpoint_meta_is_checked_for_shape(tmp_path: Path) -> None:
+    import pytest
+
+    from rlexp.checkpoints import ResumeError, read_meta
+
+    (tmp_path / "meta.json").write_text(json.dumps({"step": 3, "version": 3, "resume_hash": "ab"}))
+    assert read_meta(tmp_path)["step"] == 3
+    for bad in ('{"step": "3; rm -rf", "version": 3, "resume_hash": "ab"}', "[1, 2]", "not json",
+                '{"step": -1, "version": 0, "resume_hash": "ab"}', '{"step": 1, "version": 1}'):
+        (tmp_path / "meta.json").write_text(bad)
+        with pytest.raises(ResumeError, match=r"meta\.json"):
+            read_meta(tmp_path)
+
+
+def test_generator_replicas_file_takes_only_a_count(tmp_path: Path, capsys) -> None:
+    from types import SimpleNamespace
+
+    from rlexp.launcher import Elastic
+
+    added = []
+    graph = SimpleNamespace(services=None, add_generator=lambda: added.append(1))  # no actors: nothing to resize
+    el = Elastic(graph, tmp_path)  # type: ignore[arg-type]
+    for text in ("__import__('os')", "-3", "1e9", "9" * 50):
+        (tmp_path / "generator_replicas").write_text(text)
+        el.check()
+        assert "is not a number of replicas; ignored" in capsys.readouterr().out, text
+    assert not added
