@@ -142,13 +142,17 @@ def _stderr(msg: str) -> None:
 
 
 def read_meta(ckpt: Path) -> dict[str, Any]:
-    """A checkpoint's meta.json; a damaged one is a `ResumeError` naming it (so resume skips that checkpoint)."""
+    """A checkpoint's meta.json, checked for shape (JSON only, never code); a damaged or hand-edited one is a
+    `ResumeError` naming it (so resume skips that checkpoint)."""
     path = ckpt / "meta.json"
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-        if (not isinstance(meta, dict) or not isinstance(meta.get("step"), int) or "resume_hash" not in meta
-                or not isinstance(meta.get("sha256", {}), dict)):
-            raise ValueError("not the object rlexp writes (step, version, resume_hash, sha256)")
+        counts = isinstance(meta, dict) and all(
+            isinstance(meta.get(k), int) and not isinstance(meta.get(k), bool) and meta[k] >= 0
+            for k in ("step", "version"))
+        if not (counts and isinstance(meta.get("resume_hash"), str) and isinstance(meta.get("sha256", {}), dict)):
+            raise ValueError("not the object rlexp writes: {\"step\": int >= 0, \"version\": int >= 0, "
+                             "\"resume_hash\": str, \"sha256\": {file: hex}}")
     except (ValueError, OSError) as e:
         raise ResumeError(f"{path} is corrupt: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     return meta

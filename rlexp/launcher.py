@@ -427,12 +427,19 @@ class Elastic:
 
     def __init__(self, graph: Graph, run_dir: Path) -> None:
         self.graph, self.path = graph, run_dir / self.FILE
+        self._refused: str | None = None  # the last unusable content, announced once
 
     def check(self) -> None:
         try:
-            want = int(self.path.read_text().strip())
-        except (FileNotFoundError, ValueError):
+            text = self.path.read_text().strip()
+        except (FileNotFoundError, UnicodeDecodeError):
             return
+        if not text.isdigit() or len(text) > 6:  # a count of replicas, nothing else
+            if text != self._refused:
+                runlog.announce(f"[rlexp] {self.path}: {text[:40]!r} is not a number of replicas; ignored")
+                self._refused = text
+            return
+        want = int(text)
         svc = self.graph.services.generators if self.graph.services else None
         if svc is None or self.graph.add_generator is None:
             return

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.cluster import check_cluster, weight_hosts
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError, validate
 from rlexp.envs.base import Environment
-from rlexp.envs.registry import build_env
+from rlexp.envs.registry import build_env, check_env_options
 from rlexp.evals.benchmarks import load_benchmarks
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.planner import PlanError, check_devices, plan_memory
@@ -45,17 +46,34 @@ class Prepared:
     served_verifiers: list[VerifierConfig] = field(default_factory=list)
 
 
-def prepare(cfg: DictConfig) -> Prepared:
-    """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
-    t: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    report = plan_memory(cfg) if t.model.flavor != "tiny" or t.trainer.micro_batch_size == 0 else None
+def check_config(cfg: DictConfig) -> TrainConfig:
+    """The composed config as the typed schema, every value checked (`rlexp.config.validate.validate`), the
+    environment's options known (`rlexp.envs.base.Environment.Options`) and, for a real model, the memory plan
+    (a `trainer.micro_batch_size` of 0 becomes the largest that fits) against this machine's devices: the cheap
+    part of `prepare`, so a bad override is refused naming its key in well under a second. Resolving an
+    interpolation that fails (an unset `${oc.env:...}`, a string where a number belongs) is a `ConfigError`
+    too, not a traceback."""
+    try:
+        t: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+    real = t.model.flavor != "tiny"
+    report = plan_memory(cfg) if real or t.trainer.micro_batch_size == 0 else None
     if report is not None and t.trainer.micro_batch_size == 0:  # derived: the largest the plan fits
         t.trainer.micro_batch_size = cfg.trainer.micro_batch_size = report.micro_batch_size
-    if report is not None and t.model.flavor != "tiny":
+    if report is not None and real:
         check_devices(report, t.cluster)  # this machine has the GPUs the plan needs, before anything else says no
     validate(t, check_weights=check_model_files)
-    if report is not None and t.model.flavor != "tiny" and not report.ok:
+    check_env_options(t.environment)
+    if report is not None and real and not report.ok:
         raise PlanError("the configured layout does not fit:\n" + report.table(), report)
+    return t
+
+
+def prepare(cfg: DictConfig) -> Prepared:
+    """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
+    t = check_config(cfg)
     try:
         check_cluster(t.cluster)
     except ValueError as e:

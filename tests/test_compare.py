@@ -93,8 +93,8 @@ def test_reproduce_reruns_with_same_overrides(tmp_path: Path) -> None:
     _make_run(run, "weaver", 3, [0.1, 0.2])
     manifest = json.loads((run / "manifest.json").read_text())
     cmd = build_command(manifest, tmp_path / "new", ["seed=4"])
-    assert cmd[:4] == [sys.executable, "-m", "rlexp", "train"]
-    assert cmd[4:] == ["reward=weaver", "seed=4", f"hydra.run.dir={tmp_path / 'new'}"]
+    assert cmd[:5] == [sys.executable, "-P", "-m", "rlexp", "train"]
+    assert cmd[5:] == ["reward=weaver", "seed=4", f"hydra.run.dir={tmp_path / 'new'}"]
 
     calls = []
 
@@ -110,7 +110,7 @@ def test_reproduce_reruns_with_same_overrides(tmp_path: Path) -> None:
 
     assert reproduce_main([str(run)], runner=fake_train) == 0
     new_dir = Path(calls[0][-1].split("=", 1)[1])
-    assert new_dir.parent == run.parent / "reproduce" and calls[0][4:6] == ["reward=weaver", "seed=3"]
+    assert new_dir.parent == run.parent / "reproduce" and calls[0][5:7] == ["reward=weaver", "seed=3"]
     assert reproduce_main([str(run)], runner=fake_train) == 1
     assert reproduce_main([str(run)], runner=lambda c, cwd=None: 3) == 2
 

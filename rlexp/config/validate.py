@@ -2,14 +2,121 @@
 composition); each error names the key, the bad value and the fix."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+import difflib
+import math
+import typing
+from collections.abc import Callable, Iterator
+from enum import Enum
+from typing import Any, TypeVar
 
 from rlexp.config.layout import gpu_layout, own_hosts, verifier_gpus
 
 
 class ConfigError(ValueError):
     pass
+
+
+# Largest integer any setting may take: what torch and numpy hold in an int64 (seeds, counts, sizes).
+INT_MAX = 2**63 - 1
+T = TypeVar("T")
+
+
+def _numbers(node: Any, key: str) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every int and float in a config object: dataclass fields, dicts, lists."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            yield from _numbers(getattr(node, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            yield from _numbers(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            yield from _numbers(v, f"{key}.{i}")
+    elif isinstance(node, (int, float)) and not isinstance(node, (bool, Enum)):
+        yield key, node
+
+
+def check_types(node: Any, tp: Any, key: str = "") -> None:
+    """Every value has its field's declared type. Composition checks what is written, but an interpolation
+    (`trainer.betas=${seed}`) is only resolved by `OmegaConf.to_object`, which lets a wrong type through."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if type(None) in typing.get_args(tp):
+        if node is None:
+            return
+        tp = args[0] if len(args) == 1 else Any
+    origin = typing.get_origin(tp) or tp
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        for f in dataclasses.fields(tp):
+            check_types(getattr(node, f.name), hints[f.name], f"{key}.{f.name}" if key else f.name)
+        return
+    expect = {list: list, dict: dict, bool: bool, str: str, int: int, float: (int, float)}.get(origin)
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        expect = tp
+    if expect is None:
+        return
+    if not isinstance(node, expect) or (expect is not bool and isinstance(node, bool) and tp is not Any):
+        raise ConfigError(f"{key}={node!r} must be of type {getattr(tp, '__name__', tp)}")
+    if origin is list and typing.get_args(tp):
+        for i, v in enumerate(node):
+            check_types(v, typing.get_args(tp)[0], f"{key}.{i}")
+
+
+def check_numbers(c: Any) -> None:
+    """Every float in the config (schema fields and free-form options alike) is finite, and every int of the
+    schema is a count, size or seed in [0, INT_MAX]: `nan` or `inf` would otherwise reach an actor and fail
+    there a minute later without naming the key."""
+    if dataclasses.is_dataclass(c):
+        check_types(c, type(c))
+    for key, v in _numbers(c, ""):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{key}={v} is not a finite number; give a finite value")
+        if isinstance(v, int) and not 0 <= v <= INT_MAX and not _in_options(key):
+            raise ConfigError(f"{key}={v} is out of range: it must be between 0 and {INT_MAX}")
+
+
+def _in_options(key: str) -> bool:
+    """Inside a free-form dict (options, extra): its owner checks the ranges."""
+    return ".options." in f".{key}" or key.startswith("extra.")
+
+
+def check_options(cls: type[T], options: Any, owner: str) -> T:
+    """A free-form `options` dict as its owner's options dataclass: an unknown name is refused with the close
+    matches (a typo would otherwise silently keep the default), a value of the wrong type is refused naming
+    the option. `owner` names the config key, e.g. `environment=arithmetic`."""
+    options = dict(options or {})
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=3)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise ConfigError(f"{owner}: unknown option {name!r}; {hint}known options: {sorted(known) or 'none'}")
+    hints = typing.get_type_hints(cls)
+    for name, value in options.items():
+        options[name] = _coerce(hints[name], value, f"{owner}: options.{name}")
+    return cls(**options)
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    """`value` as the declared type (int, float, str, bool, or one of those or None); else ConfigError."""
+    args = typing.get_args(tp)
+    if type(None) in args:
+        if value is None:
+            return None
+        tp = next(a for a in args if a is not type(None))
+    if tp is Any:
+        return value
+    ok = {bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if tp in ok and not ok[tp](value):
+        raise ConfigError(f"{where}={value!r} must be of type {tp.__name__}")
+    if tp is float:
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{where}={value} is not a finite number; give a finite value")
+    return value
 
 
 def _positive(key: str, value: float, zero_ok: bool = False) -> None:
@@ -20,13 +127,22 @@ def _positive(key: str, value: float, zero_ok: bool = False) -> None:
 def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> None:
     """`check_weights(model_cfg)` raises when the model's files are missing; given, its message joins the
     report for a model that cannot train here, so a user learns every blocker at once."""
+    check_numbers(c)
     for key in ("algorithm.group_size", "algorithm.prompts_per_step", "algorithm.max_tokens", "steps",
                 "generator.replicas", "generator.shards", "reward.replicas", "trainer.micro_batch_size",
                 "cluster.transport_chunk_mb"):
         _positive(key, _get(c, key))
     for key in ("trainer.lr", "algorithm.temperature"):
         _positive(key, _get(c, key))
-    _positive("algorithm.kl_coef", c.algorithm.kl_coef, zero_ok=True)
+    for key in ("algorithm.kl_coef", "algorithm.clip_low", "algorithm.clip_high", "trainer.weight_decay",
+                "trainer.grad_clip", "eval.temperature", "generator.kv_cache_gb", "cluster.gpu_memory_gb"):
+        _positive(key, _get(c, key), zero_ok=True)
+    _positive("logger.system_metrics_interval_s", c.logger.system_metrics_interval_s)
+    for key, lo, hi in (("trainer.min_lr_ratio", 0.0, 1.0), ("generator.gpu_memory_utilization", 0.0, 1.0),
+                        *((f"trainer.betas.{i}", 0.0, 1.0) for i in range(len(c.trainer.betas)))):
+        v = _get(c, key)
+        if not lo <= v <= hi:
+            raise ConfigError(f"{key}={v} must be between {lo} and {hi}")
     if c.algorithm.group_size < 2:
         raise ConfigError("algorithm.group_size must be >= 2: GRPO's advantage compares responses within a group")
     if c.sync.mode == "async" and c.sync.max_policy_age < 1:
@@ -109,5 +225,5 @@ def check_hosts_fit(c: Any) -> None:
 
 def _get(c: Any, dotted: str) -> Any:
     for part in dotted.split("."):
-        c = getattr(c, part)
+        c = c[int(part)] if part.isdigit() else getattr(c, part)
     return c

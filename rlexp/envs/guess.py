@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import string
+from dataclasses import dataclass
 
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.types import Problem, Sample
@@ -59,15 +60,21 @@ def guesses(answer: str, transcript: str, max_turns: int) -> list[str] | None:
     return out if i == len(transcript) and out else None
 
 
+@dataclass
+class GuessOptions:
+    n_train_games: int = 2000
+    n_heldout_games: int = 20
+
+
 @register_env("guess")
 class Guess(Environment):
+    Options = GuessOptions
     verifier_kinds = frozenset()  # success is the game's own outcome; there is nothing for a judge to weigh
     max_response_tokens = 1
 
     def _games(self) -> tuple[list[str], list[str]]:
         """(training ids, held-out ids): disjoint, fixed by the task, not by the run seed."""
-        n_train = int(self.cfg.options.get("n_train_games", 2000))
-        n_held = int(self.cfg.options.get("n_heldout_games", 20))
+        n_train, n_held = self.opts.n_train_games, self.opts.n_heldout_games
         rng = random.Random(_SPLIT_SEED)
         ids: dict[str, None] = {}
         while len(ids) < n_train + n_held:

@@ -16,6 +16,8 @@ Scoring: the last `\boxed{...}` after thinking blocks are removed, compared with
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rlexp.envs.answers import check_math_batch, last_boxed
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.envs.data import DatasetMissing, is_local_path, load_hf, read_local
@@ -26,8 +28,18 @@ TEMPLATE = ("Solve the following math problem. Reason step by step, and put your
             "\\boxed{{}}.\n\n{question}")
 
 
+@dataclass
+class MathOptions:
+    template: str = TEMPLATE  # receives {question}
+    hf_config: str | None = None
+    question_key: str = "problem"  # the dataset's fields
+    answer_key: str = "answer"
+
+
 @register_env("math")
 class MathEnv(Environment):
+    Options = MathOptions
+
     def _records(self, split: str) -> list[dict]:
         ds = self.cfg.dataset or MATH500
         if is_local_path(ds):
@@ -36,12 +48,10 @@ class MathEnv(Environment):
             raise DatasetMissing(f"{MATH500} has only a test split (the 500 evaluation problems), not {split!r}; "
                                  f"to train, set environment.dataset to a MATH training set with `problem` and "
                                  f"`answer` fields (an HF id with environment.revision, or a local JSONL file)")
-        return load_hf(ds, self.cfg.revision, split, self.cfg.options.get("hf_config"))
+        return load_hf(ds, self.cfg.revision, split, self.opts.hf_config)
 
     def load_samples(self, split: str) -> list[Sample]:
-        template = self.cfg.options.get("template", TEMPLATE)
-        question_key = self.cfg.options.get("question_key", "problem")
-        answer_key = self.cfg.options.get("answer_key", "answer")
+        template, question_key, answer_key = self.opts.template, self.opts.question_key, self.opts.answer_key
         out = []
         for i, r in enumerate(self._records(split)):
             meta = {k: r[k] for k in ("subject", "level") if k in r}

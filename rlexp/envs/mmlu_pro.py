@@ -21,14 +21,24 @@ Scoring: letter extraction among as many letters as the question has options.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rlexp.envs.base import register_env
 from rlexp.envs.data import is_local_path, load_hf, read_local
 from rlexp.envs.multiple_choice import LETTERS, TEMPLATE, MultipleChoiceEnv, make_sample, text_order
 from rlexp.types import Sample
 
 
+@dataclass
+class MMLUProOptions:
+    template: str = TEMPLATE  # receives {question} and {choices}
+    shuffle_seed: int | None = None  # None: the dataset's order of choices
+
+
 @register_env("mmlu_pro")
 class MMLUPro(MultipleChoiceEnv):
+    Options = MMLUProOptions
+
     def _records(self, split: str) -> list[dict]:
         ds = self.cfg.dataset or "TIGER-Lab/MMLU-Pro"
         if is_local_path(ds):
@@ -36,11 +46,10 @@ class MMLUPro(MultipleChoiceEnv):
         return load_hf(ds, self.cfg.revision, split)
 
     def orders_by_text(self) -> bool:
-        return self.cfg.options.get("shuffle_seed") is not None
+        return self.opts.shuffle_seed is not None
 
     def load_samples(self, split: str) -> list[Sample]:
-        template = self.cfg.options.get("template", TEMPLATE)
-        seed = self.cfg.options.get("shuffle_seed")
+        template, seed = self.opts.template, self.opts.shuffle_seed
         out = []
         for r in self._records(split):
             qid = str(r["question_id"])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import dataclass
 
 from rlexp.envs.base import Check, Environment, register_env
 from rlexp.types import Problem, Sample
@@ -27,11 +28,18 @@ _SPLIT_SEED = 20261130  # the split is a fixed function of the task, not of the 
 _DIGITS = "0123456789"
 
 
+@dataclass
+class SortOptions:
+    length: int = 8
+    base: int = 2
+
+
 @register_env("sort")
 class Sort(Environment):
+    Options = SortOptions
+
     def _shape(self) -> tuple[int, int]:
-        n = int(self.cfg.options.get("length", 8))
-        base = int(self.cfg.options.get("base", 2))
+        n, base = self.opts.length, self.opts.base
         if not 2 <= base <= 10 or n < 2 or base ** n > 2_000_000:
             raise ValueError(f"environment.options length={n}, base={base}: need 2 <= base <= 10, length >= 2 and "
                              f"base ** length <= 2,000,000 (every string is enumerated to split the data); the "

@@ -1,10 +1,13 @@
-"""`rlexp reproduce RUN_DIR [--dry-run] [-- EXTRA_OVERRIDES...]`: re-run a run from its manifest and check that
-it produced the same metrics.
+"""`rlexp reproduce RUN_DIR [--dry-run] [--config-dir DIR] [-- EXTRA_OVERRIDES...]`: re-run a run from its
+manifest and check that it produced the same metrics.
 
 The re-run is `python -m rlexp train <same overrides> hydra.run.dir=<RUN_DIR's parent>/reproduce/<name>-<time>`
-(plus `--config-dir/--config-name` when the original used them), started from the original working directory.
+(plus `--config-name` when the original used one, and `--config-dir` when the user passes it: a manifest never
+picks a config folder), started from the original working directory, which is not put on the module path (`-P`).
+A manifest is data someone else may have written: its overrides pass `rlexp.config.overrides.check_overrides`
+(schema keys only; no Hydra callbacks, `_target_` or resolvers) before anything runs.
 Exit codes: 0 identical metrics, 1 first differing step/metric printed, 2 the re-run itself failed or could
-not be built (e.g. an override was redacted as a secret: pass it again after `--`).
+not be built (a refused override, or one redacted as a secret: pass it again after `--`).
 
 Bitwise identity holds only on a machine that computes the same way: the manifest records what decides it
 (`system.numerics`: CPU model and instruction-set flags, BLAS backend, kernel level and threads, GPU model,
@@ -31,6 +34,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlexp.config.overrides import RUN_DIR_KEYS, OverrideError, check_config_name, check_overrides
+from rlexp.config.paths import CONF_DIR
 
 from .base import METRICS_FILE
 from .manifest import REDACTED, git_info, numerics_differences, numerics_info, read_manifest
@@ -149,22 +155,58 @@ def _override_key(o: str) -> str:
     return o.split("=", 1)[0].lstrip("~+")
 
 
-def build_command(manifest: dict[str, Any], new_dir: Path, extra: Sequence[str] = ()) -> list[str]:
-    """The train command that re-creates the run. Raises ValueError when a needed value was redacted."""
-    run_local = ("hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir")
-    overrides = [o for o in manifest.get("overrides") or [] if _override_key(o) not in run_local]
+def _run_settings(manifest: Any, source: str) -> dict[str, Any]:
+    """The manifest's `hydra` section, checked for shape: a manifest is data someone else may have written."""
+    if not isinstance(manifest, dict):
+        raise OverrideError(f"{source}: not a JSON object")
+    hyd = manifest.get("hydra") or {}
+    if not isinstance(hyd, dict):
+        raise OverrideError(f"{source}: `hydra` must be an object, got {type(hyd).__name__}")
+    for key in ("config_name", "config_dir", "runtime_cwd"):
+        if hyd.get(key) is not None and not isinstance(hyd[key], str):
+            raise OverrideError(f"{source}: hydra.{key} must be a string, got {hyd[key]!r}")
+    return hyd
+
+
+def build_command(manifest: dict[str, Any], new_dir: Path, extra: Sequence[str] = (),
+                  config_dir: Path | None = None, source: str = "manifest.json") -> list[str]:
+    """The train command that re-creates the run. Raises ValueError when a needed value was redacted, and
+    `OverrideError` when the manifest asks for anything but rlexp's own config keys
+    (`rlexp.config.overrides.check_overrides`) or for a config folder the user did not give (`config_dir`):
+    configs there can run code, so only the user may choose it. `extra` is the user's own and not checked."""
+    hyd = _run_settings(manifest, source)
+    conf_dirs = [CONF_DIR, *([config_dir] if config_dir else [])]
+    if hyd.get("config_dir") and config_dir is None:
+        raise OverrideError(f"{source}: the run loaded configs from its own folder (--config-dir "
+                            f"{hyd['config_dir']}); YAML there can run code, so rlexp reproduce will not take it "
+                            f"from a manifest. Check that folder, then pass it yourself: rlexp reproduce RUN_DIR "
+                            f"--config-dir {hyd['config_dir']}")
+    name = hyd.get("config_name")
+    if name:
+        check_config_name(name, conf_dirs, f"{source} hydra.config_name")
+    recorded = check_overrides(manifest.get("overrides") or [], f"{source} overrides", conf_dirs)
+    overrides = [o for o in recorded if _override_key(o) not in RUN_DIR_KEYS]
     extra_keys = {_override_key(e) for e in extra}
     overrides = [o for o in overrides if _override_key(o) not in extra_keys] + list(extra)
     redacted = [o for o in overrides if REDACTED in o]
     if redacted:
         raise ValueError(f"overrides were redacted as secrets, pass them again after `--`: {redacted}")
-    hyd = manifest.get("hydra") or {}
-    cmd = [sys.executable, "-m", "rlexp", "train"]
-    if hyd.get("config_dir"):
-        cmd += ["--config-dir", str(hyd["config_dir"])]
-    if hyd.get("config_name"):
-        cmd += ["--config-name", str(hyd["config_name"])]
+    # -P: the working directory is not put on the module path, so no file there is imported as code.
+    cmd = [sys.executable, "-P", "-m", "rlexp", "train"]
+    if config_dir:
+        cmd += ["--config-dir", str(config_dir)]
+    if name:
+        cmd += ["--config-name", name]
     return [*cmd, *overrides, f"hydra.run.dir={_quote_value(str(new_dir))}"]
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment, with the folder this rlexp is imported from first on PYTHONPATH: `-P` drops
+    the working directory, which may have been how the original run found rlexp."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    return env
 
 
 def reproduce_dir(run_dir: Path) -> Path:
@@ -193,6 +235,8 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
                                         "2 the re-run failed or could not be built")
     ap.add_argument("run_dir", type=Path, help="a finished run folder (holds manifest.json and metrics.jsonl)")
     ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    ap.add_argument("--config-dir", type=Path, default=None,
+                    help="the config folder the run used (its manifest names it; never taken from the manifest)")
     ap.add_argument("extra", nargs="*", help="overrides appended after `--` (replace same-key ones)")
     args = ap.parse_args(argv)
     run_dir: Path = args.run_dir
@@ -203,12 +247,12 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
         return 2
     new_dir = reproduce_dir(run_dir)
     try:
-        cmd = build_command(manifest, new_dir, args.extra)
+        cmd = build_command(manifest, new_dir, args.extra, args.config_dir, source=f"{run_dir}/manifest.json")
     except ValueError as e:
         print(f"rlexp reproduce: {e}", file=sys.stderr)
         return 2
     cwd = (manifest.get("hydra") or {}).get("runtime_cwd")
-    cwd = cwd if cwd and Path(cwd).is_dir() else None
+    cwd = cwd if cwd and Path(cwd).is_absolute() and Path(cwd).is_dir() else None
     print("+", " ".join(cmd), flush=True)
     differs = machine_differences(manifest)
     if differs:
@@ -220,7 +264,7 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     if args.dry_run:
         return 0
     _warn_code_drift(manifest)
-    run = runner or (lambda c, cwd=None: subprocess.run(c, cwd=cwd).returncode)
+    run = runner or (lambda c, cwd=None: subprocess.run(c, cwd=cwd, env=child_env()).returncode)
     rc = run(cmd, cwd=cwd)
     if rc != 0:
         print(f"rlexp reproduce: the re-run failed with exit code {rc} ({new_dir})", file=sys.stderr)

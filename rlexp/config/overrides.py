@@ -1,0 +1,167 @@
+"""Overrides read back from a run folder (a manifest's `overrides`, `.hydra/overrides.yaml`) are data someone
+else wrote, and Hydra turns an override into behaviour: `+hydra.callbacks.x._target_=...` runs any callable,
+`${oc.env:...}` reads this machine's environment, `--config-dir` loads any YAML. `check_overrides` is the one
+gate such a list passes before anything is composed or spawned: every key must be a key of the schema
+(`rlexp.config.schema.TrainConfig`; free-form `options`/`extra` dicts take any name below them), every group
+selection must name an option file that exists, no key or value may carry Hydra's instantiation keys
+(`_target_`, `_args_`, ...), and an interpolation may only be a plain `${a.b}` reference to a schema key.
+Hydra keys are refused except the run-folder ones rlexp itself sets. A refusal names the override.
+
+What a user types on their own command line is theirs and is not checked here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlexp.config.paths import CONF_DIR
+from rlexp.config.schema import TrainConfig
+from rlexp.config.validate import ConfigError
+
+# The only Hydra keys a recorded run may carry: where its folder goes (reproduce replaces them anyway).
+RUN_DIR_KEYS = frozenset({"hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir"})
+# Keys Hydra's `instantiate` (and the config loader) give meaning to; never data in rlexp's config.
+_SPECIAL_KEY = re.compile(r"^_[A-Za-z]+_$")
+# An interpolation that stays inside the config: `${a.b.c}`, nothing else (no resolver, no nesting, no `..`).
+_PLAIN_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_0-9][A-Za-z0-9_]*)*)\}")
+_OPTION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+class OverrideError(ConfigError):
+    """An override read back from a file that rlexp refuses to hand to Hydra."""
+
+
+def config_groups(conf_dirs: Sequence[Path]) -> set[str]:
+    """Group names: sub-folders of the config folders (`model`, `environment`, `experiment`, ...)."""
+    return {p.name for d in conf_dirs if d.is_dir() for p in d.iterdir() if p.is_dir() and p.name != "hydra"}
+
+
+def _unwrap(tp: Any) -> Any:
+    """`X | None` -> X."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else Any
+    return tp
+
+
+def schema_path_error(parts: Sequence[str], root: type = TrainConfig) -> str | None:
+    """None when `a.b.c` is a key of the schema (or lies inside a free-form dict), else why not."""
+    tp: Any = root
+    for i, part in enumerate(parts):
+        tp = _unwrap(tp)
+        where = ".".join(parts[:i]) or "the config"
+        if dataclasses.is_dataclass(tp):
+            hints = typing.get_type_hints(tp)
+            if part not in hints:
+                return f"{where} has no key {part!r}"
+            tp = hints[part]
+        elif typing.get_origin(tp) is dict or tp is dict:
+            return None  # free-form below here (environment/reward/verifier options, extra)
+        elif typing.get_origin(tp) is list:
+            if not part.isdigit():
+                return f"{where} is a list: {part!r} is not an index"
+            args = typing.get_args(tp)
+            tp = args[0] if args else Any
+        elif tp is Any:
+            return None
+        else:
+            return f"{where} is a value, it has no key {part!r}"
+    return None
+
+
+def _strings(value: Any) -> Iterable[tuple[str, bool]]:
+    """Every string in a parsed override value, with whether it is a dict key."""
+    if isinstance(value, str):
+        yield value, False
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield str(k), True
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+
+
+def _value_error(value: Any) -> str | None:
+    for s, is_key in _strings(value):
+        if is_key and _SPECIAL_KEY.match(s):
+            return f"its value holds the key {s!r}, which would make Hydra instantiate an object"
+        rest = _PLAIN_REF.sub("", s)
+        if "${" in rest:
+            return (f"its value holds the interpolation in {s!r}: only a plain ${{a.b}} reference to a key of the "
+                    f"config may appear (no resolvers such as oc.env)")
+        for m in _PLAIN_REF.finditer(s):
+            why = schema_path_error(m.group(1).split("."))
+            if why:
+                return f"its interpolation ${{{m.group(1)}}} refers outside the config ({why})"
+    return None
+
+
+def check_config_name(name: Any, conf_dirs: Sequence[Path], source: str) -> str:
+    """A primary config (`--config-name`) read back from a file: a plain name of a YAML file in `conf_dirs`."""
+    if not isinstance(name, str) or not _OPTION_NAME.match(name) or not any(
+            (d / f"{name}.yaml").is_file() for d in conf_dirs):
+        raise OverrideError(f"{source}: config name {name!r} is not a config file in {[str(d) for d in conf_dirs]}")
+    return name
+
+
+def check_overrides(overrides: Sequence[Any], source: str, conf_dirs: Sequence[Path] = (CONF_DIR,)) -> list[str]:
+    """The overrides, unchanged, when every one may pass (see the module docstring); else `OverrideError`
+    naming the first one refused and `source` (the file it came from). `conf_dirs`: where group options live
+    (rlexp's own configs, plus a `--config-dir` the user gave)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not isinstance(overrides, (list, tuple)):
+        raise OverrideError(f"{source}: overrides must be a list of strings, got {type(overrides).__name__}")
+    parser = OverridesParser.create()
+    groups = config_groups(conf_dirs)
+    for raw in overrides:
+        if not isinstance(raw, str):
+            raise OverrideError(f"{source}: override {raw!r} is not a string")
+
+        def refuse(why: str, raw: str = raw) -> OverrideError:
+            return OverrideError(f"{source}: refusing override {raw!r}: {why}")
+
+        try:
+            o = parser.parse_override(raw)
+        except Exception as e:  # Hydra's grammar errors: the override cannot mean anything safe
+            raise refuse(f"not a valid override ({str(e).splitlines()[0]})") from None
+        key = o.key_or_group
+        if o.package is not None:
+            raise refuse("a package (`@...`) moves config nodes; a recorded run never needs one")
+        if o.is_sweep_override():
+            raise refuse("a sweep; a recorded run holds one value per key")
+        parts = key.split(".")
+        bad = [p for p in parts if _SPECIAL_KEY.match(p)]
+        if bad:
+            raise refuse(f"the key {bad[0]!r} would make Hydra instantiate an object")
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            if key not in RUN_DIR_KEYS:
+                raise refuse(f"Hydra's own settings (callbacks, launchers, sweepers, job environment) are not "
+                             f"taken from a file; only {sorted(RUN_DIR_KEYS)} are")
+        elif "/" in key or key in groups:
+            group = key
+            if group not in groups:
+                raise refuse(f"there is no config group {group!r} in {[str(d) for d in conf_dirs]}")
+            value = None if o.is_delete() else o.value()
+            if value is None and o.is_delete():
+                continue
+            if not isinstance(value, str) or not _OPTION_NAME.match(value):
+                raise refuse(f"{group} selects a config file by name; {value!r} is not one")
+            if not any((d / group / f"{value}.yaml").is_file() for d in conf_dirs):
+                options = sorted({p.stem for d in conf_dirs for p in (d / group).glob("*.yaml")})
+                raise refuse(f"{group}={value}: no such option; choose one of {options}")
+            continue
+        else:
+            why = schema_path_error(parts)
+            if why:
+                raise refuse(f"{key} is not a key of rlexp's config ({why})")
+        why = _value_error(o.value())  # a delete's value too (`~k=v` deletes only when it matches)
+        if why:
+            raise refuse(why)
+    return list(overrides)
