@@ -19,9 +19,22 @@ def train(cfg: DictConfig) -> float:
     # and Monarch to load.
     from rlexp.launcher import run
 
-    with friendly_errors():
+    with friendly_errors(interrupted=interrupted_hint):
         final = run(cfg)
     return float(final.get("eval/accuracy", float("nan")))
+
+
+def interrupted_hint() -> str:
+    """After Ctrl-C (teardown done, the manifest says interrupted): where the run is and how to go on."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlexp.checkpoints import find_resume
+
+    run_dir = HydraConfig.get().runtime.output_dir
+    last = find_resume("auto", run_dir)
+    return (f"run folder {run_dir}; "
+            + (f"continue from {last} with the same command plus resume=auto" if last else
+               "no checkpoint was written yet (checkpoint.every_n_steps): start again"))
 
 
 def main(argv: list[str]) -> int:
