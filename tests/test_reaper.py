@@ -127,65 +127,76 @@ def test_stale_socket_folders_go_at_the_next_start(tmp_path: Path, tag: str) -> 
 
 
 # --- through the CLI, with real Monarch hosts -------------------------------------------------------------
-def start(tmp_path: Path, tag: str, steps: int) -> tuple[subprocess.Popen, Path]:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    env = {**tagged_env(tag), "TMPDIR": str(tmp)}
-    proc = subprocess.Popen([sys.executable, "-m", "rlexp", "train", *LAYOUT, f"steps={steps}",
-                             f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    return proc, tmp
+class Run:
+    """`rlexp train` on simulated hosts in a session of its own (like a terminal's job), with its own temp
+    directory; its output goes to a file, read while it runs."""
+
+    def __init__(self, tmp_path: Path, tag: str, steps: int) -> None:
+        self.dir, self.tmp, self.log = tmp_path / "run", tmp_path / "tmp", tmp_path / "out.txt"
+        self.tmp.mkdir()
+        env = {**tagged_env(tag), "TMPDIR": str(self.tmp)}
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "rlexp", "train", *LAYOUT, f"steps={steps}",
+                                          f"hydra.run.dir={self.dir}"], cwd=REPO, env=env, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def out(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, text: str = "", step: int = 0, timeout: float = 300) -> None:
+        """Until the output shows `text`, or metrics.jsonl has `step`."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if text and text in self.out():
+                return
+            if step and any(r["step"] >= step for r in metrics_rows(self.dir)):
+                return
+            assert self.proc.poll() is None, f"run ended before {text or step!r}:\n{self.out()[-3000:]}"
+            time.sleep(0.1)
+        raise AssertionError(f"{text or step!r} not seen in {timeout}s:\n{self.out()[-3000:]}")
 
 
-def wait_line(proc: subprocess.Popen, text: str, timeout: float = 300) -> str:
-    """Read the run's output until a line containing `text`; returns all read so far."""
-    out, deadline = [], time.time() + timeout
-    for line in proc.stdout:
-        out.append(line)
-        if text in line:
-            return "".join(out)
-        assert time.time() < deadline, f"{text!r} not seen in {timeout}s:\n{''.join(out)[-3000:]}"
-    raise AssertionError(f"run ended before {text!r}:\n{''.join(out)[-3000:]}")
+def metrics_rows(run: Path) -> list[dict]:
+    f = run / "metrics.jsonl"
+    return [json.loads(x) for x in f.read_text().splitlines()] if f.exists() else []  # every line whole
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("moment", "line"), [
-    ("first host spawned", "ProcessJob: spawned worker pid="),
-    ("engines loading", "Job is running"),
-    ("mid-run", "] step 1/"),
-    ("teardown", "[rlexp] done:"),
+@pytest.mark.parametrize(("moment", "steps", "line", "step"), [
+    ("first host spawned", 2, "ProcessJob: spawned worker pid=", 0),
+    ("engines loading", 2, "Job is running", 0),
+    ("mid-run", 1000, "", 2),
+    ("teardown", 2, "[rlexp] done:", 0),
 ])
-def test_kill_9_of_the_controller_at_any_moment_leaves_nothing(tmp_path: Path, tag: str, moment: str,
-                                                               line: str) -> None:
-    proc, tmp = start(tmp_path, tag, steps=2)
+def test_kill_9_of_the_controller_at_any_moment_leaves_nothing(tmp_path: Path, tag: str, moment: str, steps: int,
+                                                               line: str, step: int) -> None:
+    run = Run(tmp_path, tag, steps)
     try:
-        wait_line(proc, line)
+        run.wait_for(line, step)
     finally:
-        proc.kill()
-        proc.wait()
-    left, folders, took = wait_clean(tag, tmp, time.time())
+        run.proc.kill()
+        run.proc.wait()
+    left, folders, took = wait_clean(tag, run.tmp, time.time())
     print(f"kill -9 at {moment}: {len(left)} processes, {len(folders)} socket folders left; clean in {took:.1f}s")
     assert left == [] and folders == []
 
 
 @pytest.mark.slow
 def test_double_ctrl_c_ends_in_one_line_and_leaves_nothing(tmp_path: Path, tag: str) -> None:
-    proc, tmp = start(tmp_path, tag, steps=1000)
-    out = wait_line(proc, "] step 1/")
+    run = Run(tmp_path, tag, steps=100000)
+    run.wait_for(step=2)
     assert tagged_pids(tag)  # the hosts are up
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the controller's whole process group
-    out += wait_line(proc, "stopping after this step", timeout=60)
-    os.killpg(proc.pid, signal.SIGINT)
-    rest, _ = proc.communicate(timeout=120)
-    out += rest
+    os.killpg(run.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the controller's whole process group
+    run.wait_for("stopping after this step", timeout=60)
+    os.killpg(run.proc.pid, signal.SIGINT)
+    run.proc.wait(timeout=120)
     t0 = time.time()
-    assert proc.returncode == 130, out[-3000:]
+    out = run.out()
+    assert run.proc.returncode == 130, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
-    run = tmp_path / "run"
-    assert f"rlexp: interrupted; run folder {run}" in out.splitlines()[-1]
-    assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]  # every line whole
-    assert rows and rows[0]["step"] == 1
-    left, folders, took = wait_clean(tag, tmp, t0)
+    assert f"rlexp: interrupted; run folder {run.dir}" in out.strip().splitlines()[-1]
+    assert json.loads((run.dir / "manifest.json").read_text())["status"] == "interrupted"
+    assert metrics_rows(run.dir)[-1]["step"] >= 2
+    left, folders, took = wait_clean(tag, run.tmp, t0)
     print(f"double Ctrl-C: {len(left)} processes, {len(folders)} socket folders left; clean in {took:.1f}s")
     assert left == [] and folders == []
