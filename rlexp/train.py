@@ -1,7 +1,10 @@
 """`rlexp train`: the Hydra task function. Returns final held-out accuracy (what sweepers optimise)."""
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -30,7 +33,10 @@ def interrupted_hint() -> str:
 
     from rlexp.checkpoints import find_resume
 
-    run_dir = HydraConfig.get().runtime.output_dir
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if json.loads((run_dir / "manifest.json").read_text()).get("status") == "completed":
+            return f"run folder {run_dir}; the run had completed, only its teardown was cut short"
     last = find_resume("auto", run_dir)
     return (f"run folder {run_dir}; "
             + (f"continue from {last} with the same command plus resume=auto" if last else
