@@ -7,21 +7,19 @@ host. One Monarch host mesh per role, named after the role, so a host's label (`
 the job gives it.
 
 A simulated host is a process that Monarch starts in a session of its own, so it outlives a controller
-killed with `kill -9`. `Hosts` therefore starts a reaper beside the job: a small process that ends every
-session of the job once the controller is gone, so no run leaves processes behind.
+killed with `kill -9`. `Hosts` therefore marks the job and starts a reaper (rlexp/reaper.py) before the
+first host exists: it ends every process of the job once the controller is gone, so no run leaves
+processes behind, whenever it is killed.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from rlexp import reaper
 from rlexp.config.schema import ClusterConfig, HostsPerRole
 
 ROLES = tuple(vars(HostsPerRole()))
@@ -110,15 +108,22 @@ class Hosts:
             # Attaching pushes config to every host; on a loaded machine (or a slow network) Monarch's 10 s
             # default for that barrier fails the start.
             configure(mesh_attach_config_timeout=ATTACH_TIMEOUT)
-            self.job = _make_job(kind, meshes, kw, env)
-            self.job.apply()
-            if kind == "ProcessJob":
-                self._reaper = _start_reaper(_worker_pids())
-            state = self.job.state(cached_path=None)
-            for role, n in meshes.items():
-                mesh = getattr(state, role)
-                self.roles[role] = [Host(f"{role}_{i}", mesh.slice(hosts=i)) for i in range(n)]
-                self._whole[role] = Host(self.roles[role][0].label if n == 1 else f"{role}_0..{n - 1}", mesh)
+            if kind == "ProcessJob":  # armed before any host exists: a kill at any moment leaves nothing
+                reaper.clean_stale()
+                owner = reaper.owner_id()
+                env = {**(env or {}), reaper.OWNER_ENV: owner}
+                self._reaper = reaper.start(owner)
+            try:
+                self.job = _make_job(kind, meshes, kw, env)
+                self.job.apply()
+                state = self.job.state(cached_path=None)
+                for role, n in meshes.items():
+                    mesh = getattr(state, role)
+                    self.roles[role] = [Host(f"{role}_{i}", mesh.slice(hosts=i)) for i in range(n)]
+                    self._whole[role] = Host(self.roles[role][0].label if n == 1 else f"{role}_0..{n - 1}", mesh)
+            except BaseException:  # Ctrl-C or a failed attach half-way: the caller never gets `self` to close
+                self.close()
+                raise
         for role in ROLES:
             self.roles.setdefault(role, local)
 
@@ -164,61 +169,3 @@ def _make_job(kind: str, meshes: dict[str, int], kw: dict[str, Any], env: dict[s
                  if kw["image"] else None)
         job.add_mesh(role, n, image_spec=image)
     return job
-
-
-# --- the reaper ------------------------------------------------------------------------------------------
-def _worker_pids() -> list[int]:
-    """This process's children that run a Monarch worker loop: the simulated hosts just started."""
-    me, out = os.getpid(), []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == me and b"run_worker_loop_forever" in (p / "cmdline").read_bytes():
-                out.append(int(p.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
-def _start_reaper(sessions: list[int]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlexp.cluster", str(os.getpid()), *map(str, sessions)],
-                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _in_sessions(sessions: set[int]) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit() and int(p.name) != os.getpid():
-            try:
-                if os.getsid(int(p.name)) in sessions and _alive(int(p.name)):
-                    out.append(int(p.name))
-            except OSError:
-                continue
-    return out
-
-
-def reap(controller: int, sessions: set[int], poll_s: float = 0.5) -> None:
-    """Wait until `controller` is gone (or SIGUSR1 arrives), then SIGKILL every process of `sessions`."""
-    stop = [False]
-    signal.signal(signal.SIGUSR1, lambda *_: stop.__setitem__(0, True))
-    while not stop[0] and _alive(controller) and _in_sessions(sessions):
-        time.sleep(poll_s)
-    for _ in range(3):  # a proc may be mid-spawn: sweep until none is left
-        for pid in _in_sessions(sessions):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
-
-
-if __name__ == "__main__":
-    reap(int(sys.argv[1]), {int(x) for x in sys.argv[2:]})

@@ -1,12 +1,13 @@
 """Errors that mean "your input is wrong" (not "rlexp is broken"), and how every command reports them:
-one clear message on stderr and exit code 2, no traceback."""
+one clear message on stderr and exit code 2, no traceback. Ctrl-C is reported the same way: one line, exit
+code 130 (what a shell reports for SIGINT)."""
 from __future__ import annotations
 
 import contextlib
 import errno
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 # Matched by class name so this module needs none of the packages that define them.
 USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "ResumeError", "DatasetMissing",
@@ -48,9 +49,13 @@ def is_user_error(e: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def friendly_errors() -> Iterator[None]:
+def friendly_errors(interrupted: Callable[[], str] | None = None) -> Iterator[None]:
+    """`interrupted` says, after Ctrl-C, what is left and how to go on (the run folder, resume=auto)."""
     try:
         yield
+    except KeyboardInterrupt:
+        print(f"rlexp: interrupted{'; ' + interrupted() if interrupted else ''}", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     except Exception as e:
         if isinstance(e, RunStopped):
             print(f"rlexp: stopped: {e}", file=sys.stderr)

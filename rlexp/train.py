@@ -1,6 +1,8 @@
 """`rlexp train`: the Hydra task function. Returns final held-out accuracy (what sweepers optimise)."""
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
 from pathlib import Path
 
@@ -19,13 +21,29 @@ register_configs()
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
 def train(cfg: DictConfig) -> float:
     # The run folder's lock first: a second process on a live folder is refused before torch loads.
-    with friendly_errors(), runlock.hold(Path(HydraConfig.get().runtime.output_dir)):
+    with friendly_errors(interrupted=interrupted_hint), runlock.hold(Path(HydraConfig.get().runtime.output_dir)):
         # Imported here, not at the top: `rlexp train --help`, composition errors and a busy run folder must
         # not wait for torch and Monarch to load.
         from rlexp.launcher import run
 
         final = run(cfg)
     return float(final.get("eval/accuracy", float("nan")))
+
+
+def interrupted_hint() -> str:
+    """After Ctrl-C (teardown done, the manifest says interrupted): where the run is and how to go on."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from rlexp.checkpoints import find_resume
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if json.loads((run_dir / "manifest.json").read_text()).get("status") == "completed":
+            return f"run folder {run_dir}; the run had completed, only its teardown was cut short"
+    last = find_resume("auto", run_dir)
+    return (f"run folder {run_dir}; "
+            + (f"continue from {last} with the same command plus resume=auto" if last else
+               "no checkpoint was written yet (checkpoint.every_n_steps): start again"))
 
 
 def main(argv: list[str]) -> int:

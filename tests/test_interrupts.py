@@ -6,6 +6,7 @@ import signal
 
 import pytest
 
+from rlexp.errors import friendly_errors
 from rlexp.launcher import Interrupts
 
 
@@ -34,3 +35,10 @@ def test_second_signal_acts_at_once_and_outside_the_loop_nothing_waits() -> None
     k.check(final=True)  # after the last step: final evaluation and export are interruptible at once
     with pytest.raises(SystemExit):
         k.handler(signal.SIGTERM, None)
+
+
+def test_ctrl_c_ends_in_one_line_with_exit_code_130(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e, friendly_errors(interrupted=lambda: "run folder X"):
+        raise KeyboardInterrupt
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "rlexp: interrupted; run folder X\n"

@@ -1,0 +1,184 @@
+"""No simulated host outlives its controller: a reaper process, armed before the first host exists.
+
+Monarch's ProcessJob starts each simulated host in a session of its own (so Ctrl-C in the terminal does not
+reach it), which also means a controller killed with `kill -9` leaves its hosts running. The controller
+therefore marks its job before spawning anything: every host process gets `OWNER_ENV=<controller pid>:<its
+start time>` in its environment, and the procs a host starts stay in the host's session. The reaper (a
+process of its own session, started first) learns those sessions as the hosts appear, and once the
+controller is gone (or says it is done, SIGUSR1) kills every process that carries the mark or lives in a
+learned session, until a few sweeps in a row find none: a host that was being spawned when the controller
+died appears a moment later and is killed too. Then it removes the job's socket folder
+(`<tmp>/monarch_process_job_*`, named in each host's `_MONARCH_WORKER_ADDR`).
+
+`clean_stale` does the same for owners that are dead at the next start, should a reaper itself have been
+killed, and removes socket folders no live process uses. The pid in the mark is checked with its start time,
+so a reused pid is not taken for a live controller.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+OWNER_ENV = "RLEXP_JOB_OWNER"
+ADDR_ENV = "_MONARCH_WORKER_ADDR"  # set by Monarch's ProcessJob in each host's environment
+FOLDER_PREFIX = "monarch_process_job_"
+STALE_FOLDER_S = 60.0  # an unused socket folder younger than this may be a starting job's: left alone
+QUIET_SWEEPS = 3  # sweeps in a row that find nothing before the reaper is sure all is gone
+
+
+def owner_id(pid: int | None = None) -> str:
+    """`<pid>:<start time>`: names one process for its whole life, whatever later reuses the pid."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}:{_start_time(pid)}"
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: [state, ppid, ...]; empty when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _start_time(pid: int) -> str:
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else "?"
+
+
+def _alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return bool(fields) and fields[0] not in ("Z", "X", "x")
+
+
+def owner_alive(owner: str) -> bool:
+    pid, _, start = owner.partition(":")
+    return pid.isdigit() and _alive(int(pid)) and _start_time(int(pid)) == start
+
+
+def _processes() -> Iterator[tuple[int, dict[str, str]]]:
+    """(pid, environment) of every live process this user can read, but this one."""
+    me = os.getpid()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == me:
+            continue
+        try:
+            raw = (p / "environ").read_bytes()
+        except OSError:
+            continue
+        if _alive(int(p.name)):
+            env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+            yield int(p.name), env
+
+
+def socket_folder(env: dict[str, str]) -> Path | None:
+    """The ProcessJob socket folder a host process listens in, from its `_MONARCH_WORKER_ADDR`
+    (`[<proc id>@]ipc://<tmp>/monarch_process_job_xxx/<host>`)."""
+    addr = env.get(ADDR_ENV, "")
+    if "ipc://" not in addr:
+        return None
+    folder = Path(addr.split("ipc://", 1)[1]).parent
+    return folder if folder.name.startswith(FOLDER_PREFIX) else None
+
+
+class Job:
+    """What the reaper has learned of one owner's job: its hosts' sessions and socket folders."""
+
+    def __init__(self, owners: set[str] | None = None) -> None:
+        self.owners = owners  # None: every owner that is dead (`clean_stale`)
+        self.sessions: set[int] = set()
+        self.folders: set[Path] = set()
+
+    def _ours(self, env: dict[str, str]) -> bool:
+        owner = env.get(OWNER_ENV)
+        if owner is None:
+            return False
+        return owner in self.owners if self.owners is not None else not owner_alive(owner)
+
+    def learn(self) -> list[int]:
+        """Note the sessions and socket folders of every marked process now alive; returns the processes
+        to kill: the marked ones and all others in their sessions."""
+        procs = list(_processes())
+        marked = []
+        for pid, env in procs:
+            if self._ours(env):
+                marked.append(pid)
+                with contextlib.suppress(OSError):
+                    if os.getsid(pid) == pid:  # a host leads a session of its own; never learn a shared one
+                        self.sessions.add(pid)
+                folder = socket_folder(env)
+                if folder is not None:
+                    self.folders.add(folder)
+        rest = []
+        for pid, _ in procs:
+            with contextlib.suppress(OSError):
+                if pid not in marked and os.getsid(pid) in self.sessions:
+                    rest.append(pid)
+        return marked + rest
+
+    def kill(self, max_sweeps: int = 100) -> int:
+        """SIGKILL until `QUIET_SWEEPS` sweeps in a row find nothing; remove the socket folders. Returns the
+        number of processes killed."""
+        killed, quiet = 0, 0
+        for _ in range(max_sweeps):
+            pids = self.learn()
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            killed += len(pids)
+            quiet = 0 if pids else quiet + 1
+            if quiet >= QUIET_SWEEPS:
+                break
+            time.sleep(0.2)
+        for folder in self.folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        return killed
+
+
+def clean_stale(tmp: Path | None = None) -> None:
+    """Kill the hosts of dead controllers (their reaper was killed too), and remove the socket folders no
+    live process uses: those of jobs that ended without teardown (kill -9, a double Ctrl-C)."""
+    Job().kill()
+    tmp = Path(tempfile.gettempdir()) if tmp is None else tmp
+    used = {folder for _, env in _processes() if (folder := socket_folder(env)) is not None}
+    with contextlib.suppress(OSError):
+        for d in tmp.iterdir():
+            if not d.name.startswith(FOLDER_PREFIX) or d in used:
+                continue
+            with contextlib.suppress(OSError):
+                st = d.lstat()
+                if st.st_uid == os.getuid() and time.time() - st.st_mtime > STALE_FOLDER_S:
+                    shutil.rmtree(d, ignore_errors=True)
+
+
+def start(owner: str) -> subprocess.Popen:
+    """The reaper for `owner`'s job, in a session of its own so that the signals that end the controller
+    (a terminal's Ctrl-C, `kill -9` of its process group) do not end it too."""
+    env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
+    return subprocess.Popen([sys.executable, "-m", "rlexp.reaper", owner], env=env, start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def reap(owner: str, poll_s: float = 0.5) -> None:
+    """Wait until `owner` is gone (or SIGUSR1 arrives: the controller tore its job down), then kill whatever
+    of its job is left and remove its socket folders."""
+    stop = [False]
+    signal.signal(signal.SIGUSR1, lambda *_: stop.__setitem__(0, True))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    job = Job({owner})
+    while not stop[0] and owner_alive(owner):
+        job.learn()
+        time.sleep(poll_s)
+    job.kill()
+    clean_stale()
+
+
+if __name__ == "__main__":
+    reap(sys.argv[1])
