@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 LOCK_FILE = ".lock"
+_HELD: set[Path] = set()  # run folders this process holds: a nested `hold` of one of them is a no-op
 
 
 class RunFolderBusy(RuntimeError):
@@ -55,8 +56,13 @@ def _describe(h: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def hold(run_dir: Path) -> Iterator[None]:
-    """Hold `run_dir`'s lock for the body, or raise `RunFolderBusy` at once when a live process holds it."""
+    """Hold `run_dir`'s lock for the body, or raise `RunFolderBusy` at once when a live process holds it.
+    Re-entrant within a process: `rlexp.train.RunFolderGuard` takes it before Hydra writes `.hydra/`, and the
+    task function's own `hold` then finds it held."""
     run_dir = Path(run_dir)
+    if run_dir.resolve() in _HELD:
+        yield
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by spawned processes (O_CLOEXEC)
@@ -82,9 +88,11 @@ def hold(run_dir: Path) -> Iterator[None]:
         me = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": int(time.time())})
         os.ftruncate(fd, 0)
         os.pwrite(fd, me.encode(), 0)
+        _HELD.add(run_dir.resolve())
         try:
             yield
         finally:
+            _HELD.discard(run_dir.resolve())
             with contextlib.suppress(OSError):  # emptied: leftover content means the holder crashed
                 os.ftruncate(fd, 0)
     finally:

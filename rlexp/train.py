@@ -8,6 +8,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from rlexp import runlock
@@ -28,6 +29,30 @@ def train(cfg: DictConfig) -> float:
 
         final = run(cfg)
     return float(final.get("eval/accuracy", float("nan")))
+
+
+class RunFolderGuard(Callback):
+    """Takes the run folder's lock, and notices a finished run under `resume=auto`, before Hydra writes
+    `RUN_DIR/.hydra/` (which it does before the task function starts): a refused second process, or a
+    finished run asked to resume, leaves the folder byte for byte as it was. Sweeps lock each job's folder in
+    the task function (their `.hydra/` is per job)."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
+        run_dir = Path(str(config.hydra.run.dir)).absolute()
+        if config.get("resume") == "auto" and run_dir.is_dir():
+            from rlexp.checkpoints import finished
+
+            if (done := finished(run_dir, int(config.steps))) is not None:
+                print(f"[rlexp] {done}", flush=True)
+                raise SystemExit(0)
+        with friendly_errors():
+            self.stack.enter_context(runlock.hold(run_dir))
+
+    def on_run_end(self, config: DictConfig, **kwargs: object) -> None:
+        self.stack.close()
 
 
 def interrupted_hint() -> str:

@@ -194,9 +194,10 @@ def test_finished_needs_a_completed_manifest_and_the_last_step(tmp_path: Path) -
 
 # --------------------------------------------------------------------------------------------- end to end
 def _snapshot(run: Path) -> dict[str, bytes]:
-    """Every file of the run folder except what Hydra itself rewrites before rlexp runs (.hydra/) and the lock."""
+    """Every file of the run folder but the lock, `.hydra/` included (rlexp.train.RunFolderGuard acts before
+    Hydra would rewrite it)."""
     return {str(p.relative_to(run)): p.read_bytes() for p in sorted(run.rglob("*"))
-            if p.is_file() and ".hydra" not in p.parts and p.name != LOCK_FILE}
+            if p.is_file() and p.name != LOCK_FILE}
 
 
 @pytest.mark.slow  # `rlexp train` in subprocesses
@@ -210,12 +211,14 @@ def test_second_train_on_a_live_run_folder_is_refused_at_once(tmp_path: Path, ta
             assert first.poll() is None and time.time() < deadline, first.stderr.read() if first.poll() else "slow"
             time.sleep(0.2)
         started = (run / "manifest.json").read_bytes()
+        overrides = (run / ".hydra" / "overrides.yaml").read_bytes()
         t = time.time()
         second = rlexp("train", "steps=4", *TINY, f"hydra.run.dir={run}", "resume=auto", check=False, tag=tag)
         assert second.returncode == 2, second.stderr[-2000:]
         assert time.time() - t < 30  # no torch, no actors: refused at once
         assert f"in use by pid {first.pid} on host {socket.gethostname()}" in second.stderr
         assert "Traceback" not in second.stderr and "actor graph" not in second.stdout
+        assert (run / ".hydra" / "overrides.yaml").read_bytes() == overrides  # not Hydra's copy of `resume=auto`
         if first.poll() is None:
             assert (run / "manifest.json").read_bytes() == started  # not rewritten by the refused process
         _, err = first.communicate(timeout=300)
