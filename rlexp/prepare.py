@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.cluster import check_cluster, weight_hosts
+from rlexp.config.overrides import check_composed_keys
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError, validate
@@ -53,6 +54,7 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     part of `prepare`, so a bad override is refused naming its key in well under a second. Resolving an
     interpolation that fails (an unset `${oc.env:...}`, a string where a number belongs) is a `ConfigError`
     too, not a traceback."""
+    check_composed_keys(cfg)
     try:
         t: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except OmegaConfBaseException as e:

@@ -103,3 +103,23 @@ def test_generator_replicas_file_takes_only_a_count(tmp_path: Path, capsys) -> N
         el.check()
         assert "is not a number of replicas; ignored" in capsys.readouterr().out, text
     assert not added
+
+
+def test_train_refuses_added_keys_outside_the_schema_and_instantiation_keys(tmp_path: Path) -> None:
+    """`+key=` adds keys even to a structured config: `+trainer.x._target_=os.system` used to train 300 steps."""
+    from rlexp.config.overrides import check_composed_keys
+    from rlexp.config.validate import ConfigError
+
+    for override, named in (("+trainer.x._target_=os.system", "trainer.x: not a key"),
+                            ("+environment.options.y._partial_=true", "environment.options.y._partial_"),
+                            ("+reward.options.z._args_=[1]", "reward.options.z._args_")):
+        p = rlexp("train", override, f"hydra.run.dir={tmp_path / 'r'}", check=False, timeout=120)
+        assert p.returncode == 2 and named in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr
+        assert "actors spawned" not in p.stdout
+    check_composed_keys(OmegaConf.create({"environment": {"options": {"n_terms": 5}}}))  # free-form options pass
+    try:
+        check_composed_keys(OmegaConf.create({"seed": 0, "sed": 1}))
+    except ConfigError as e:
+        assert "sed: not a key" in str(e)
+    else:
+        raise AssertionError("an unknown top-level key passed")

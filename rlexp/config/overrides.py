@@ -165,3 +165,28 @@ def check_overrides(overrides: Sequence[Any], source: str, conf_dirs: Sequence[P
         if why:
             raise refuse(why)
     return list(overrides)
+
+
+def check_composed_keys(cfg: Any) -> None:
+    """A composed config holds only keys of the schema, and no `_target_`-like key anywhere (free-form option
+    dicts included): Hydra's `+key=...` adds keys even to a structured config, so a typo or an instantiation
+    key typed on the command line would otherwise ride along unnoticed. `ConfigError` names the key."""
+    from omegaconf import OmegaConf
+
+    def walk(node: Any, parts: list[str]) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                path = [*parts, str(k)]
+                if _SPECIAL_KEY.match(str(k)):
+                    raise ConfigError(f"{'.'.join(path)}: {k!r} would make Hydra instantiate an object; rlexp's "
+                                      f"config holds data only, remove the override")
+                why = schema_path_error(path)
+                if why:
+                    raise ConfigError(f"{'.'.join(path)}: not a key of rlexp's config ({why}); check the spelling "
+                                      f"(`rlexp train --cfg job` prints every key)")
+                walk(v, path)
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, [*parts, str(i)])
+
+    walk(OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg, [])
