@@ -4,7 +4,7 @@ as a hostile or unlucky user would, expected vs observed.
     python scripts/reliability.py [--out results/reliability.md] [--only SUBSTRING] [--keep DIR]
 
 Every case runs real `rlexp` subprocesses (tiny model, a few steps) in a scratch folder. One short finished run
-(`steps=4 checkpoint.every_n_steps=2`) is made once and copied for each case that needs a run folder, so a case
+(`steps=6 checkpoint.every_n_steps=2`) is made once and copied for each case that needs a run folder, so a case
 never sees another's leftovers. A case passes when the observed outcome matches what README's "Untrusted run
 folders and manifests" promises: refused before anything spawns with the cause named, nothing already written
 lost, no process left behind. Takes about 15 minutes on a 2-core machine.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = ["steps=4", "eval.every_n_steps=2", "checkpoint.every_n_steps=2"]
+TINY = ["steps=6", "eval.every_n_steps=2", "checkpoint.every_n_steps=2"]  # checkpoints at steps 2 and 4
 
 
 @dataclass
@@ -231,7 +231,7 @@ def _(work: Path) -> Outcome:
     finally:
         first.kill()
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    once = len(steps) == len(set(steps)) == 60
+    once = len(steps) == len(set(steps)) and max(steps) >= 59
     out = refused(p, secs, "in use by pid", socket.gethostname(), limit_s=20)
     out.observed += f"; first run exit {first.returncode}, {len(steps)} rows, each step once: {once}"
     out.ok = out.ok and first.returncode == 0 and once
@@ -486,7 +486,7 @@ def write_table(out: Path, rows: list[tuple[Case, Outcome]], argv: list[str]) ->
         "tiny Qwen3 policy; each case is a real `rlexp` subprocess in a scratch folder).",
         "",
         f"{passed} of {len(rows)} cases behave as promised. Commands are shown as a user would type them; `RUN` is a",
-        "copy of one finished `rlexp train steps=4 eval.every_n_steps=2 checkpoint.every_n_steps=2` run.",
+        "copy of one finished `rlexp train steps=6 eval.every_n_steps=2 checkpoint.every_n_steps=2` run.",
         "",
         "| area | case | command | expected | observed | verdict |",
         "|---|---|---|---|---|---|",

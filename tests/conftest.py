@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# No test reaches the Hugging Face Hub: offline unless a test points the hub at a closed local port itself.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def tagged_env(tag: str) -> dict[str, str]:
