@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -14,7 +15,7 @@ from rlexp.cluster.hosts import check_cluster, job_spec, weight_hosts
 from rlexp.cluster.layout import gpu_layout
 from rlexp.config.schema import TrainConfig, register_configs
 from rlexp.config.validate import ConfigError, validate
-from tests.conftest import REPO
+from tests.conftest import REPO, metrics, rlexp, wait_no_orphans
 
 CONF = REPO / "rlexp" / "conf"
 register_configs()
@@ -138,3 +139,13 @@ def test_an_unknown_job_kind_is_refused_naming_the_choices() -> None:
         check_config(bad)
     with pytest.raises(ConfigError, match=r"cluster.job=tests.nope:X: cannot import 'tests.nope'"):
         check_config(OmegaConf.merge(bad, {"cluster": {"job": "tests.nope:X"}}))
+
+
+@pytest.mark.slow
+def test_rlexp_train_runs_on_a_job_kind_from_outside_rlexp(tmp_path: Path, tag: str) -> None:
+    run = tmp_path / "run"
+    p = rlexp("train", "cluster.job=tests.toy_job:LocalTwo", "steps=2", "eval.every_n_steps=0",
+              f"hydra.run.dir={run}", tag=tag)
+    assert "actor graph (cluster=local: local2 job, cpu, 1 host" in p.stdout
+    assert [r["step"] for r in metrics(run) if "loss" in r] == [1, 2]
+    assert wait_no_orphans(tag) == []
