@@ -305,8 +305,8 @@ def _iqr(xs: list[float]) -> str:
 def bench_overhead(steps: int, rounds: int, warmup: int, overrides: list[str]) -> list[Row]:
     """Median step time, actor graph vs one process, over `rounds` alternating pairs of runs (so drifting load
     falls on both); the loop's metrics must agree exactly between the two, or the row says so."""
+    from rlexp.cluster.plan_cli import compose_run_config
     from rlexp.inprocess import train_inprocess
-    from rlexp.models.plan_cli import compose_run_config
     from rlexp.prepare import prepare
     from rlexp.tracking.reproduce import is_operational_key
 

@@ -28,8 +28,9 @@ from rlexp.actors.probe import Probe
 from rlexp.actors.reward import RewardService
 from rlexp.actors.trainer import Reference, Trainer
 from rlexp.actors.verifier import VerifierService
-from rlexp.cluster import LOCAL, ROLES, Host, Hosts
-from rlexp.config.layout import assign_gpus
+from rlexp.cluster.hosts import LOCAL, ROLES, Host, Hosts
+from rlexp.cluster.layout import assign_gpus
+from rlexp.cluster.registry import job_backend
 from rlexp.controller import Controller
 from rlexp.errors import RunStopped
 from rlexp.models.tokenizer import load_tokenizer
@@ -162,7 +163,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     port: int | str = 0
     if world > 1:
         port = free_port()
-        if c.cluster.job in ("slurm", "kubernetes") and c.cluster.role_hosts.get("trainer"):
+        if job_backend(c.cluster.job).remote_rendezvous and c.cluster.role_hosts.get("trainer"):
             rank0 = first_proc(trainer_mesh).spawn("port_probe", Probe)
             port = f"{trainer_machine}:{rank0.free_port.call_one().get()}"
     trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
@@ -269,7 +270,8 @@ def free_port() -> int:
 def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float], p: Prepared,
                        verifier_s: dict[str, float]) -> list[str]:
     n_hosts = len({h.label for hosts in g.hosts.roles.values() for h in hosts} | {LOCAL})
-    lines = [f"actor graph (cluster={c.cluster.name}: {c.cluster.job} job, {c.cluster.device}, "
+    job = job_backend(c.cluster.job).describe(c.cluster)
+    lines = [f"actor graph (cluster={c.cluster.name}: {job}, {c.cluster.device}, "
              f"{n_hosts} host{'s' if n_hosts > 1 else ''} with the controller's):"]
     gpus = assign_gpus(c)
     par = c.model.parallelism

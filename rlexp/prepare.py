@@ -14,7 +14,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlexp.cluster import check_cluster, weight_hosts
+from rlexp.cluster.hosts import check_cluster, weight_hosts
+from rlexp.cluster.layout import check_hosts_fit
+from rlexp.cluster.planner import PlanError, check_devices, plan_memory
+from rlexp.cluster.registry import job_backend
 from rlexp.config.overrides import check_composed_keys
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
@@ -23,7 +26,6 @@ from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env, check_env_options
 from rlexp.evals.benchmarks import load_benchmarks
 from rlexp.models.hf import CheckpointError, check_model_files
-from rlexp.models.planner import PlanError, check_devices, plan_memory
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
@@ -60,6 +62,10 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+    try:
+        job_backend(t.cluster.job)  # the planner and the layout ask the job kind: an unknown one stops here
+    except ValueError as e:
+        raise ConfigError(f"cluster={t.cluster.name}: {e}") from None
     real = t.model.flavor != "tiny"
     report = plan_memory(cfg) if real or t.trainer.micro_batch_size == 0 else None
     if report is not None and t.trainer.micro_batch_size == 0:  # derived: the largest the plan fits
@@ -67,6 +73,8 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     if report is not None and real:
         check_devices(report, t.cluster)  # this machine has the GPUs the plan needs, before anything else says no
     validate(t, check_weights=check_model_files)
+    if t.cluster.device == "cuda" and t.cluster.gpus_per_host:
+        check_hosts_fit(t)  # every host's roles fit its GPUs
     check_env_options(t.environment)
     if report is not None and real and not report.ok:
         raise PlanError("the configured layout does not fit:\n" + report.table(), report)

@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a file: `python scripts/gpu_check.py`
     sys.path.insert(0, str(ROOT))
 
+from rlexp.cluster.planner import RUNTIME_OVERHEAD_GIB, GiB, TrainerSetup, trainer_plan  # noqa: E402
 from rlexp.config.model import ArchConfig, ModelConfig  # noqa: E402
 from rlexp.models.catalog import QWEN3_SIZES, param_count  # noqa: E402
-from rlexp.models.planner import RUNTIME_OVERHEAD_GIB, GiB, TrainerSetup, trainer_plan  # noqa: E402
 
 
 def require_transformers() -> Any:
@@ -374,7 +374,7 @@ def report(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              "transformers' Qwen3 gets the TorchTitan model's tensors through `rlexp.models.titan.titan_to_hf`", "",
              "## Trainer step (micro-batch 1) against `rlexp plan`", "",
              "Peak is " + results[0].get("peak_how", "?") + " over two optimizer steps. The plan is "
-             "`rlexp.models.planner.trainer_plan` (what `rlexp plan` prints for FSDP 1 x TP 1), shown without its "
+             "`rlexp.cluster.planner.trainer_plan` (what `rlexp plan` prints for FSDP 1 x TP 1), shown without its "
              f"fixed {RUNTIME_OVERHEAD_GIB:g} GiB runtime overhead, which the allocator does not see. bf16 rows: "
              "parameters, gradients and AdamW moments in bf16 (planner `mixed_precision=false, dtype=bfloat16`); "
              "mp rows: fp32 parameters with bf16 autocast (`trainer.mixed_precision=true`); 8B has no mp row, its "

@@ -62,8 +62,8 @@ def load_task(name: str, seed: int) -> Task:
     """Compose rlexp's own config for `environment=<name>` and take everything from it."""
     from omegaconf import OmegaConf
 
+    from rlexp.cluster.plan_cli import compose_run_config
     from rlexp.envs.registry import build_env
-    from rlexp.models.plan_cli import compose_run_config
     from rlexp.models.tokenizer import load_tokenizer
     from rlexp.prepare import resolve_model
     from rlexp.rewards.registry import build_reward

@@ -104,8 +104,8 @@ def check_configs(points: list[tuple[str, int]], base: list[str], steps: int) ->
     """Compose and validate every point's config now, so a bad one stops the sweep before any run."""
     from omegaconf import OmegaConf
 
+    from rlexp.cluster.plan_cli import compose_run_config
     from rlexp.config.validate import validate
-    from rlexp.models.plan_cli import compose_run_config
 
     for axis, value in points:
         cfg = compose_run_config([*COMMON, *base, f"steps={steps}", *axis_overrides(axis, value)])

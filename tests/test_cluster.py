@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rlexp.cluster import check_cluster, job_spec, weight_hosts
-from rlexp.config.layout import gpu_layout
+from rlexp.cluster.hosts import check_cluster, job_spec, weight_hosts
+from rlexp.cluster.layout import gpu_layout
 from rlexp.config.schema import TrainConfig, register_configs
 from rlexp.config.validate import ConfigError, validate
-from tests.conftest import REPO
+from tests.conftest import REPO, metrics, rlexp, wait_no_orphans
 
 CONF = REPO / "rlexp" / "conf"
 register_configs()
@@ -84,7 +85,7 @@ def test_gpus_are_numbered_per_host() -> None:
 
 
 def test_a_host_that_cannot_hold_its_roles_is_refused_naming_it() -> None:
-    from rlexp.config.validate import check_hosts_fit
+    from rlexp.cluster.layout import check_hosts_fit
 
     c = gpu_cfg("model=qwen3_14b", "cluster.hosts_per_role.generator=0", "model.parallelism.generator_replicas=5")
     with pytest.raises(ConfigError, match="local: 10"):  # the generators fall back to the controller's host
@@ -101,12 +102,50 @@ def test_cpu_process_cluster_validates() -> None:
 
 @pytest.mark.parametrize("experiment", ["qwen3_14b_math", "qwen3_32b_math"])
 def test_multi_node_presets_plan_and_fit_their_hosts(experiment: str) -> None:
-    from rlexp.models import plan_cli
+    from rlexp.cluster import plan_cli
 
     assert plan_cli.main([f"experiment={experiment}", "reward=weaver"]) == 0
     c = cfg(f"experiment={experiment}", "reward=weaver")
-    from rlexp.config.validate import check_hosts_fit
+    from rlexp.cluster.layout import check_hosts_fit
 
     check_hosts_fit(c)
     _, used = gpu_layout(c)
     assert all(n <= 8 for n in used.values()) and len(used) == c.cluster.hosts
+
+
+def test_a_job_kind_registered_from_outside_rlexp_is_recognised_by_prepare_and_plan() -> None:
+    """One module (tests/toy_job.py) adds a job kind: job spec, checks, config check and `rlexp plan` take it by its
+    `package.module:Class` name, with no edit anywhere in rlexp."""
+    from rlexp.cluster import plan_cli
+    from rlexp.cluster.registry import JOBS, job_backend
+    from rlexp.prepare import check_config
+
+    name = "tests.toy_job:LocalTwo"
+    c = cfg(f"cluster.job={name}")
+    check_cluster(c.cluster)
+    assert job_backend(name) is JOBS["local2"]
+    assert job_spec(c.cluster) == ("LocalJob", {}, {}) and weight_hosts(c.cluster) == 1
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        assert check_config(compose("train", overrides=[f"cluster.job={name}"])).cluster.job == name
+    assert plan_cli.main(["model=qwen3_8b", "reward=weaver", f"cluster.job={name}"]) == 0
+
+
+def test_an_unknown_job_kind_is_refused_naming_the_choices() -> None:
+    from rlexp.prepare import check_config
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        bad = compose("train", overrides=["cluster.job=lsf"])
+    with pytest.raises(ConfigError, match=r"unknown cluster.job='lsf'; choose one of kubernetes, local, .*slurm"):
+        check_config(bad)
+    with pytest.raises(ConfigError, match=r"cluster.job=tests.nope:X: cannot import 'tests.nope'"):
+        check_config(OmegaConf.merge(bad, {"cluster": {"job": "tests.nope:X"}}))
+
+
+@pytest.mark.slow
+def test_rlexp_train_runs_on_a_job_kind_from_outside_rlexp(tmp_path: Path, tag: str) -> None:
+    run = tmp_path / "run"
+    p = rlexp("train", "cluster.job=tests.toy_job:LocalTwo", "steps=2", "eval.every_n_steps=0",
+              f"hydra.run.dir={run}", tag=tag)
+    assert "actor graph (cluster=local: local2 job, cpu, 1 host" in p.stdout
+    assert [r["step"] for r in metrics(run) if "loss" in r] == [1, 2]
+    assert wait_no_orphans(tag) == []

@@ -35,7 +35,7 @@ def test_every_group_option_composes_into_the_schema(group: str, option: str) ->
     if group in ("cluster",) and typed.cluster.device == "cuda":
         return  # needs a GPU to validate; composition is what is checked here
     if typed.trainer.micro_batch_size == 0:  # trainer=large: derived from the memory plan, as prepare does first
-        from rlexp.models.planner import plan_memory
+        from rlexp.cluster.planner import plan_memory
 
         typed.trainer.micro_batch_size = plan_memory(cfg).micro_batch_size
     validate(typed)

@@ -197,7 +197,7 @@ def test_check_fails_on_an_upward_import_not_allowed(tmp_path: Path):
     ok = run_script("--root", str(root), "--check")
     assert ok.returncode == 0, ok.stderr
     assert "rlexp.actors.trainer (components) -> rlexp.checkpoints (orchestration), top line 1: allowed" in ok.stdout
-    assert ig.layer_of("rlexp.models.plan_cli") == 3 and ig.layer_of("rlexp.models.hf") == 1
+    assert ig.layer_of("rlexp.cluster.plan_cli") == 3 and ig.layer_of("rlexp.models.hf") == 1
     assert ig.layer_of("rlexp") is None
 
 

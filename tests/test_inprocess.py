@@ -5,9 +5,9 @@ import pytest
 
 from rlexp.actors.buffer import ReplayBuffer
 from rlexp.actors.reward import RewardService
+from rlexp.cluster.plan_cli import compose_run_config
 from rlexp.inprocess import check_inprocess
 from rlexp.loop import overlap_metrics
-from rlexp.models.plan_cli import compose_run_config
 from rlexp.prepare import prepare
 from rlexp.services import Local
 from rlexp.types import Completion

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from rlexp.cluster import plan_cli
+from rlexp.cluster.planner import GiB, PlanError, check_plan, plan_memory
 from rlexp.config.model import ModelConfig
-from rlexp.models import plan_cli
-from rlexp.models.planner import GiB, PlanError, check_plan, plan_memory
 
 CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf"
 # Reference RL workload the default layouts are sized for (documented in the report):

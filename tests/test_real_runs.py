@@ -12,9 +12,9 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from rlexp.models import plan_cli
-from rlexp.models.plan_cli import compose_run_config
-from rlexp.models.planner import PlanError, check_devices, plan_memory
+from rlexp.cluster import plan_cli
+from rlexp.cluster.plan_cli import compose_run_config
+from rlexp.cluster.planner import PlanError, check_devices, plan_memory
 from rlexp.phases import Phases
 
 SIZES = ["qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_14b", "qwen3_32b"]

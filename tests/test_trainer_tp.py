@@ -180,12 +180,11 @@ def test_rlexp_train_with_tensor_parallel_trainer_end_to_end(tmp_path: Path, tag
 
 def test_layout_spanning_hosts_is_refused_and_gpus_are_assigned_per_role() -> None:
     """qwen3_32b's default trainer (FSDP 8 x TP 2) needs 16 GPUs and, without hosts of its own, runs on this host.
-    (The CUDA check that comes first in `validate` would stop this machine, so the layout check is
-    called alone; `assign_gpus` is what the actors put in CUDA_VISIBLE_DEVICES.)"""
+    (The CUDA check that comes first in `validate` would stop this machine, so the hosts check `prepare` runs after
+    it is called alone; `assign_gpus` is what the actors put in CUDA_VISIBLE_DEVICES.)"""
     from omegaconf import OmegaConf
 
-    from rlexp.config.layout import assign_gpus
-    from rlexp.config.validate import _check_trainer_layout
+    from rlexp.cluster.layout import assign_gpus, check_hosts_fit
 
     c = OmegaConf.structured(TrainConfig)
     c.model = OmegaConf.merge(c.model, OmegaConf.load(Path(__file__).parent.parent / "rlexp/conf/model/qwen3_32b.yaml"))
@@ -194,9 +193,9 @@ def test_layout_spanning_hosts_is_refused_and_gpus_are_assigned_per_role() -> No
     c = OmegaConf.to_object(c)  # the typed config, with its derived values, as `prepare` hands it on
     with pytest.raises(ConfigError, match=r"gpus_per_host=8; needed per host: local: 20; trainer 8 x 2, "
                                           r"generators 1 x 4"):
-        _check_trainer_layout(c)
+        check_hosts_fit(c)
     c.model.parallelism.trainer_fsdp, c.model.parallelism.trainer_tp = 2, 2
-    _check_trainer_layout(c)  # 4 + 4 = 8 fits
+    check_hosts_fit(c)  # 4 + 4 = 8 fits
     assert assign_gpus(c) == {"trainer": ["0", "1", "2", "3"], "generator0": ["4,5,6,7"]}
     c.cluster.device = "cpu"
     assert assign_gpus(c) == {}

@@ -13,9 +13,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rlexp.config.layout import assign_gpus, gpus_needed, reward_verifiers
+from rlexp.cluster.layout import assign_gpus, gpus_needed, reward_verifiers
+from rlexp.cluster.planner import plan_memory
 from rlexp.config.schema import register_configs
-from rlexp.models.planner import plan_memory
 from tests.conftest import REPO, kill_tagged, tagged_env
 
 CONF = REPO / "rlexp" / "conf"

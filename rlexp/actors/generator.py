@@ -26,7 +26,7 @@ class Generator(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, backend: str, seed: int, threads: int = 0,
                  options: dict[str, Any] | None = None, gpus: str | None = None,
                  weights: TransportSpec | None = None) -> None:
-        if gpus is not None:  # this replica's GPUs (rlexp.config.layout.assign_gpus), before anything opens CUDA
+        if gpus is not None:  # this replica's GPUs (rlexp.cluster.layout.assign_gpus), before anything opens CUDA
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus
         apply_process_determinism()
         self.args = (model_cfg, model_dir, backend, seed, options or {})

@@ -26,7 +26,7 @@ from rlexp.types import Problem
 class VerifierService(Actor):
     def __init__(self, vcfg: VerifierConfig, env_cfg: EnvConfig, threads: int = 0, device: str = "cpu",
                  gpus: list[str] | None = None) -> None:
-        # This replica's GPU (`gpus[rank]`, a CUDA_VISIBLE_DEVICES value from rlexp.config.layout.assign_gpus), set
+        # This replica's GPU (`gpus[rank]`, a CUDA_VISIBLE_DEVICES value from rlexp.cluster.layout.assign_gpus), set
         # before anything in the process opens CUDA, so a verifier never lands on the policy's GPUs.
         if device == "cuda" and gpus:
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[current_rank().rank if len(gpus) > 1 else 0]

@@ -33,7 +33,6 @@ Backend = _choices("Backend", "titan", "vllm")
 LRSchedule = _choices("LRSchedule", "constant", "linear", "cosine")
 SyncMode = _choices("SyncMode", "on_policy", "async")
 Device = _choices("Device", "cpu", "cuda")
-JobKind = _choices("JobKind", "local", "process", "slurm", "kubernetes")
 Determinism = _choices("Determinism", "off", "seeded", "full")
 
 
@@ -163,12 +162,13 @@ class HostsPerRole:
 class ClusterConfig:
     name: str = "local"
     # Which Monarch job provides the hosts: local (this host), process (simulated hosts: local process groups,
-    # for tests and rehearsal), slurm, kubernetes.
-    job: JobKind = JobKind.local
+    # for tests and rehearsal), slurm, kubernetes; any registered job kind (rlexp/cluster/registry.py, checked in
+    # `prepare`, which lists them), or package.module:Class for one outside rlexp.
+    job: str = "local"
     device: Device = Device.cpu
     # Hosts the GPU planner counts (`rlexp plan`); with `hosts_per_role` it must equal their sum.
     hosts: int = 1
-    # A role's replicas or ranks are spread over its hosts (see rlexp/cluster.py).
+    # A role's replicas or ranks are spread over its hosts (see rlexp/cluster/hosts.py).
     hosts_per_role: HostsPerRole = field(default_factory=HostsPerRole)
     gpus_per_host: int = 0
     gpu_memory_gb: float = 0.0

@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import Any, TypeVar
 
-from rlexp.config.layout import gpu_layout, own_hosts, verifier_gpus
-
 
 class ConfigError(ValueError):
     pass
@@ -193,34 +191,6 @@ def _check_trainer_layout(c: Any) -> None:
                 f"ranks to model.parallelism.trainer_fsdp"
                 + (" (the tiny model has one KV head: for a TP try, add model.arch.n_heads=4 "
                    "model.arch.n_kv_heads=2 model.arch.head_dim=32)" if c.model.name == "tiny" else ""))
-    if c.cluster.device == "cuda" and c.cluster.gpus_per_host:
-        check_hosts_fit(c)
-
-
-def check_hosts_fit(c: Any) -> None:
-    """Every host's roles fit its GPUs, and no tensor-parallel group spans hosts."""
-    par, per_host = c.model.parallelism, c.cluster.gpus_per_host
-    own = own_hosts(c)
-    if "trainer" in own:
-        hosts = own["trainer"]
-        if par.trainer_world % hosts or (par.trainer_world // hosts) % par.trainer_tp:
-            raise ConfigError(
-                f"the trainer's {par.trainer_world} ranks (FSDP {par.trainer_fsdp} x TP {par.trainer_tp}) do not split "
-                f"into whole TP groups over cluster.hosts_per_role.trainer={hosts} hosts: make the ranks per host a "
-                f"multiple of trainer_tp")
-    if c.generator.gpus_per_replica > per_host:
-        raise ConfigError(f"a generator replica needs {c.generator.gpus_per_replica} GPUs (generator.tp) but a host "
-                          f"has cluster.gpus_per_host={per_host}: lower generator.tp")
-    _, used = gpu_layout(c)
-    over = {h: n for h, n in used.items() if n > per_host}
-    if over:
-        where = ", ".join(f"{h}: {n}" for h, n in over.items())
-        raise ConfigError(
-            f"the layout needs more GPUs than a host has (cluster.gpus_per_host={per_host}; needed per host: {where}; "
-            f"trainer {par.trainer_fsdp} x {par.trainer_tp}, generators {c.generator.replicas} x "
-            f"{c.generator.gpus_per_replica}, model verifiers {verifier_gpus(c)}). "
-            f"Give roles hosts of their own (cluster.hosts_per_role, with cluster.job=slurm|kubernetes), or lower "
-            f"model.parallelism.trainer_fsdp / trainer_tp / generator_replicas; check the fit with `rlexp plan`")
 
 
 def _get(c: Any, dotted: str) -> Any:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlexp.cluster.registry import job_backend
 from rlexp.config.reward import VerifierConfig, chosen_verifiers, is_served
+from rlexp.config.validate import ConfigError
 
 
 def _plain(x: Any) -> Any:
@@ -53,9 +55,9 @@ def reward_verifiers(c: Any) -> list[VerifierConfig]:
 
 
 def own_hosts(c: Any) -> dict[str, int]:
-    """Roles with hosts of their own (`cluster.hosts_per_role`, not with the local job)."""
+    """Roles with hosts of their own (`cluster.hosts_per_role`, with a job kind that gives any: not local)."""
     cl = c.cluster
-    if str(_field(cl, "job", "local")) == "local":
+    if not job_backend(str(_field(cl, "job", "local"))).own_hosts:
         return {}
     per_role = _plain(_field(cl, "hosts_per_role", None)) or {}
     per_role = per_role if isinstance(per_role, dict) else vars(per_role)
@@ -109,3 +111,29 @@ def verifier_gpus(c: Any) -> int:
 def gpus_needed(c: Any) -> int:
     return (c.model.parallelism.trainer_world + c.generator.replicas * c.generator.gpus_per_replica
             + verifier_gpus(c))
+
+
+def check_hosts_fit(c: Any) -> None:
+    """Every host's roles fit its GPUs, and no tensor-parallel group spans hosts."""
+    par, per_host = c.model.parallelism, c.cluster.gpus_per_host
+    own = own_hosts(c)
+    if "trainer" in own:
+        hosts = own["trainer"]
+        if par.trainer_world % hosts or (par.trainer_world // hosts) % par.trainer_tp:
+            raise ConfigError(
+                f"the trainer's {par.trainer_world} ranks (FSDP {par.trainer_fsdp} x TP {par.trainer_tp}) do not split "
+                f"into whole TP groups over cluster.hosts_per_role.trainer={hosts} hosts: make the ranks per host a "
+                f"multiple of trainer_tp")
+    if c.generator.gpus_per_replica > per_host:
+        raise ConfigError(f"a generator replica needs {c.generator.gpus_per_replica} GPUs (generator.tp) but a host "
+                          f"has cluster.gpus_per_host={per_host}: lower generator.tp")
+    _, used = gpu_layout(c)
+    over = {h: n for h, n in used.items() if n > per_host}
+    if over:
+        where = ", ".join(f"{h}: {n}" for h, n in over.items())
+        raise ConfigError(
+            f"the layout needs more GPUs than a host has (cluster.gpus_per_host={per_host}; needed per host: {where}; "
+            f"trainer {par.trainer_fsdp} x {par.trainer_tp}, generators {c.generator.replicas} x "
+            f"{c.generator.gpus_per_replica}, model verifiers {verifier_gpus(c)}). "
+            f"Give roles hosts of their own (cluster.hosts_per_role, with cluster.job=slurm|kubernetes), or lower "
+            f"model.parallelism.trainer_fsdp / trainer_tp / generator_replicas; check the fit with `rlexp plan`")

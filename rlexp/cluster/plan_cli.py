@@ -16,10 +16,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from rlexp.config.layout import gpu_layout
+from rlexp.cluster.layout import check_hosts_fit, gpu_layout
+from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, plan_memory
 from rlexp.config.paths import CONF_DIR
-from rlexp.config.validate import ConfigError, check_hosts_fit
-from rlexp.models.planner import DEFAULT_HEADROOM, PlanError, plan_memory
+from rlexp.config.validate import ConfigError
 
 
 def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config_name: str = "train") -> Any:

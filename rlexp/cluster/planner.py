@@ -40,7 +40,7 @@ Time: FLOPs at a stated utilisation, so a person can size a Slurm request. Per s
   forward, + 2 N T for the reference model) over the trainer GPUs, each at `cluster.mfu` x `cluster.gpu_peak_tflops`;
   on-policy the two run one after the other, async they overlap. Decoding is memory-bound and usually runs below
   the training MFU: read the generation time as a lower bound.
-Model verifiers (reward models and LM judges the reward serves, `rlexp.config.layout.reward_verifiers`), per GPU:
+Model verifiers (reward models and LM judges the reward serves, `rlexp.cluster.layout.reward_verifiers`), per GPU:
   each replica has a GPU of its own and needs the verifier's `memory_gb` (read as GiB, like
   `cluster.gpu_memory_gb`; the verifier_set files size it as bf16 weights + headroom). These are the
   verifier set's numbers, not derived here: a verifier can be any architecture.
@@ -51,7 +51,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rlexp.config.layout import reward_verifiers
+from rlexp.cluster.layout import reward_verifiers
+from rlexp.cluster.registry import job_backend
 from rlexp.config.model import ArchConfig
 from rlexp.models.catalog import layer_param_count, param_count
 
@@ -581,10 +582,11 @@ def local_gpus() -> tuple[int, float]:
 
 def check_devices(report: PlanReport, cluster: Any, have: tuple[int, float] | None = None,
                   argv: list[str] | None = None) -> None:
-    """Refuse, before any process starts, a local-job run whose plan needs GPUs this machine does not have:
-    the plan, what the machine has, and the nearest command that runs here. (Slurm and Kubernetes jobs run the
-    controller on a machine without the run's GPUs: nothing to check here.)"""
-    if str(_get(cluster, "job", "local")) != "local" or str(_get(cluster, "device", "cpu")) != "cuda":
+    """Refuse, before any process starts, a run on this machine's GPUs (a job kind with `local_devices`: local)
+    whose plan needs GPUs this machine does not have: the plan, what the machine has, and the nearest command that
+    runs here. (Slurm and Kubernetes jobs run the controller on a machine without the run's GPUs: nothing to check.)"""
+    here = job_backend(str(_get(cluster, "job", "local"))).local_devices
+    if not here or str(_get(cluster, "device", "cpu")) != "cuda":
         return
     gpus, gib = have if have is not None else local_gpus()
     if gpus >= report.gpus_needed and (not report.gpu_memory_gib or gib >= report.gpu_memory_gib * 0.95):

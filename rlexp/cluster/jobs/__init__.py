@@ -1,0 +1,1 @@
+"""The built-in job kinds, one module each (`rlexp.cluster.registry.register_job`)."""
