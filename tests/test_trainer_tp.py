@@ -187,7 +187,9 @@ def test_layout_spanning_hosts_is_refused_and_gpus_are_assigned_per_role() -> No
     from rlexp.cluster.layout import assign_gpus, check_hosts_fit
 
     c = OmegaConf.structured(TrainConfig)
-    c.model = OmegaConf.merge(c.model, OmegaConf.load(Path(__file__).parent.parent / "rlexp/conf/model/qwen3_32b.yaml"))
+    from rlexp.evals.cli import model_config
+
+    c.model = OmegaConf.structured(model_config("qwen3_32b"))  # the model's numbers, not what its run brings
     c.cluster.device, c.cluster.gpus_per_host = "cuda", 8
     c.generator.backend, c.generator.replicas, c.generator.tp = "vllm", 1, 4
     c = OmegaConf.to_object(c)  # the typed config, with its derived values, as `prepare` hands it on
