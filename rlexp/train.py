@@ -9,6 +9,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from rlexp import runlock
@@ -35,7 +36,7 @@ class RunFolderGuard(Callback):
     """Takes the run folder's lock, and notices a finished run under `resume=auto`, before Hydra writes
     `RUN_DIR/.hydra/` (which it does before the task function starts): a refused second process, or a
     finished run asked to resume, leaves the folder byte for byte as it was. Sweeps lock each job's folder in
-    the task function (their `.hydra/` is per job)."""
+    the task function (their `.hydra/` is per job). Redacts those copies as soon as Hydra wrote them."""
 
     def __init__(self) -> None:
         self.stack = contextlib.ExitStack()
@@ -50,6 +51,15 @@ class RunFolderGuard(Callback):
                 raise SystemExit(0)
         with friendly_errors():
             self.stack.enter_context(runlock.hold(run_dir))
+
+    def on_job_start(self, config: DictConfig, **kwargs: object) -> None:
+        """Hydra has just written `.hydra/*.yaml` with raw values: redact them before any check can refuse the
+        run (a refused run never reaches the manifest, which redacts them again)."""
+        from rlexp.tracking.manifest import redact_hydra_files
+
+        rt = config.hydra.runtime
+        sweep = str(config.hydra.sweep.dir) if config.hydra.mode == RunMode.MULTIRUN else None
+        redact_hydra_files(Path(str(rt.output_dir)), sweep)
 
     def on_run_end(self, config: DictConfig, **kwargs: object) -> None:
         self.stack.close()

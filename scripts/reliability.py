@@ -413,13 +413,13 @@ SECRETS = {"pwd": "Pw-{n}", "pass": "Pa-{n}", "db_pass": "Db-{n}", "dsn": "postg
            "smtp_pwd": "Sm-{n}", "api_key": "Ak-{n}", "note": "password=Nt-{n}"}
 
 
-@case("secrets", f"{len(SECRETS)} planted secrets (`+x.pwd`, `pass`, `db_pass`, `dsn`, `connection_string`, "
-      "`webhook_url`, ...) through `logger=all`", "rlexp train logger=all +x.pwd=... +x.dsn=... ...",
+@case("secrets", f"{len(SECRETS)} planted secrets (`+extra.pwd`, `pass`, `db_pass`, `dsn`, `connection_string`, "
+      "`webhook_url`, ...) through `logger=all`", "rlexp train logger=all +extra.pwd=... +extra.dsn=... ...",
       "no secret in any file of the run folder, the W&B files or the MLflow store")
 def _(work: Path) -> Outcome:
     marker = uuid.uuid4().hex[:10]
     planted = {k: v.format(n=marker) for k, v in SECRETS.items()}
-    over = [f"+x.{k}={json.dumps(v) if ',' in v or ';' in v else v}" for k, v in planted.items()]
+    over = [f"+extra.{k}={json.dumps(v) if ',' in v or ';' in v else v}" for k, v in planted.items()]
     p, secs = rlexp(["train", "steps=2", "eval.every_n_steps=0", "logger=all", *over, f"hydra.run.dir={work / 'r'}",
                      f"logger.runs_root={work}"], cwd=work)
     leaks = sorted({str(q.relative_to(work)) for q in work.rglob("*")
@@ -432,6 +432,18 @@ def _(work: Path) -> Outcome:
                     leaks.append(f"mlflow.db:{t}")
     return Outcome(f"exit {p.returncode}; files with a secret: {leaks or 'none'}",
                    p.returncode == 0 and not leaks and db is not None, secs)
+
+
+@case("secrets", "a secret under a key that is not in the schema (`+x.pwd`): the run is refused",
+      "rlexp train +x.pwd=...", "refused naming the key; Hydra's `.hydra/` copies already redacted")
+def _(work: Path) -> Outcome:
+    secret = f"Pw-{uuid.uuid4().hex[:10]}"
+    p, secs = rlexp(["train", f"+x.pwd={secret}", f"hydra.run.dir={work / 'r'}"], cwd=work)
+    out = refused(p, secs, "x: not a key")
+    leaks = [str(q.relative_to(work)) for q in work.rglob("*") if q.is_file() and secret.encode() in q.read_bytes()]
+    out.observed += f"; files with the secret: {leaks or 'none'}"
+    out.ok = out.ok and not leaks
+    return out
 
 
 @case("trackers", "`MLFLOW_TRACKING_URI=sqlite:///...` run from another folder",

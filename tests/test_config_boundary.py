@@ -123,3 +123,13 @@ def test_train_refuses_added_keys_outside_the_schema_and_instantiation_keys(tmp_
         assert "sed: not a key" in str(e)
     else:
         raise AssertionError("an unknown top-level key passed")
+
+
+def test_a_refused_run_leaves_no_secret_in_hydras_copies(tmp_path: Path) -> None:
+    """Hydra writes `.hydra/*.yaml` before rlexp's checks; the callback redacts them before anything refuses."""
+    secret = "Zq9-not-a-real-pwd-7781"
+    p = rlexp("train", f"+x.pwd={secret}", f"hydra.run.dir={tmp_path / 'r'}", check=False, timeout=120)
+    assert p.returncode == 2 and "x: not a key" in p.stderr, p.stdout + p.stderr
+    written = [f for f in (tmp_path / "r").rglob("*") if f.is_file()]
+    assert any(f.parent.name == ".hydra" for f in written)
+    assert not [f for f in written if secret.encode() in f.read_bytes()]

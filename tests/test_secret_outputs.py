@@ -32,11 +32,11 @@ def _n(i: int) -> str:
     return f"{M}N{i:02d}X"
 
 
-# `+x.<name>=<value>`: the value is a secret because of the key's name (the value itself has no shape).
+# `+extra.<name>=<value>`: the value is a secret because of the key's name (the value itself has no shape).
 SECRET_NAMES = ["pwd", "pass", "db_pass", "dsn", "connection_string", "webhook_url", "password", "passwd",
                 "db_password", "api_key", "hf_token", "client_secret", "private_key", "access_token", "conn_str",
                 "sentry_dsn", "slack_webhook", "smtp_pwd", "secret", "AccountKey"]
-# `+x.v<i>=<value>`: a harmless key, the value is a secret because of its shape (needle index, value).
+# `+extra.v<i>=<value>`: a harmless key, the value is a secret because of its shape (needle index, value).
 SHAPES = {
     "postgres URL userinfo": (30, lambda n: f"postgres://admin:{n}@db.example.com:5432/app"),
     "https URL userinfo": (31, lambda n: f"https://user:{n}@mirror.example.com/simple"),
@@ -102,11 +102,11 @@ def test_planted_secrets_reach_no_output_of_a_real_run(tmp_path: Path) -> None:
             f"hydra.run.dir={run}", "logger.mlflow.experiment=secrets"]
     for i, name in enumerate(SECRET_NAMES):
         needles[f"name {name}"] = _n(i)
-        args.append(f"+x.{name}={_n(i)}")
+        args.append(f"+extra.{name}={_n(i)}")
     for what, (i, make) in SHAPES.items():
         needles[f"shape {what}"] = _n(i)
-        args.append(f"+x.v{i}={make(_n(i))}")
-    args += [f"+x.{k}={v}" for k, v in HARMLESS.items()]
+        args.append(f"+extra.v{i}={make(_n(i))}")
+    args += [f"+extra.{k}={v}" for k, v in HARMLESS.items()]
     needles["env WANDB_API_KEY (fake)"] = WANDB_FAKE_KEY
     needles["env HF_TOKEN"] = _n(60)
     needles["env RLEXP_DB_PASS"] = _n(61)
@@ -164,7 +164,7 @@ def test_planted_secrets_reach_no_output_of_a_real_run(tmp_path: Path) -> None:
     assert (store / "artifacts").is_dir()
 
     # ---- the planted keys are there, redacted; the look-alikes are kept as they were
-    x = m["config"]["x"]
+    x = m["config"]["extra"]
     assert all(x[name] == REDACTED for name in SECRET_NAMES), {k: x[k] for k in SECRET_NAMES}
     for k, v in HARMLESS.items():
         assert str(x[k]).lower() == v, (k, x[k])
@@ -172,7 +172,7 @@ def test_planted_secrets_reach_no_output_of_a_real_run(tmp_path: Path) -> None:
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
     (r,) = client.search_runs([client.get_experiment_by_name("secrets").experiment_id])
     assert r.info.artifact_uri.startswith((store / "artifacts").as_uri())
-    assert r.data.params["x.pwd"] == REDACTED and r.data.params["x.dsn_count"] == "2"
-    assert r.data.params["x.password_min_len"] == "12" and r.data.params["x.n_passes"] == "3"
+    assert r.data.params["extra.pwd"] == REDACTED and r.data.params["extra.dsn_count"] == "2"
+    assert r.data.params["extra.password_min_len"] == "12" and r.data.params["extra.n_passes"] == "3"
     (rec,) = load_wandb_dir(run / "wandb")
-    assert rec.config["x.webhook_url"] == REDACTED and rec.config["x.bypass_cache"] is True
+    assert rec.config["extra.webhook_url"] == REDACTED and rec.config["extra.bypass_cache"] is True
