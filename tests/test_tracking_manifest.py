@@ -231,3 +231,17 @@ def test_a_manifest_that_is_not_a_json_object_is_refused(tmp_path: Path) -> None
         with pytest.raises(ManifestError, match=str(tmp_path / "manifest.json")) as e:
             read_manifest(tmp_path)
         assert says in str(e.value)
+
+
+def test_compare_reads_a_mistyped_manifest_as_absent_not_as_a_crash(tmp_path: Path) -> None:
+    """`rlexp compare` over downloaded folders: a manifest whose `identity` is not an object is not trusted for
+    the name, config or status; the metrics still load, under the folder's name."""
+    from rlexp.tracking.runs import load_run_dir
+
+    run = tmp_path / "r7"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"identity": "x", "status": "completed", "config": {"seed": 1}}))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
+    rec = load_run_dir(run)
+    assert rec.name == "r7" and rec.status is None and rec.manifest == {}
+    assert rec.series("reward/mean") == ([0.0], [0.5])
