@@ -28,8 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlexp.errors import disk_full
 from rlexp.tracking.base import METRICS_FILE
-from rlexp.tracking.manifest import MANIFEST_NAME, atomic_write_text, config_hash, read_manifest, sha256_file
+from rlexp.tracking.files import atomic_write_text, sha256_file
+from rlexp.tracking.manifest import MANIFEST_NAME, read_manifest
 from rlexp.tracking.metrics_file import read_metrics
+from rlexp.tracking.runconfig import config_hash
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
@@ -163,7 +165,7 @@ def finished(run_dir: Path, steps: int) -> str | None:
     status completed, its last metrics row at that step), else None: resuming would train its last steps
     again from the newest checkpoint, which is always older than the end."""
     try:
-        status = read_manifest(run_dir).get("status")
+        status = read_manifest(run_dir).status
         rows = read_metrics(Path(run_dir) / METRICS_FILE, warn=lambda _: None)
     except (OSError, ValueError):
         return None

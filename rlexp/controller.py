@@ -17,7 +17,7 @@ from rlexp.prepare import Prepared
 from rlexp.services import Services
 from rlexp.tracking.base import Trackers
 from rlexp.tracking.runlog import announce
-from rlexp.types import Completion, Sample
+from rlexp.types import Completion
 
 
 class Controller:
@@ -128,9 +128,7 @@ class Controller:
     def save_checkpoint(self, step: int) -> Path:
         st = self.state
         state = {
-            "loop": {"step": st.step, "version": st.version, "data_rng": st.data_rng.getstate(),
-                     "samples_seen": st.samples_seen,
-                     "pending": [(s, [x.to_plain() for x in samples]) for s, samples in st.pending]},
+            "loop": st.to_state(),
             "buffer": self.svc.buffer.state_dict.call(),
             "reward": self.svc.rewards.state_dict.fanout().get(),
             "controller": {"first_eval": self.first_eval, "best_eval": self.best_eval,
@@ -141,10 +139,7 @@ class Controller:
 
     def load_checkpoint(self, ckpt: Path) -> None:
         state = checkpoints.load_controller_state(ckpt)
-        lp, st = state["loop"], self.state
-        st.step, st.version, st.samples_seen = lp["step"], lp["version"], lp["samples_seen"]
-        st.data_rng.setstate(lp["data_rng"])
-        st.pending = [(s, [Sample.from_plain(x) for x in samples]) for s, samples in lp.get("pending", [])]
+        self.state = loop.LoopState.from_state(state["loop"])
         self.svc.buffer.load_state_dict.call(state["buffer"])
         for r, rs in zip(self.svc.rewards.replicas, state["reward"]):
             r.load_state_dict.call_one(rs).get()
@@ -153,4 +148,4 @@ class Controller:
         last = state["controller"].get("last_eval")
         self.last_eval = (int(last[0]), float(last[1])) if last else None
         self.svc.trainer.load.call(str(ckpt / "trainer.pt"))
-        loop.push_weights(self.svc, st.version)
+        loop.push_weights(self.svc, self.state.version)

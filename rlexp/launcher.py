@@ -318,7 +318,7 @@ def run(cfg: DictConfig) -> dict[str, float]:
     monarch_config.prefix_python_logs_with_actor = False
     if cfg.resume == "auto" and (done := checkpoints.finished(run_dir, cfg.steps)) is not None:
         print(f"[rlexp] {done}", flush=True)  # a plain print: the finished run's folder is left untouched
-        return read_manifest(run_dir).get("final_metrics") or {}
+        return read_manifest(run_dir).final_metrics
     phases = Phases(since_start=True)
     phases.done("started, config composed")
     p = prepare(cfg)

@@ -49,6 +49,19 @@ class LoopState:
     # resume regenerates them instead of silently skipping that data.
     pending: list[tuple[int, list[Sample]]] = field(default_factory=list)
 
+    def to_state(self) -> dict[str, Any]:
+        """Plain values only (ints, lists, the rng's tuple): checkpoints are loaded with `weights_only`."""
+        return {"step": self.step, "version": self.version, "data_rng": self.data_rng.getstate(),
+                "samples_seen": self.samples_seen,
+                "pending": [(s, [x.to_plain() for x in samples]) for s, samples in self.pending]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> LoopState:
+        rng = random.Random()
+        rng.setstate(state["data_rng"])
+        return cls(step=state["step"], version=state["version"], data_rng=rng, samples_seen=state["samples_seen"],
+                   pending=[(s, [Sample.from_plain(x) for x in samples]) for s, samples in state.get("pending", [])])
+
 
 def generate_groups(svc: Services, samples: list[Sample], encode: Encode, cfg: Any, step: int
                     ) -> Pending[list[list[Completion]]]:

@@ -31,7 +31,7 @@ from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
 from rlexp.seeding import DETERMINISM_ENV, apply_process_determinism, component_seeds
-from rlexp.tracking.manifest import fingerprint_examples, hash_files
+from rlexp.tracking.files import fingerprint_examples, hash_files
 from rlexp.transport import check_transport
 
 

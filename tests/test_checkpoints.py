@@ -53,6 +53,19 @@ def test_plain_controller_state_round_trips(tmp_path: Path) -> None:
     assert Episode.from_plain(back["buffer"]["groups"][0][0]) == ep
 
 
+def test_loop_state_saves_and_loads_itself_through_a_checkpoint(tmp_path: Path) -> None:
+    from rlexp.loop import LoopState
+
+    rng = random.Random(5)
+    rng.random()
+    sample = Sample(Problem("2+2", "2+2=", {"n": 4}), "4")
+    st = LoopState(step=7, version=3, data_rng=rng, samples_seen=40, pending=[(8, [sample])])
+    ckpt = _checkpoint(tmp_path, {"loop": st.to_state()})
+    back = LoopState.from_state(checkpoints.load_controller_state(ckpt)["loop"])
+    assert (back.step, back.version, back.samples_seen, back.pending) == (7, 3, 40, [(8, [sample])])
+    assert back.data_rng.random() == rng.random()  # the data order continues where it stopped
+
+
 def test_crafted_pickle_is_refused_and_never_runs(tmp_path: Path) -> None:
     marker = tmp_path / "ran"
     ckpt = _checkpoint(tmp_path, {"loop": _RunsCode(marker)})

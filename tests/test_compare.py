@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from rlexp.tracking.base import JsonlTracker, Trackers
 from rlexp.tracking.compare import main as compare_main
-from rlexp.tracking.manifest import write_start_manifest
+from rlexp.tracking.manifest import read_manifest, write_start_manifest
 from rlexp.tracking.reproduce import build_command, compare_metrics, first_difference, main as reproduce_main
 
 
@@ -91,8 +91,7 @@ def test_compare_metrics_first_difference(tmp_path: Path) -> None:
 def test_reproduce_reruns_with_same_overrides(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "a"
     _make_run(run, "weaver", 3, [0.1, 0.2])
-    manifest = json.loads((run / "manifest.json").read_text())
-    cmd = build_command(manifest, tmp_path / "new", ["seed=4"])
+    cmd = build_command(read_manifest(run), tmp_path / "new", ["seed=4"])
     assert cmd[:5] == [sys.executable, "-P", "-m", "rlexp", "train"]
     assert cmd[5:] == ["reward=weaver", "seed=4", f"hydra.run.dir={tmp_path / 'new'}"]
 
@@ -143,7 +142,8 @@ def test_best_follows_declared_direction_and_identical_curves_are_flagged(tmp_pa
 
 
 def test_reproduce_on_a_different_machine_says_so_and_checks_tolerance(tmp_path: Path, capsys) -> None:
-    from rlexp.tracking.manifest import atomic_write_json, numerics_differences, numerics_info
+    from rlexp.tracking.files import atomic_write_json
+    from rlexp.tracking.system import numerics_differences, numerics_info
 
     here = numerics_info(torch_probe=False)
     other = {**here, "cpu_model": "Other CPU 9000", "cpu_flags": [*here["cpu_flags"], "zz_made_up_flag"],

@@ -22,8 +22,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlexp.config.paths import CONF_DIR
-from rlexp.tracking.manifest import config_to_container, read_manifest, redact_yaml_file, write_start_manifest
+from rlexp.tracking.hydra_run import redact_yaml_file
+from rlexp.tracking.manifest import Manifest, read_manifest, write_start_manifest
 from rlexp.tracking.redact import REDACTED, is_secret_name, redact, redact_argv, redact_override, redact_text
+from rlexp.tracking.runconfig import config_to_container
 
 REPO = Path(__file__).resolve().parents[1]
 MARK = "PLANTED7"  # every planted secret contains it (but the hex key): grep for it in every file
@@ -217,7 +219,7 @@ def test_real_config_is_not_redacted(tmp_path: Path) -> None:
     OmegaConf.save(OmegaConf.create(["seed=0", "model=tiny"]), run / ".hydra" / "overrides.yaml")
     before = {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()}
     m = write_start_manifest(run, cfg, ["rlexp", "train", "seed=0", "model=tiny"], {"global": 0}, {},
-                             repo_dir=tmp_path)
+                             repo_dir=tmp_path).to_dict()
     assert {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()} == before
     assert m["hydra"]["redacted_files"] == []
     assert m["config"] == json.loads(json.dumps(resolved)) and REDACTED not in json.dumps(m["config"])
@@ -365,7 +367,7 @@ def test_planted_secrets_never_reach_disk_or_trackers(tmp_path: Path) -> None:
     assert leaks == {}
 
     # ---- manifest: redacted where it should be, intact elsewhere
-    m = read_manifest(run)
+    m = read_manifest(run).to_dict()
     c = m["config"]
     assert all(c["service"][k] == REDACTED for k in c["service"]), c["service"]
     assert c["storage"]["tracking_uri"] == f"postgresql://{REDACTED}@db.example.com:5432/mlflow"
@@ -444,8 +446,9 @@ def test_trackers_redact_a_raw_manifest_and_argv(tmp_path: Path, monkeypatch, of
         "seed": 1, "reward": {"hf_tokens": [f"{MARK}a"], "url": f"https://u:{MARK}b@h/x"},
         "logger": {"wandb": {"enabled": True, "mode": "auto", "project": "raw", "entity": None},
                    "mlflow": {"enabled": True, "tracking_uri": uri, "experiment": "raw"}}})
-    manifest = {"config": OmegaConf.to_container(cfg), "overrides": [f"+reward.hf_tokens=[{MARK}c]"],
-                "identity": {"run_name": "raw", "group": "raw"}, "choices": {"reward": "rule"}, "seeds": {"g": 1}}
+    manifest = Manifest.from_dict({
+        "config": OmegaConf.to_container(cfg), "overrides": [f"+reward.hf_tokens=[{MARK}c]"],
+        "identity": {"run_name": "raw", "group": "raw"}, "choices": {"reward": "rule"}, "seeds": {"g": 1}})
     with build_trackers(cfg.logger, cfg, run, manifest) as tr:
         tr.log({"loss": 1.0}, 0)
     client = MlflowClient(tracking_uri=uri)
@@ -465,7 +468,8 @@ def test_run_dir_named_after_a_secret_override(tmp_path: Path) -> None:
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("- +service.api_key=abc123\n- seed=0\n")
     m = write_start_manifest(run, {"seed": 0, "service": {"api_key": "abc123"}},
-                             ["app.py", "+service.api_key=abc123", "seed=0"], {"global": 0}, {}, repo_dir=tmp_path)
+                             ["app.py", "+service.api_key=abc123", "seed=0"], {"global": 0}, {},
+                             repo_dir=tmp_path).to_dict()
     assert "abc123" not in (run / "manifest.json").read_text() and "abc123" not in json.dumps(m)
     assert m["identity"]["run_name"].endswith(f"+service.api_key={REDACTED},seed=0")
     assert m["overrides"] == [f"+service.api_key={REDACTED}", "seed=0"]

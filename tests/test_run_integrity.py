@@ -19,9 +19,10 @@ from rlexp import checkpoints
 from rlexp.checkpoints import ResumeError
 from rlexp.errors import friendly_errors
 from rlexp.runlock import LOCK_FILE, RunFolderBusy, hold
-from rlexp.tracking import manifest as manifest_mod
+from rlexp.tracking import files
 from rlexp.tracking.base import JsonlTracker, Trackers
-from rlexp.tracking.manifest import atomic_write_text, write_start_manifest
+from rlexp.tracking.files import atomic_write_text
+from rlexp.tracking.manifest import write_start_manifest
 from rlexp.tracking.metrics_file import MetricsFileError, read_metrics
 from rlexp.tracking.reproduce import compare_metrics
 from tests.conftest import REPO, metrics, rlexp, tagged_env, wait_no_orphans
@@ -111,7 +112,7 @@ def test_hashing_the_tiny_checkpoint_is_cheap(tmp_path: Path) -> None:
     f = tmp_path / "trainer.pt"
     f.write_bytes(os.urandom(4 << 20))
     t = time.perf_counter()
-    manifest_mod.sha256_file(f)
+    files.sha256_file(f)
     assert time.perf_counter() - t < 0.5
 
 
@@ -133,7 +134,7 @@ def test_simulated_full_disk_during_an_atomic_write_keeps_the_old_file(tmp_path:
     """Simulated fault: fsync raises ENOSPC while the manifest's temporary file is written."""
     path = tmp_path / "manifest.json"
     path.write_text('{"status": "running"}')
-    monkeypatch.setattr(manifest_mod.os, "fsync", _enospc)
+    monkeypatch.setattr(files.os, "fsync", _enospc)
     with pytest.raises(OSError):
         atomic_write_text(path, '{"status": "failed"}')
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json"]

@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from rlexp.tracking.files import fingerprint_examples, hash_files
 from rlexp.tracking.manifest import (
-    REDACTED,
-    config_hash,
-    fingerprint_examples,
+    SCHEMA_VERSION,
+    Manifest,
+    ManifestError,
     finish_manifest,
-    hash_files,
-    is_secret_name,
     read_manifest,
     write_start_manifest,
 )
+from rlexp.tracking.redact import REDACTED, is_secret_name
+from rlexp.tracking.runconfig import config_hash
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -66,9 +67,10 @@ def test_manifest_fields_secrets_and_dirty_diff(tmp_path: Path, dirty_repo: Path
         extra={"determinism": {"deterministic_algorithms": True, "cublas_workspace": ":4096:8"},
                "datasets": datasets, "model": {"revision": "main", "sha256": "0" * 64}},
         repo_dir=dirty_repo,
-    )
-    on_disk = read_manifest(run)
-    assert on_disk == json.loads(json.dumps(m, default=str))
+    ).to_dict()
+    on_disk = json.loads((run / "manifest.json").read_text())
+    assert on_disk == json.loads(json.dumps(m, default=str)) == read_manifest(run).to_dict()
+    assert m["schema"] == SCHEMA_VERSION
     text = (run / "manifest.json").read_text()
     for secret in ("sk-live-123", "hf_abc", "hunter2", "tok-999", "wandb-secret-xyz", "k123"):
         assert secret not in text, secret
@@ -111,14 +113,14 @@ def test_finish_manifest_atomic_and_artifacts(tmp_path: Path, dirty_repo: Path) 
     write_start_manifest(run, _cfg(), ["rlexp", "train"], {"global": 1}, {}, repo_dir=dirty_repo)
     art = run / "eval.json"
     art.write_text('{"acc": 0.5}')
-    m = finish_manifest(run, "completed", {"eval/accuracy": 0.5}, [art])
+    m = finish_manifest(run, "completed", {"eval/accuracy": 0.5}, [art]).to_dict()
     assert m["status"] == "completed" and m["end_time"] and m["final_metrics"] == {"eval/accuracy": 0.5}
     assert m["artifacts"][0]["path"] == "eval.json" and len(m["artifacts"][0]["sha256"]) == 64
     assert m["config"]["seed"] == 7  # start fields kept
     assert not list(run.glob(".manifest.json.tmp*"))
     with pytest.raises(ValueError):
         finish_manifest(run, "done", {}, [])
-    assert read_manifest(run)["status"] == "completed"  # a rejected write leaves the old file intact
+    assert read_manifest(run).status == "completed"  # a rejected write leaves the old file intact
 
 
 def test_config_hash_ignores_run_local_and_secrets() -> None:
@@ -160,7 +162,8 @@ def test_names_command_and_numerics(tmp_path: Path) -> None:
     import shlex
     import subprocess
 
-    from rlexp.tracking.manifest import name_from_overrides, numerics_info, shell_command, sweep_params
+    from rlexp.tracking.hydra_run import name_from_overrides, shell_command, sweep_params
+    from rlexp.tracking.system import numerics_info
 
     overrides = ["steps=30", "seed=0", "reward=rule", "logger=all", "logger.runs_root=/x", "hydra.run.dir=/y",
                  "+sweeps=grid"]
@@ -189,3 +192,56 @@ def test_names_command_and_numerics(tmp_path: Path) -> None:
     t = n["torch"]
     assert t["blas"] and t["threads"] >= 1 and t["cpu_capability"] and t["torch"].startswith("2.")
     assert set(n["gpu"]) >= {"count", "models", "cuda", "cudnn", "driver"}
+
+
+def test_an_old_manifest_reads_typed_and_keeps_what_this_version_does_not_know(tmp_path: Path) -> None:
+    """A manifest from before `schema` (and before `identity`) reads as version 1 with defaults; keys this
+    version does not know (a plugin's record) survive a rewrite, in place after the known ones."""
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({
+        "status": "running", "run_dir": str(run), "overrides": ["seed=1"], "plugin": {"name": "p", "v": 2},
+        "git": {"repo": None, "commit": None, "dirty": None, "diff_file": None}}))
+    m = read_manifest(run)
+    assert isinstance(m, Manifest) and m.schema == 1 and m.overrides == ["seed=1"]
+    assert m.identity.run_name is None and m.git.commit is None and m.extra == {"plugin": {"name": "p", "v": 2}}
+    finish_manifest(run, "completed", {"eval/accuracy": 1})
+    back = json.loads((run / "manifest.json").read_text())
+    assert back["plugin"] == {"name": "p", "v": 2} and back["status"] == "completed"
+    assert list(back).index("plugin") == list(back).index("artifacts") + 1
+
+
+@pytest.mark.parametrize(("field", "value", "says"), [
+    ("overrides", "seed=1", "`overrides` must be a list, got a string"),
+    ("hydra", {"config_dir": 3}, "`hydra.config_dir` must be a string or absent, got an integer"),
+    ("seeds", {"global": "7"}, "`seeds.global` must be an integer or absent, got a string"),
+    ("artifacts", [{"path": "a", "bytes": True}], "`artifacts[0].bytes` must be an integer or absent, got a boolean"),
+])
+def test_a_mistyped_manifest_is_refused_naming_the_file_and_field(tmp_path: Path, field: str, value: object,
+                                                                   says: str) -> None:
+    (tmp_path / "manifest.json").write_text(json.dumps({"schema": 1, "status": "completed", field: value}))
+    with pytest.raises(ManifestError) as e:
+        read_manifest(tmp_path)
+    assert str(e.value) == f"{tmp_path / 'manifest.json'}: {says}"
+
+
+def test_a_manifest_that_is_not_a_json_object_is_refused(tmp_path: Path) -> None:
+    for text, says in (("[1, 2]", "the top level must be an object, got a list"), ("{'a': 1", "not JSON")):
+        (tmp_path / "manifest.json").write_text(text)
+        with pytest.raises(ManifestError, match=str(tmp_path / "manifest.json")) as e:
+            read_manifest(tmp_path)
+        assert says in str(e.value)
+
+
+def test_compare_reads_a_mistyped_manifest_as_absent_not_as_a_crash(tmp_path: Path) -> None:
+    """`rlexp compare` over downloaded folders: a manifest whose `identity` is not an object is not trusted for
+    the name, config or status; the metrics still load, under the folder's name."""
+    from rlexp.tracking.runs import load_run_dir
+
+    run = tmp_path / "r7"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps({"identity": "x", "status": "completed", "config": {"seed": 1}}))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
+    rec = load_run_dir(run)
+    assert rec.name == "r7" and rec.status is None and rec.manifest == {}
+    assert rec.series("reward/mean") == ([0.0], [0.5])

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlexp.tracking.base import JsonlTracker, Tracker, Trackers
-from rlexp.tracking.manifest import write_start_manifest
+from rlexp.tracking.manifest import Identity, Manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
 
 
@@ -29,9 +29,9 @@ def _cfg(wandb: bool = False, mlflow: bool = False):
     })
 
 
-def _manifest(run_dir: Path, cfg, choices=None) -> dict:
+def _manifest(run_dir: Path, cfg, choices=None) -> Manifest:
     m = write_start_manifest(run_dir, cfg, ["rlexp", "train"], {"global": 3}, {})
-    m["choices"] = choices or {"model": "tiny", "reward": "weaver", "hydra/launcher": "basic"}
+    m.choices = choices or {"model": "tiny", "reward": "weaver", "hydra/launcher": "basic"}
     return m
 
 
@@ -105,7 +105,7 @@ def test_mlflow_run_queried_back(tmp_path: Path, mlflow_root: Path) -> None:
     arts = {a.path for a in client.list_artifacts(r.info.run_id)}
     assert {"eval_results.json", "manifest.json", "tables"} <= arts
     # the uncommitted diff of tracked files is uploaded exactly when there is one (a CI clone has none)
-    assert ("git.diff" in arts) == bool(manifest["git"]["diff_file"])
+    assert ("git.diff" in arts) == bool(manifest.git.diff_file)
     local = Path(client.download_artifacts(r.info.run_id, "manifest.json", str(tmp_path / "dl")))
     assert json.loads(local.read_text())["status"] == "completed"  # the final manifest was uploaded
     assert "sk-should-not-leak" not in (mlflow_root / "runs" / "mlruns" / "mlflow.db").read_bytes().decode("latin-1")
@@ -140,11 +140,11 @@ def test_wandb_offline_run_folder(tmp_path: Path) -> None:
     assert any(f.endswith(".wandb") for f in files) and "debug.log" in files
     assert any(f.startswith("rollouts") and f.endswith(".table.json") for f in files)
     (rec,) = load_wandb_dir(run / "wandb")
-    assert rec.name == manifest["identity"]["run_name"] and rec.status == "completed"
+    assert rec.name == manifest.identity.run_name and rec.status == "completed"
     assert rec.series("reward/mean") == ([0.0, 1.0, 2.0], [0.5, 1.5, 2.5])
     assert rec.config["model.name"] == "tiny" and rec.config["reward.api_key"] == "***REDACTED***"
     meta = rec.manifest["wandb"]
-    assert meta["group"] == manifest["identity"]["group"] and meta["project"] == "rlexp-test"
+    assert meta["group"] == manifest.identity.group and meta["project"] == "rlexp-test"
     assert sorted(meta["tags"]) == ["model=tiny", "reward=weaver"]  # Hydra's own groups are not tags
 
 
@@ -158,9 +158,9 @@ def test_wandb_multirun_jobs_are_separate_runs_in_one_process(tmp_path: Path) ->
     for job, reward in enumerate(("rule", "weaver")):
         run = sweep / str(job)
         m = _manifest(run, cfg, {"reward": reward})
-        m["identity"] = {"run_name": f"train-sw-{job}", "group": "sw", "sweep_id": "sw",
-                         "sweep_dir": str(sweep), "job_num": job}
-        names.append(m["identity"]["run_name"])
+        m.identity = Identity(run_name=f"train-sw-{job}", group="sw", sweep_id="sw", sweep_dir=str(sweep),
+                              job_num=job)
+        names.append(m.identity.run_name)
         with build_trackers(cfg.logger, cfg, run, m) as tr:
             tr.log({"reward/mean": float(job), "eval/accuracy": 0.5 + job / 10}, 0)
             tr.log({"reward/mean": float(job) + 1, "eval/accuracy": 0.6 + job / 10}, 1)
@@ -250,8 +250,8 @@ def test_mlflow_as_users_expect(tmp_path: Path, mlflow_root: Path) -> None:
     cfg.logger.mlflow.registered_model = "rlexp-policy"
     cfg.logger.system_metrics_interval_s = 0.2
     manifest = _manifest(run, cfg)
-    manifest["identity"]["run_name"] = "reward=weaver,seed=3"
-    manifest["datasets"] = {"arithmetic/train": {"n": 5, "sha256": "ab" * 32},
+    manifest.identity.run_name = "reward=weaver,seed=3"
+    manifest.datasets = {"arithmetic/train": {"n": 5, "sha256": "ab" * 32},
                             "arithmetic/eval": {"n": 2, "sha256": "cd" * 32}}
     with build_trackers(cfg.logger, cfg, run, manifest) as tr:
         ml = tr.get("mlflow")
@@ -286,7 +286,7 @@ def test_mlflow_as_users_expect(tmp_path: Path, mlflow_root: Path) -> None:
 
 def _wandb_run(run: Path, cfg, name: str) -> dict:
     manifest = _manifest(run, cfg)
-    manifest["identity"]["run_name"] = name
+    manifest.identity.run_name = name
     with build_trackers(cfg.logger, cfg, run, manifest) as tr:
         import time
 

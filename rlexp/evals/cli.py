@@ -168,13 +168,13 @@ def compose(overrides: list[str], config_dir: str | Path = DEFAULT_CONF) -> Dict
 def run_heldout(run_dir: Path) -> dict[str, Any]:
     """The `benchmark` node that scores a run's own task: its environment's held-out split (`eval_split`), at the
     run's answer length, as evaluation during training does. Read from the run's manifest (resolved config)."""
-    import json
+    from rlexp.tracking.manifest import MANIFEST_NAME, read_manifest
 
-    path = run_dir.expanduser() / "manifest.json"
+    path = run_dir.expanduser() / MANIFEST_NAME
     if not path.exists():
         raise FileNotFoundError(f"run={run_dir}: no manifest.json (not an rlexp run folder?); or name a benchmark, "
                                 f"e.g. benchmark=gsm8k")
-    c = json.loads(path.read_text())["config"]
+    c = read_manifest(path.parent).config
     env = c["environment"]
     return {f"{env['name']}_heldout": {"environment": env, "max_tokens": c["algorithm"]["max_tokens"]}}
 
@@ -222,11 +222,8 @@ def make_generate_fn(backend: Any, stop: tuple[str, ...]):
 
 def _manifest_start(out: Path, cfg: DictConfig, argv: list[str], envs: dict[str, tuple[Environment, int]],
                     model_dir: Path, selectors: dict[str, Selector] | None = None) -> None:
-    from rlexp.tracking.manifest import (
-        fingerprint_examples,
-        hash_files,
-        write_start_manifest,
-    )
+    from rlexp.tracking.files import fingerprint_examples, hash_files
+    from rlexp.tracking.manifest import write_start_manifest
 
     datasets = {}
     for name, (env, _) in envs.items():

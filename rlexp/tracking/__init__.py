@@ -3,7 +3,8 @@
 from typing import Any
 
 from .base import JsonlTracker, Tracker, Trackers
-from .manifest import fingerprint_examples, finish_manifest, hash_files, write_start_manifest
+from .files import fingerprint_examples, hash_files
+from .manifest import finish_manifest, write_start_manifest
 from .registry import build_trackers
 
 __all__ = [

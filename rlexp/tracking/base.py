@@ -45,7 +45,7 @@ from omegaconf import DictConfig
 
 from rlexp.errors import failure_reason
 
-from .manifest import GIT_DIFF_NAME, MANIFEST_NAME, finish_manifest, update_manifest
+from .manifest import GIT_DIFF_NAME, MANIFEST_NAME, Manifest, finish_manifest, update_manifest
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class Tracker(ABC):
     name: str = "tracker"
 
     @abstractmethod
-    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None: ...
+    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: Manifest) -> None: ...
 
     @abstractmethod
     def log(self, metrics: dict[str, float], step: int) -> None: ...
@@ -104,7 +104,7 @@ class JsonlTracker(Tracker):
         self._f: Any = None
         self.run_dir: Path | None = None
 
-    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None:
+    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: Manifest) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Append: a resumed run continues the same history file.
@@ -179,7 +179,7 @@ class Trackers:
         trackers: list[Tracker],
         cfg: DictConfig | Mapping[str, Any] | None = None,
         run_dir: str | os.PathLike[str] | None = None,
-        manifest: dict[str, Any] | None = None,
+        manifest: Manifest | None = None,
         *,
         log_every_n_steps: int = 1,
         rollout_samples: int | None = None,
@@ -188,7 +188,7 @@ class Trackers:
         self.trackers = trackers
         self.cfg = cfg if cfg is not None else {}
         self.run_dir = Path(run_dir) if run_dir is not None else None
-        self.manifest = manifest or {}
+        self.manifest = manifest or Manifest()
         self.log_every_n_steps = max(1, int(log_every_n_steps))
         self.rollout_samples = rollout_samples
         self.manage_manifest = manage_manifest
@@ -232,7 +232,7 @@ class Trackers:
             except Exception:  # a run that cannot say where it lives is still a run
                 log.exception("%s.ref failed", t.name)
         if refs:
-            self.manifest["trackers"] = refs
+            self.manifest.trackers = refs
             if self.manage_manifest:
                 update_manifest(self.run_dir, trackers=refs)
         return self
@@ -303,8 +303,7 @@ class Trackers:
         errors: list[BaseException] = []
         if self.manage_manifest and self.run_dir is not None:
             try:
-                self.manifest.update(finish_manifest(self.run_dir, status, self.final_metrics, self.artifacts,
-                                                     error))
+                self.manifest = finish_manifest(self.run_dir, status, self.final_metrics, self.artifacts, error)
             except Exception as e:
                 errors.append(e)
             uploaded = {a.resolve() for a in self.artifacts}

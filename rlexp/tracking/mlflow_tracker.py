@@ -6,7 +6,7 @@
   MLflow 3.17 refuses the plain file store by default (maintenance mode), and SQLite needs no server.
   Open it with `mlflow ui --backend-store-uri sqlite:///<runs_root>/mlruns/mlflow.db` (the URI is in the
   manifest, `trackers.mlflow.tracking_uri`).
-- Run names come from the overrides (`reward=rule,seed=0`, see manifest.run_identity).
+- Run names come from the overrides (`reward=rule,seed=0`, see hydra_run.run_identity).
 - Multirun: one *parent* run per sweep, found by the tag `rlexp.sweep_dir` (plus `rlexp.role=parent`) under an
   flock in the sweep dir, so it is created exactly once whether the jobs run sequentially in one process
   (Hydra's basic launcher) or in separate processes (submitit/joblib). Each job is a child run
@@ -42,8 +42,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker, safe_name
-from .manifest import RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS, group_tags, name_from_overrides
+from .hydra_run import group_tags, name_from_overrides
+from .manifest import Identity, Manifest
 from .redact import redact, redact_text
+from .runconfig import RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS
 from .runs import flatten
 
 log = logging.getLogger(__name__)
@@ -67,8 +69,8 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
-def default_runs_root(run_dir: Path, manifest: Mapping[str, Any]) -> Path:
-    sweep = (manifest.get("identity") or {}).get("sweep_dir")
+def default_runs_root(run_dir: Path, manifest: Manifest) -> Path:
+    sweep = manifest.identity.sweep_dir
     return Path(sweep).parent if sweep else Path(run_dir).resolve().parent
 
 
@@ -170,7 +172,7 @@ class MlflowTracker(Tracker):
                 "open": None if remote else f"mlflow ui --backend-store-uri {uri}"}
 
     # ----------------------------------------------------------------------------------------- setup
-    def _resolve_store(self, run_dir: Path, manifest: Mapping[str, Any]) -> tuple[str, Path | None]:
+    def _resolve_store(self, run_dir: Path, manifest: Manifest) -> tuple[str, Path | None]:
         """(uri, local folder that holds the store's artifacts and locks, or None for a remote store).
 
         A SQLite URI the user gave (config or MLFLOW_TRACKING_URI) keeps its artifacts beside the database: MLflow
@@ -200,12 +202,11 @@ class MlflowTracker(Tracker):
                 raise
             return exp.experiment_id
 
-    def _find_or_create_parent(self, ident: Mapping[str, Any], manifest: Mapping[str, Any],
-                               lock_dir: Path | None = None) -> str:
+    def _find_or_create_parent(self, ident: Identity, manifest: Manifest, lock_dir: Path | None = None) -> str:
         from mlflow.entities import Param
 
-        sweep_dir = str(ident["sweep_dir"])
-        swept = dict(ident.get("swept") or {})
+        sweep_dir = str(ident.sweep_dir)
+        swept = dict(ident.swept)
         with file_lock(Path(lock_dir or sweep_dir) / ".mlflow_parent.lock"):
             found = self.client.search_runs(
                 [self.experiment_id],
@@ -214,25 +215,25 @@ class MlflowTracker(Tracker):
             )
             if found:
                 return found[0].info.run_id
-            git = manifest.get("git") or {}
-            tags = {"rlexp.role": "parent", "rlexp.sweep_dir": sweep_dir, "rlexp.sweep_id": str(ident.get("sweep_id")),
+            git = manifest.git
+            tags = {"rlexp.role": "parent", "rlexp.sweep_dir": sweep_dir, "rlexp.sweep_id": str(ident.sweep_id),
                     "rlexp.swept_keys": ",".join(sorted(swept)), "rlexp.status": "running",
-                    "mlflow.source.git.commit": str(git.get("commit") or ""), "mlflow.source.type": "LOCAL",
+                    "mlflow.source.git.commit": str(git.commit or ""), "mlflow.source.type": "LOCAL",
                     "mlflow.note.content": "Sweep " + (" ".join(f"{k}={v}" for k, v in sorted(swept.items()))
-                                                      or str(ident.get("sweep_id")))
+                                                      or str(ident.sweep_id))
                     + f"; folder {sweep_dir}. Metrics: mean, std and n of the children's final values per "
                       "configuration (sweep/<config>/<metric>/...); table aggregates.json."}
             name = "sweep " + " ".join(f"{k}={v}" for k, v in sorted(swept.items())) if swept else \
-                f"sweep {ident.get('sweep_id')}"
+                f"sweep {ident.sweep_id}"
             run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
-            shared = _sweep_params(manifest.get("config") or {}, swept)
+            shared = _sweep_params(manifest.config, swept)
             params = [Param(k[:250], _param_str(v)) for k, v in shared.items()]
             params += [Param(f"sweep.{k}"[:250], _param_str(v)) for k, v in sorted(swept.items())]
             for i in range(0, len(params), 100):
                 self.client.log_batch(run.info.run_id, params=params[i : i + 100])
             return run.info.run_id
 
-    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None:
+    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: Manifest) -> None:
         from mlflow.entities import Param, RunTag
         from mlflow.tracking import MlflowClient
 
@@ -240,50 +241,51 @@ class MlflowTracker(Tracker):
         # MLflow's download bars (it re-reads a table to append rows) would interleave with the progress lines.
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         self.uri, mlruns = self._resolve_store(run_dir, manifest)
-        raw_sweep_dir = (manifest.get("identity") or {}).get("sweep_dir")  # a real path, for the lock only
-        manifest = redact(manifest)  # already redacted when built by write_start_manifest: belt and braces
+        raw_sweep_dir = manifest.identity.sweep_dir  # a real path, for the lock only
+        # already redacted when built by write_start_manifest: belt and braces
+        manifest = Manifest.from_dict(redact(manifest.to_dict()))
         lock = file_lock(mlruns / ".init.lock") if mlruns else contextlib.nullcontext()
         with lock:  # two processes creating the same SQLite schema/experiment at once would collide
             self.client = MlflowClient(tracking_uri=self.uri)
             self.experiment_id = self._experiment_id(mlruns)
 
-        ident = manifest.get("identity") or {}
-        git = manifest.get("git") or {}
+        ident = manifest.identity
+        git = manifest.git
         tags: dict[str, str] = {
-            "mlflow.source.git.commit": str(git.get("commit") or ""),
+            "mlflow.source.git.commit": str(git.commit or ""),
             "mlflow.source.type": "LOCAL",
-            "mlflow.source.name": str((manifest.get("argv") or ["rlexp"])[0]),
-            "rlexp.git_dirty": str(git.get("dirty")),
-            "rlexp.config_sha256": str(manifest.get("config_sha256")),
+            "mlflow.source.name": str((manifest.argv or ["rlexp"])[0]),
+            "rlexp.git_dirty": str(git.dirty),
+            "rlexp.config_sha256": str(manifest.config_sha256),
             "rlexp.run_dir": redact_text(str(run_dir.resolve())),
             "rlexp.status": "running",
         }
-        for t in group_tags(manifest.get("choices") or {}):
+        for t in group_tags(manifest.choices):
             k, v = t.split("=", 1)
             tags[f"choice.{k}"] = v
-        if ident.get("sweep_dir"):
-            self.parent_id = self._find_or_create_parent(ident, manifest, lock_dir=Path(raw_sweep_dir))
+        if ident.sweep_dir:
+            self.parent_id = self._find_or_create_parent(ident, manifest, lock_dir=Path(str(raw_sweep_dir)))
             self.client.update_run(self.parent_id, status="RUNNING")
             self.client.set_tag(self.parent_id, "rlexp.status", "running")
-            swept = [k for k in (ident.get("swept") or {}) if k != "seed"]
-            label = name_from_overrides([o for o in manifest.get("overrides") or []
+            swept = [k for k in ident.swept if k != "seed"]
+            label = name_from_overrides([o for o in manifest.overrides
                                          if o.split("=", 1)[0].lstrip("~+") in swept], swept)
             tags.update({
                 "mlflow.parentRunId": self.parent_id,
                 "rlexp.role": "child",
-                "rlexp.sweep_dir": str(ident["sweep_dir"]),
-                "rlexp.job_num": str(ident.get("job_num")),
+                "rlexp.sweep_dir": str(ident.sweep_dir),
+                "rlexp.job_num": str(ident.job_num),
                 "rlexp.config_label": label or "all",
             })
-        run = self.client.create_run(self.experiment_id, run_name=ident.get("run_name") or run_dir.name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=ident.run_name or run_dir.name, tags=tags)
         self.run_id = run.info.run_id
-        params = [Param(k[:250], _param_str(v)) for k, v in flatten(manifest.get("config") or {}).items()]
-        params += [Param(f"seed.{k}", str(v)) for k, v in (manifest.get("seeds") or {}).items()]
+        params = [Param(k[:250], _param_str(v)) for k, v in flatten(manifest.config).items()]
+        params += [Param(f"seed.{k}", str(v)) for k, v in manifest.seeds.items()]
         for i in range(0, len(params), 100):  # MLflow caps a batch at 100 params
             self.client.log_batch(self.run_id, params=params[i : i + 100])
-        overrides = _param_str(manifest.get("overrides") or [])
+        overrides = _param_str(manifest.overrides)
         self.client.log_batch(self.run_id, tags=[RunTag("rlexp.overrides", overrides)])
-        self._log_datasets(manifest.get("datasets") or {})
+        self._log_datasets(manifest.datasets)
         if self.system_metrics:
             self._start_system_metrics()
 

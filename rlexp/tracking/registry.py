@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.tracking.base import JsonlTracker, Tracker, Trackers
+from rlexp.tracking.manifest import Manifest
 from rlexp.tracking.mlflow_tracker import MlflowTracker
 from rlexp.tracking.wandb_tracker import WandbTracker
 
@@ -26,7 +27,7 @@ def build_trackers(
     logger_cfg: Any,
     cfg: DictConfig | Mapping[str, Any],
     run_dir: str | os.PathLike[str],
-    manifest: dict[str, Any],
+    manifest: Manifest,
 ) -> Trackers:
     """Trackers for the `logger` config group (JSONL always first). Nothing is started until `with`/`start()`,
     so building is cheap and config errors surface before any run is created remotely."""

@@ -39,9 +39,11 @@ from rlexp.config.overrides import RUN_DIR_KEYS, OverrideError, check_config_nam
 from rlexp.config.paths import CONF_DIR
 
 from .base import METRICS_FILE
-from .manifest import REDACTED, git_info, numerics_differences, numerics_info, read_manifest
+from .manifest import Manifest, ManifestError, read_manifest
 from .metrics_file import read_metrics
+from .redact import REDACTED
 from .runs import load_run_dir
+from .system import git_info, numerics_differences, numerics_info
 
 _ETA = re.compile(r"(^|[/_.\-])eta($|[/_.\-])")
 CURVE_METRICS = ("reward/mean", "eval/accuracy")
@@ -138,10 +140,10 @@ def curve_agreement(a: str | os.PathLike[str], b: str | os.PathLike[str], metric
     return out
 
 
-def machine_differences(manifest: dict[str, Any]) -> list[str]:
+def machine_differences(manifest: Manifest) -> list[str]:
     """What differs, between the run's machine and this one, in what decides bitwise identity."""
-    recorded = (manifest.get("system") or {}).get("numerics")
-    if not recorded:
+    recorded = manifest.numerics
+    if recorded is None:
         return []
     return numerics_differences(recorded, numerics_info(torch_probe=bool(recorded.get("torch"))))
 
@@ -155,36 +157,24 @@ def _override_key(o: str) -> str:
     return o.split("=", 1)[0].lstrip("~+")
 
 
-def _run_settings(manifest: Any, source: str) -> dict[str, Any]:
-    """The manifest's `hydra` section, checked for shape: a manifest is data someone else may have written."""
-    if not isinstance(manifest, dict):
-        raise OverrideError(f"{source}: not a JSON object")
-    hyd = manifest.get("hydra") or {}
-    if not isinstance(hyd, dict):
-        raise OverrideError(f"{source}: `hydra` must be an object, got {type(hyd).__name__}")
-    for key in ("config_name", "config_dir", "runtime_cwd"):
-        if hyd.get(key) is not None and not isinstance(hyd[key], str):
-            raise OverrideError(f"{source}: hydra.{key} must be a string, got {hyd[key]!r}")
-    return hyd
-
-
-def build_command(manifest: dict[str, Any], new_dir: Path, extra: Sequence[str] = (),
+def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
                   config_dir: Path | None = None, source: str = "manifest.json") -> list[str]:
     """The train command that re-creates the run. Raises ValueError when a needed value was redacted, and
     `OverrideError` when the manifest asks for anything but rlexp's own config keys
     (`rlexp.config.overrides.check_overrides`) or for a config folder the user did not give (`config_dir`):
-    configs there can run code, so only the user may choose it. `extra` is the user's own and not checked."""
-    hyd = _run_settings(manifest, source)
+    configs there can run code, so only the user may choose it. `extra` is the user's own and not checked.
+    The field types were checked when the manifest was read (`rlexp.tracking.manifest.read_manifest`)."""
+    hyd = manifest.hydra
     conf_dirs = [CONF_DIR, *([config_dir] if config_dir else [])]
-    if hyd.get("config_dir") and config_dir is None:
+    if hyd.config_dir and config_dir is None:
         raise OverrideError(f"{source}: the run loaded configs from its own folder (--config-dir "
-                            f"{hyd['config_dir']}); YAML there can run code, so rlexp reproduce will not take it "
+                            f"{hyd.config_dir}); YAML there can run code, so rlexp reproduce will not take it "
                             f"from a manifest. Check that folder, then pass it yourself: rlexp reproduce RUN_DIR "
-                            f"--config-dir {hyd['config_dir']}")
-    name = hyd.get("config_name")
+                            f"--config-dir {hyd.config_dir}")
+    name = hyd.config_name
     if name:
         check_config_name(name, conf_dirs, f"{source} hydra.config_name")
-    recorded = check_overrides(manifest.get("overrides") or [], f"{source} overrides", conf_dirs)
+    recorded = check_overrides(manifest.overrides, f"{source} overrides", conf_dirs)
     overrides = [o for o in recorded if _override_key(o) not in RUN_DIR_KEYS]
     extra_keys = {_override_key(e) for e in extra}
     overrides = [o for o in overrides if _override_key(o) not in extra_keys] + list(extra)
@@ -218,13 +208,13 @@ def reproduce_dir(run_dir: Path) -> Path:
     return new
 
 
-def _warn_code_drift(manifest: dict[str, Any]) -> None:
-    old = manifest.get("git") or {}
-    if not old.get("repo"):
+def _warn_code_drift(manifest: Manifest) -> None:
+    old = manifest.git
+    if not old.repo:
         return
-    now = git_info(Path(old["repo"]), None)
-    if now.get("commit") != old.get("commit") or now.get("dirty") or old.get("dirty"):
-        print(f"warning: code differs from the run (run: {old.get('commit')} dirty={old.get('dirty')}; "
+    now = git_info(Path(old.repo), None)
+    if now.get("commit") != old.commit or now.get("dirty") or old.dirty:
+        print(f"warning: code differs from the run (run: {old.commit} dirty={old.dirty}; "
               f"now: {now.get('commit')} dirty={now.get('dirty')}); see git.diff in the run folder", file=sys.stderr)
 
 
@@ -243,7 +233,8 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     try:
         manifest = read_manifest(run_dir)
     except (OSError, ValueError) as e:
-        print(f"rlexp reproduce: cannot read {run_dir}/manifest.json: {e}", file=sys.stderr)
+        print(f"rlexp reproduce: {e if isinstance(e, ManifestError) else f'cannot read {run_dir}/manifest.json: {e}'}",
+              file=sys.stderr)
         return 2
     new_dir = reproduce_dir(run_dir)
     try:
@@ -251,14 +242,14 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     except ValueError as e:
         print(f"rlexp reproduce: {e}", file=sys.stderr)
         return 2
-    cwd = (manifest.get("hydra") or {}).get("runtime_cwd")
+    cwd = manifest.hydra.runtime_cwd
     cwd = cwd if cwd and Path(cwd).is_absolute() and Path(cwd).is_dir() else None
     print("+", " ".join(cmd), flush=True)
     differs = machine_differences(manifest)
     if differs:
         print("this machine differs from the run's in what decides bitwise identity, so expect curves that agree "
               "within tolerance rather than identical metrics:\n  - " + "\n  - ".join(differs), flush=True)
-    elif (manifest.get("system") or {}).get("numerics"):
+    elif manifest.numerics:
         print("this machine matches the run's in what decides bitwise identity (CPU, flags, BLAS, threads, GPU)",
               flush=True)
     if args.dry_run:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+
+from .manifest import Manifest
 
 _LOG = logging.getLogger("rlexp.run")
 _LOG.propagate = False
@@ -36,11 +36,10 @@ def announce(msg: str) -> None:
             _LOG.info(line)
 
 
-def tracker_lines(manifest: Mapping[str, Any], run_dir: Path) -> list[str]:
+def tracker_lines(manifest: Manifest, run_dir: Path) -> list[str]:
     """Start-up summary lines saying where the run is recorded (also in manifest.json under `trackers`)."""
-    ident = manifest.get("identity") or {}
-    lines = [f"run {ident.get('run_name') or run_dir.name}: folder {run_dir}"]
-    refs = manifest.get("trackers") or {}
+    lines = [f"run {manifest.identity.run_name or run_dir.name}: folder {run_dir}"]
+    refs = manifest.trackers or {}
     ml = refs.get("mlflow")
     if ml:
         lines.append(f"  mlflow      run {ml['run_id']} in experiment {ml.get('experiment')!r}, {ml['url']}"

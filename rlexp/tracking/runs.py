@@ -14,6 +14,7 @@ trackers stamp on every row. System metrics (`system/*`, W&B stats) are not hist
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -26,8 +27,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from .base import METRICS_FILE
-from .manifest import MANIFEST_NAME, RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS
+from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .redact import redact
+from .runconfig import RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS
 
 
 @dataclass
@@ -106,10 +108,6 @@ def _add_wall(history: list[dict[str, Any]], t0: float | None) -> None:
             r["_wall_s"] = float(r["time/unix_s"]) - base
 
 
-def _name_from_manifest(manifest: Mapping[str, Any]) -> str | None:
-    return (manifest.get("identity") or {}).get("run_name")
-
-
 # --------------------------------------------------------------------------------------------- run folders
 def is_run_dir(p: Path) -> bool:
     return (p / METRICS_FILE).is_file() or (p / MANIFEST_NAME).is_file()
@@ -130,13 +128,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def load_run_dir(run_dir: str | os.PathLike[str], name: str | None = None) -> RunRecord:
     p = Path(run_dir)
-    manifest: dict[str, Any] = {}
+    manifest, found = Manifest(), False
     if (p / MANIFEST_NAME).is_file():
-        try:
-            manifest = json.loads((p / MANIFEST_NAME).read_text(encoding="utf-8"))
-        except ValueError:
-            manifest = {}
-    config: Any = manifest.get("config")  # resolved and redacted at start: preferred
+        # unreadable or mistyped: the metrics and Hydra's copy still say a lot
+        with contextlib.suppress(OSError, ValueError):
+            manifest, found = read_manifest(p), True
+    config: Any = manifest.config  # resolved and redacted at start: preferred
     hydra_cfg = p / ".hydra" / "config.yaml"
     if not config and hydra_cfg.is_file():
         loaded = OmegaConf.load(hydra_cfg)
@@ -146,11 +143,11 @@ def load_run_dir(run_dir: str | os.PathLike[str], name: str | None = None) -> Ru
             config = OmegaConf.to_container(loaded, resolve=False)
         config = redact(config)
     history = merge_steps(read_jsonl(p / METRICS_FILE))
-    _add_wall(history, _parse_time(manifest.get("start_time")))
+    _add_wall(history, _parse_time(manifest.start_time))
     return RunRecord(
-        name=_name_from_manifest(manifest) or name or p.name, source=str(p), config=strip_run_local(flatten(config)),
+        name=manifest.identity.run_name or name or p.name, source=str(p), config=strip_run_local(flatten(config)),
         history=history,
-        status=manifest.get("status"), manifest=manifest,
+        status=manifest.status, manifest=manifest.to_dict() if found else {},
     )
 
 

@@ -6,7 +6,7 @@
 - One W&B run per rlexp run, created with `reinit="create_new"` and always finished: Hydra's basic launcher
   runs multirun jobs in one process, and reusing the global run would merge jobs (a known complaint).
 - group = the sweep id (shared by a multirun's jobs), job_type = train, name = the run's overrides
-  (`reward=rule,seed=0`), tags = Hydra group choices; all from `manifest["identity"]` / `manifest["choices"]`
+  (`reward=rule,seed=0`), tags = Hydra group choices; all from the manifest's `identity` / `choices`
   so every tracker names runs the same way.
 - The W&B folder lives in the run folder (`<run_dir>/wandb/offline-run-*`), next to the rest of the run;
   `wandb sync runs/multirun/<time>/*/wandb/offline-run-*` uploads a whole sweep.
@@ -32,7 +32,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker
-from .manifest import group_tags
+from .hydra_run import group_tags
+from .manifest import Manifest
 from .redact import redact, redact_argv, redact_text
 
 _EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
@@ -105,37 +106,38 @@ class WandbTracker(Tracker):
         return {"run_id": self.run.id, "project": self.project, "entity": self.entity, "group": self.run.group,
                 "url": url, "dir": str(Path(self.run.dir).parent), "mode": self.run.settings.mode}
 
-    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: dict[str, Any]) -> None:
+    def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: Manifest) -> None:
         mode = resolve_mode(self.mode)
         if mode == "disabled":  # nothing to start: no W&B folder, no service process
             return
         import wandb
 
-        manifest = redact(manifest)  # redacted already when built by write_start_manifest: belt and braces
-        ident = manifest.get("identity") or {}
-        config = dict(manifest.get("config") or {})
+        # redacted already when built by write_start_manifest: belt and braces
+        manifest = Manifest.from_dict(redact(manifest.to_dict()))
+        ident = manifest.identity
+        config = dict(manifest.config)
         config["rlexp_meta"] = redact({
-            "config_sha256": manifest.get("config_sha256"),
-            "git_commit": (manifest.get("git") or {}).get("commit"),
-            "git_dirty": (manifest.get("git") or {}).get("dirty"),
-            "overrides": manifest.get("overrides"),
+            "config_sha256": manifest.config_sha256,
+            "git_commit": manifest.git.commit,
+            "git_dirty": manifest.git.dirty,
+            "overrides": manifest.overrides,
             "run_dir": str(run_dir),
-            "seeds": manifest.get("seeds"),
+            "seeds": manifest.seeds,
         })
-        tags = [t[:64] for t in group_tags(manifest.get("choices") or {})]
-        argv = manifest.get("argv") or redact_argv(sys.argv)
-        git = manifest.get("git") or {}
+        tags = [t[:64] for t in group_tags(manifest.choices)]
+        argv = manifest.argv or redact_argv(sys.argv)
+        git = manifest.git
         # Git from the manifest (commit, redacted remote): W&B's own capture would read the repository, whose
         # remote URL can carry a token; without a commit there is nothing to show.
-        use_git = self.git and bool(git.get("commit"))
-        git_settings = {"git_commit": git.get("commit"), "git_remote_url": redact_text(git.get("remote") or "") or None,
-                        "git_root": git.get("repo")} if use_git else {}
+        use_git = self.git and bool(git.commit)
+        git_settings = {"git_commit": git.commit, "git_remote_url": redact_text(git.remote or "") or None,
+                        "git_root": git.repo} if use_git else {}
         with _argv_as(redact_argv(argv)):
             self.run = wandb.init(
                 project=self.project,
                 entity=self.entity,
-                group=(ident.get("group") or None),
-                name=ident.get("run_name") or redact_text(Path(run_dir).name),
+                group=(ident.group or None),
+                name=ident.run_name or redact_text(Path(run_dir).name),
                 job_type="train",
                 tags=tags,
                 config=config,
