@@ -55,7 +55,7 @@ class RunFolderGuard(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: object) -> None:
         """Hydra has just written `.hydra/*.yaml` with raw values: redact them before any check can refuse the
         run (a refused run never reaches the manifest, which redacts them again)."""
-        from rlexp.tracking.manifest import redact_hydra_files
+        from rlexp.tracking.hydra_run import redact_hydra_files
 
         rt = config.hydra.runtime
         sweep = str(config.hydra.sweep.dir) if config.hydra.mode == RunMode.MULTIRUN else None

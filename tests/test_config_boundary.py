@@ -65,7 +65,7 @@ def test_train_refuses_nan_learning_rate_before_spawning(tmp_path: Path, tag: st
                   timeout=120)
         assert p.returncode == 2, p.stdout + p.stderr
         assert "trainer.lr" in p.stderr and "finite" in p.stderr and "Traceback" not in p.stderr
-        assert time.monotonic() - start < 60 and not tagged_pids(tag)
+        assert time.monotonic() - start < 120 and not tagged_pids(tag)  # seconds on a quiet machine; 60+ at load 10
 
 
 def test_train_refuses_a_misspelt_environment_option(tmp_path: Path, tag: str) -> None:
