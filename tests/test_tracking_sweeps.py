@@ -128,12 +128,13 @@ def test_grid_sweep_mlflow_parent_child_across_processes(app: Path, tmp_path: Pa
 
     out = tmp_path / "cmp"
     assert compare_main([str(sweep), "--out", str(out)]) == 0
-    header = (out / "compare.csv").read_text().splitlines()[0].split(",")
-    assert "reward.name" in header and "seed" in header and "eval/accuracy best" in header
+    header = (out / "runs.csv").read_text().splitlines()[0].split(",")
+    assert "reward.name" in header and "seed" in header and "eval/accuracy final" in header
+    assert (out / "compare.csv").read_text().splitlines()[0].startswith("rank,configuration,reward.name,n,seeds")
     assert (out / "eval_accuracy_vs_wall.png").stat().st_size > 0
     out2 = tmp_path / "cmp_mlflow"
     assert compare_main(["mlflow:rlexp", "--tracking-uri", client.tracking_uri, "--out", str(out2)]) == 0
-    assert len((out2 / "compare.csv").read_text().splitlines()) == 4  # header + 3 children, no parent
+    assert len((out2 / "runs.csv").read_text().splitlines()) == 4  # header + 3 children, no parent
 
 
 @pytest.mark.slow

@@ -168,7 +168,7 @@ def test_wandb_multirun_jobs_are_separate_runs_in_one_process(tmp_path: Path) ->
     assert len(offline) == 2 and offline[0].name.split("-")[-1] != offline[1].name.split("-")[-1]
     out = tmp_path / "cmp"
     assert compare_main([f"wandb:{sweep}", "--out", str(out)]) == 0
-    text = (out / "compare.csv").read_text()
+    text = (out / "runs.csv").read_text()
     assert all(n in text for n in names) and "completed" in text
     from rlexp.tracking.runs import load_wandb_dir
 
