@@ -38,7 +38,8 @@ def test_compare_two_run_folders(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     assert compare_main([str(a), str(b), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| rank | configuration | reward.name | n | seeds |" in printed
+    assert "| rank | configuration | n | eval/accuracy final (↑) | eval/accuracy auc (↑) |" in printed
+    assert "| 1 | reward.name=weaver | 1 | 0.6 | 0.45 |" in printed
     with open(out / "compare.csv") as f:
         rows = list(csv.DictReader(f))
     # sorted by the first headline (held-out accuracy, final): weaver first

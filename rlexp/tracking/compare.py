@@ -272,6 +272,20 @@ def build_table(configs: Sequence[Configuration], headlines: Sequence[Headline]
     return header, rows
 
 
+def markdown_table(configs: Sequence[Configuration], headlines: Sequence[Headline]) -> str:
+    """The table people read: one cell `mean ± half-width` per headline, the configuration named once."""
+    arrow = {"max": "↑", "min": "↓", None: "?"}
+    header = ["rank", "configuration", "n", *(f"{h.label} ({arrow[h.direction]})" for h in headlines)]
+    rows = []
+    for i, c in enumerate(configs, 1):
+        cells = []
+        for h in headlines:
+            e = c.estimate(h)
+            cells.append("" if e is None else _fmt(e.mean) + ("" if e.half is None else f" ± {_fmt(e.half)}"))
+        rows.append([str(i), c.label, str(len(c.runs)), *cells])
+    return to_markdown(header, rows)
+
+
 def build_run_table(runs: Sequence[RunRecord], headlines: Sequence[Headline]) -> tuple[list[str], list[list[str]]]:
     diff = config_diff(runs)
     header = ["run", "status", *diff, *(h.label for h in headlines), "steps", "wall_s"]
@@ -373,6 +387,10 @@ def plot(configs: Sequence[Configuration], metric: str, x: str, path: Path) -> b
         ax.set_ylabel(axis_label(metric))
         ax.set_title(f"{metric}: mean over seeds per configuration, band = {METHOD} (faint lines: seeds)")
         ax.grid(alpha=0.3)
+        if x == "step":
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
                   title="configuration")
         fig.savefig(path, bbox_inches="tight")
@@ -414,7 +432,8 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
              f"mean ± half-width of the {METHOD} (n=1: no interval); AUC = area under the curve over steps "
              "divided by the step span.",
              "better: " + "; ".join(f"{h.label} {h.direction or 'not declared (no ranking)'}" for h in headlines)]
-    md = (f"**{v.sentence}**\n\n" + to_markdown(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes))
+    md = (f"**{v.sentence}**\n\n" + markdown_table(v.ranked, headlines) + "\n\n"
+          + "\n".join(f"- {n}" for n in notes))
     (out / "compare.md").write_text(md + "\n", encoding="utf-8")
     for name, (h, rs) in (("compare.csv", (header, rows)), ("runs.csv", (run_header, run_rows))):
         with open(out / name, "w", newline="", encoding="utf-8") as f:
