@@ -409,7 +409,7 @@ def default_headlines(runs: Sequence[RunRecord]) -> list[Headline]:
 
 
 def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = None,
-            tracking_uri: str | None = None) -> dict[str, Any]:
+            tracking_uri: str | None = None, report: str = "compare.md") -> dict[str, Any]:
     """Library entry point (the CLI and the multirun summary are thin wrappers): the verdict, tables, files."""
     headlines = [Headline.parse(m) for m in metrics] if metrics else None
     runs: list[RunRecord] = []
@@ -434,7 +434,7 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
              "better: " + "; ".join(f"{h.label} {h.direction or 'not declared (no ranking)'}" for h in headlines)]
     md = (f"**{v.sentence}**\n\n" + markdown_table(v.ranked, headlines) + "\n\n"
           + "\n".join(f"- {n}" for n in notes))
-    (out / "compare.md").write_text(md + "\n", encoding="utf-8")
+    (out / report).write_text(md + "\n", encoding="utf-8")
     for name, (h, rs) in (("compare.csv", (header, rows)), ("runs.csv", (run_header, run_rows))):
         with open(out / name, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
