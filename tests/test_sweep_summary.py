@@ -53,3 +53,51 @@ def test_real_2x2_sweep_ends_with_its_answer(tmp_path: Path, tag: str) -> None:
     assert parent.data.tags["mlflow.note.content"].startswith(first.strip("*"))
     assert parent.data.tags["rlexp.winner"].startswith("trainer.lr=")
     print(json.dumps({"summary": text}))  # what the sweep printed, for the record
+
+
+def test_mlflow_sweep_reads_as_an_answer(tmp_path: Path, offline_trackers: None, capsys) -> None:
+    """Experiment kind set (the UI opens on runs), children named by what varies, a short parent metric list
+    with the full aggregates as an artifact, and the winner sentence as the parent's description."""
+    from mlflow.tracking import MlflowClient
+    from omegaconf import OmegaConf
+
+    from rlexp.tracking.manifest import write_start_manifest
+    from rlexp.tracking.mlflow_tracker import local_store_uri
+    from rlexp.tracking.registry import build_trackers
+
+    sweep = tmp_path / "runs" / "multirun"
+    for job, (reward, seed, acc) in enumerate([("rule", 0, 0.3), ("weaver", 0, 0.6), ("rule", 1, 0.35),
+                                               ("weaver", 1, 0.62)]):
+        cfg = OmegaConf.create({"seed": seed, "steps": 3, "reward": {"name": reward},
+                                "logger": {"mlflow": {"enabled": True, "tracking_uri": None, "experiment": "sw"},
+                                           "wandb": {"enabled": False}, "log_every_n_steps": 1,
+                                           "rollout_samples": 0, "runs_root": str(tmp_path / "runs")}})
+        run = sweep / str(job)
+        m = write_start_manifest(run, cfg, ["rlexp", "train"], {"global": seed}, {}, repo_dir=tmp_path)
+        m["overrides"] = [f"reward={reward}", f"seed={seed}", "steps=3"]
+        m["identity"] = {"run_name": f"reward={reward},seed={seed},steps=3", "group": "sw", "sweep_id": "sw",
+                         "sweep_dir": str(sweep), "job_num": job, "swept": {"reward": "rule,weaver", "seed": "0,1"}}
+        with build_trackers(cfg.logger, cfg, run, m) as tr:
+            for step in range(3):
+                tr.log({"eval/accuracy": acc * (step + 1) / 3, "reward/mean": acc / 2, "loss": 1 - acc,
+                        "time/wall_s": float(step), **{f"extra/m{i}": float(i) for i in range(20)}}, step)
+    client = MlflowClient(tracking_uri=local_store_uri(tmp_path / "runs"))
+    exp = client.get_experiment_by_name("sw")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = [r for r in runs if r.data.tags.get("rlexp.role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("rlexp.role") == "child"]
+    assert sorted(c.info.run_name for c in children) == ["reward=rule,seed=0", "reward=rule,seed=1",
+                                                         "reward=weaver,seed=0", "reward=weaver,seed=1"]
+    assert sorted(parent.data.metrics) == sorted(f"sweep/reward:{r}/{m}/{s}" for r in ("rule", "weaver")
+                                                 for m in ("eval/accuracy", "reward/mean", "time/wall_s")
+                                                 for s in ("mean", "std", "n"))
+    assert parent.data.metrics["sweep/reward:weaver/eval/accuracy/mean"] == pytest.approx(0.61)
+    rows = json.loads(Path(client.download_artifacts(parent.info.run_id, "aggregates.json", str(tmp_path)))
+                      .read_text())
+    assert {r["metric"] for r in rows} >= {"loss", "extra/m19", "eval/accuracy"}  # the full set, as a file
+    res = summarise(sweep)
+    note = client.get_run(parent.info.run_id).data.tags["mlflow.note.content"]
+    assert note.startswith(res["verdict"].sentence) and "Best configuration by eval/accuracy" in note
+    assert note.endswith(parent.data.tags["mlflow.note.content"])  # the sweep's own note kept after it
+    assert client.get_run(parent.info.run_id).data.tags["rlexp.winner"] == "reward.name=weaver"
