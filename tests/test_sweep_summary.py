@@ -101,3 +101,37 @@ def test_mlflow_sweep_reads_as_an_answer(tmp_path: Path, offline_trackers: None,
     assert note.startswith(res["verdict"].sentence) and "Best configuration by eval/accuracy" in note
     assert note.endswith(parent.data.tags["mlflow.note.content"])  # the sweep's own note kept after it
     assert client.get_run(parent.info.run_id).data.tags["rlexp.winner"] == "reward.name=weaver"
+
+
+def test_wandb_groups_by_configuration_and_declares_the_result(tmp_path: Path, offline_trackers: None) -> None:
+    from omegaconf import OmegaConf
+
+    from rlexp.tracking.manifest import write_start_manifest
+    from rlexp.tracking.registry import build_trackers
+    from rlexp.tracking.runs import load_wandb_dir
+
+    sweep = tmp_path / "multirun"
+    for job, (reward, seed, accs) in enumerate([("rule", 0, [0.2, 0.5, 0.4]), ("rule", 1, [0.1, 0.3, 0.35])]):
+        cfg = OmegaConf.create({"seed": seed, "reward": {"name": reward},
+                                "logger": {"wandb": {"enabled": True, "mode": "offline", "project": "p",
+                                                     "entity": None, "system_metrics": False},
+                                           "mlflow": {"enabled": False}, "log_every_n_steps": 1,
+                                           "rollout_samples": 0, "runs_root": None}})
+        run = sweep / str(job)
+        m = write_start_manifest(run, cfg, ["rlexp", "train"], {"global": seed}, {}, repo_dir=tmp_path)
+        m["overrides"] = [f"reward={reward}", f"seed={seed}", "steps=3"]
+        m["identity"] = {"run_name": f"reward={reward},seed={seed},steps=3", "group": "sw-1", "sweep_id": "sw-1",
+                         "sweep_dir": str(sweep), "job_num": job}
+        with build_trackers(cfg.logger, cfg, run, m) as tr:
+            for step, acc in enumerate(accs):
+                tr.log({"reward/mean": acc / 2, "time/wall_s": float(step)}, step)
+                tr.log({"eval/accuracy": acc}, step)
+    recs = load_wandb_dir(sweep)
+    assert [r.manifest["wandb"]["group"] for r in recs] == ["reward=rule,steps=3"] * 2  # seeds share a group
+    assert all("sweep:sw-1" in r.manifest["wandb"]["tags"] for r in recs)
+    meta = recs[0].manifest["wandb"]
+    assert meta["defined_metrics"]["eval/*"]["step_metric"] == "step"
+    assert meta["defined_metrics"]["eval/accuracy"]["summary"] == ["last", "max"]
+    assert meta["summary"]["result/eval_accuracy_final"] == 0.4 and meta["summary"]["result/eval_accuracy_best"] == 0.5
+    assert recs[1].manifest["wandb"]["summary"]["result/eval_accuracy_best"] == 0.35
+    assert recs[0].series("eval/accuracy") == ([0.0, 1.0, 2.0], [0.2, 0.5, 0.4])  # history unchanged by `step`

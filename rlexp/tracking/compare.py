@@ -32,11 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runs import RunRecord, load_runs
+from .runs import NUISANCE_KEYS, RunRecord, load_runs
 from .stats import METHOD, Estimate, estimate
 
 PLOT_METRICS = ("eval/accuracy", "reward/mean")
-NUISANCE_KEYS = ("seed",)
 # Which way is better, per metric name, first match wins. Declared, not guessed from the value: a metric
 # matching none has no "best" (its column stays empty and the notes say so).
 DIRECTIONS: tuple[tuple[str, str], ...] = (
