@@ -277,3 +277,17 @@ def test_same_verdict_from_folder_mlflow_and_wandb(tmp_path: Path, offline_track
                      v.paired_seeds, round(v.difference.mean, 6), v.distinguishable)
     assert got["folder"] == (["reward.name=weaver", "reward.name=rule"], [2, 2], [0, 1], 0.285, True)
     assert got["mlflow"] == got["folder"] and got["wandb"] == got["folder"]
+
+
+def test_a_tie_says_so_and_the_next_headline_orders_it(tmp_path: Path) -> None:
+    from rlexp.tracking.compare import compare
+
+    _sweep(tmp_path / "tie", {"weaver": [0.5, 0.5], "rule": [0.5, 0.5]})
+    for job in ("0", "1"):  # weaver's runs took twice the wall time
+        p = tmp_path / "tie" / job / "metrics.jsonl"
+        rows = [json.loads(x) for x in p.read_text().splitlines()]
+        p.write_text("".join(json.dumps({**r, "time/wall_s": 2 * r["time/wall_s"]}) + "\n" for r in rows))
+    v = compare([str(tmp_path / "tie")], tmp_path / "out")["verdict"]
+    assert [c.label for c in v.ranked] == ["reward.name=rule", "reward.name=weaver"]
+    assert "Tied on this metric; ordered by eval/accuracy auc, reward/mean final, time/wall_s final." in v.sentence
+    assert "not distinguishable" in v.sentence

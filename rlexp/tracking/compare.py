@@ -210,17 +210,25 @@ class Verdict:
         return self.ranked[0] if self.ranked else None
 
 
-def rank(configs: Sequence[Configuration], h: Headline) -> list[Configuration]:
-    """Best first by the headline's direction; configurations without a value last, in their own order."""
-    have = [(c, e) for c in configs if (e := c.estimate(h)) is not None]
+def _key(c: Configuration, h: Headline) -> float:
+    e = c.estimate(h)
+    if e is None or h.direction is None:
+        return math.inf
+    return -e.mean if h.direction == "max" else e.mean
+
+
+def rank(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[Headline] = ()) -> list[Configuration]:
+    """Best first by the headline's direction, equal means ordered by the next headlines; configurations
+    without a value last, in their own order."""
+    have = [c for c in configs if c.estimate(h) is not None]
     lacking = [c for c in configs if c.estimate(h) is None]
     if h.direction is not None:
-        have.sort(key=lambda ce: -ce[1].mean if h.direction == "max" else ce[1].mean)
-    return [c for c, _ in have] + lacking
+        have.sort(key=lambda c: tuple(_key(c, x) for x in (h, *tie_breaks)))
+    return have + lacking
 
 
-def verdict(configs: Sequence[Configuration], h: Headline) -> Verdict:
-    ranked = rank(configs, h)
+def verdict(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[Headline] = ()) -> Verdict:
+    ranked = rank(configs, h, tie_breaks)
     valued = [c for c in ranked if c.estimate(h) is not None]
     what = f"{h.metric} ({h.stat}, {'higher' if h.direction == 'max' else 'lower'} is better)"
     if not valued or h.direction is None:
@@ -236,6 +244,9 @@ def verdict(configs: Sequence[Configuration], h: Headline) -> Verdict:
     e2 = second.estimate(h)
     assert e2 is not None
     head += f" Runner-up: {second.label} — {e2.text()}."
+    if e2.mean == e.mean:
+        head += (" Tied on this metric" + (f"; ordered by {', '.join(x.label for x in tie_breaks)}."
+                                           if tie_breaks else "."))
     a, b = best.per_seed(h), second.per_seed(h)
     common = [s for s in a if s in b]
     if not (best._seeds_unique() and second._seeds_unique()) or len(common) < 2:
@@ -421,7 +432,7 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
     if headlines is None:
         headlines = default_headlines(runs)
     configs = group_configurations(runs, origins)
-    v = verdict(configs, headlines[0]) if headlines else Verdict(Headline(""), list(configs),
+    v = verdict(configs, headlines[0], headlines[1:]) if headlines else Verdict(Headline(""), list(configs),
                                                                   "No headline metric in these runs.")
     header, rows = build_table(v.ranked, headlines)
     run_header, run_rows = build_run_table(runs, headlines)
