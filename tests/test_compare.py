@@ -237,6 +237,11 @@ def test_configurations_average_seeds_and_the_winner_is_paired(tmp_path: Path) -
     assert v.best.label == "reward.name=weaver" and v.paired_seeds == [0, 1, 2] and v.distinguishable
     assert v.difference.mean == pytest.approx(d.mean) and v.difference.half == pytest.approx(d.half)
     assert "Runner-up: reward.name=rule" in v.sentence and v.sentence.endswith(": distinguishable.")
+    from rlexp.tracking.compare import mean_curve
+
+    xs, ys, halves = mean_curve(v.best, "eval/accuracy", "wall")
+    assert xs == [0.0, 10.0, 20.0] and ys[-1] == pytest.approx(e.mean) and halves[-1] == pytest.approx(e.half)
+    assert mean_curve(v.best, "eval/accuracy", "step")[0] == [0.0, 1.0, 2.0]
     md = (tmp_path / "out" / "compare.md").read_text()
     assert md.startswith("**Best configuration by eval/accuracy (final, higher is better): reward.name=weaver")
     # seed noise larger than the gap: the interval on paired differences covers zero

@@ -337,10 +337,9 @@ def mean_curve(c: Configuration, metric: str, x: str) -> tuple[list[float], list
     axis the x of a step is the seeds' mean wall time at that step."""
     per: list[dict[float, tuple[float, float]]] = []
     for r in c.runs:
-        steps, ys = r.series(metric, "step")
-        _, walls = r.series(metric, "wall")
-        wall_at = dict(zip(steps, walls)) if len(walls) == len(steps) else {}
-        per.append({s: (wall_at.get(s, math.nan), y) for s, y in zip(steps, ys) if not math.isnan(y)})
+        per.append({float(row["step"]): (float(row.get("_wall_s", math.nan)), float(row[metric]))
+                    for row in r.history if row.get(metric) is not None and row.get("step") is not None
+                    and not math.isnan(float(row[metric]))})
     if not per:
         return [], [], []
     common = sorted(set.intersection(*(set(p) for p in per)))
