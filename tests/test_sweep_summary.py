@@ -89,6 +89,11 @@ def test_mlflow_sweep_reads_as_an_answer(tmp_path: Path, offline_trackers: None,
     children = [r for r in runs if r.data.tags.get("rlexp.role") == "child"]
     assert sorted(c.info.run_name for c in children) == ["reward=rule,seed=0", "reward=rule,seed=1",
                                                          "reward=weaver,seed=0", "reward=weaver,seed=1"]
+    from rlexp.tracking.runs import load_runs  # the full name stays the one every source reads back
+
+    assert sorted(r.name for r in load_runs("mlflow:sw", local_store_uri(tmp_path / "runs"))) == [
+        "reward=rule,seed=0,steps=3", "reward=rule,seed=1,steps=3", "reward=weaver,seed=0,steps=3",
+        "reward=weaver,seed=1,steps=3"]
     assert sorted(parent.data.metrics) == sorted(f"sweep/reward:{r}/{m}/{s}" for r in ("rule", "weaver")
                                                  for m in ("eval/accuracy", "reward/mean", "time/wall_s")
                                                  for s in ("mean", "std", "n"))

@@ -269,6 +269,9 @@ class MlflowTracker(Tracker):
             "rlexp.config_sha256": str(manifest.get("config_sha256")),
             "rlexp.run_dir": redact_text(str(run_dir.resolve())),
             "rlexp.status": "running",
+            # the full name every source gives this run (rlexp compare matches sources by it); the MLflow run
+            # name below may be shorter
+            "rlexp.run_name": str(ident.get("run_name") or run_dir.name),
         }
         swept_all = list(ident.get("swept") or {})
         for t in group_tags(manifest.get("choices") or {}):

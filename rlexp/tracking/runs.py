@@ -222,7 +222,8 @@ def load_mlflow(experiment: str, tracking_uri: str | None) -> list[RunRecord]:
         config = {k: _param_value(v) for k, v in run.data.params.items() if not k.startswith("seed.")}
         status = {"FINISHED": "completed", "FAILED": "failed", "KILLED": "interrupted"}.get(run.info.status, "running")
         out.append(RunRecord(
-            name=run.info.run_name or run.info.run_id, source=f"mlflow:{experiment}/{run.info.run_id}",
+            name=run.data.tags.get("rlexp.run_name") or run.info.run_name or run.info.run_id,
+            source=f"mlflow:{experiment}/{run.info.run_id}",
             config=strip_run_local(config), history=history, status=status,
             manifest={"mlflow": {"run_id": run.info.run_id, "tags": dict(run.data.tags),
                                  "system_metrics": sorted(k for k in run.data.metrics if k.startswith("system/"))}},
