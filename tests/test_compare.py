@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from rlexp.tracking.base import JsonlTracker, Trackers
@@ -37,15 +38,20 @@ def test_compare_two_run_folders(tmp_path: Path, capsys) -> None:
     out = tmp_path / "out"
     assert compare_main([str(a), str(b), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "| run | status | reward.name |" in printed and "weaver" in printed
+    assert "| rank | configuration | n | eval/accuracy final (↑) | eval/accuracy auc (↑) |" in printed
+    assert "| 1 | reward.name=weaver | 1 | 0.6 | 0.45 |" in printed
     with open(out / "compare.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["run"] for r in rows] == ["reward=rule,seed=0", "reward=weaver,seed=0"]  # named by overrides
-    # only differing config keys: reward differs; seed/lr/group_size and run-local paths do not appear
-    assert "reward.name" in rows[0] and "seed" not in rows[0] and "algorithm.lr" not in rows[0]
-    assert not any(k.startswith("paths") for k in rows[0])
-    assert rows[0]["eval/accuracy final"] == "0.3" and rows[0]["eval/accuracy best"] == "0.4"
-    assert rows[1]["loss best"] == "0.4" and rows[1]["status"] == "completed" and rows[1]["wall_s"] == "20"
+    # sorted by the first headline (held-out accuracy, final): weaver first
+    assert [r["configuration"] for r in rows] == ["reward.name=weaver", "reward.name=rule"]
+    assert "seed" not in rows[0] and "algorithm.lr" not in rows[0] and not any(k.startswith("paths") for k in rows[0])
+    assert rows[1]["eval/accuracy final mean"] == "0.3" and rows[1]["eval/accuracy final ±95%"] == ""  # n=1
+    assert rows[0]["eval/accuracy auc mean"] == "0.45"  # trapezoid (0.35 + 0.55) / 2 steps
+    assert rows[0]["time/wall_s final mean"] == "20" and rows[0]["status"] == "completed"
+    assert not any("loss" in k for k in rows[0])  # raw loss is no headline
+    with open(out / "runs.csv") as f:
+        runs = list(csv.DictReader(f))
+    assert [r["run"] for r in runs] == ["reward=rule,seed=0", "reward=weaver,seed=0"]  # named by overrides
     for name in ("reward_mean_vs_step", "reward_mean_vs_wall", "eval_accuracy_vs_step", "eval_accuracy_vs_wall"):
         png = out / f"{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -54,6 +60,8 @@ def test_compare_two_run_folders(tmp_path: Path, capsys) -> None:
     with open(tmp_path / "out2" / "compare.csv") as f:
         assert len(list(csv.DictReader(f))) == 2
     assert compare_main([str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert compare_main([str(a), "--metrics", "eval/accuracy:median", "--out", str(out)]) == 2
+    assert "statistic 'median' is not one of final, best, auc" in capsys.readouterr().err
 
 
 def test_compare_metrics_first_difference(tmp_path: Path) -> None:
@@ -114,31 +122,33 @@ def test_reproduce_reruns_with_same_overrides(tmp_path: Path) -> None:
     assert reproduce_main([str(run)], runner=lambda c, cwd=None: 3) == 2
 
 
-def test_best_follows_declared_direction_and_identical_curves_are_flagged(tmp_path: Path) -> None:
+def test_ranking_follows_declared_direction_and_one_run_read_twice_is_not_two_seeds(tmp_path: Path) -> None:
     from rlexp.tracking.compare import compare, direction
 
     assert [direction(m) for m in ("eval/accuracy", "reward/mean", "loss", "eval/unparseable", "time/wall_s",
                                    "policy/version")] == ["max", "max", "min", "min", "min", None]
     a, b, c = (tmp_path / "runs" / n for n in ("a", "b", "c"))
     _make_run(a, "rule", 0, [0.1, 0.4, 0.3])
-    _make_run(b, "rule", 1, [0.1, 0.4, 0.3])  # the same curves as a: would hide a in every plot
+    _make_run(b, "rule", 1, [0.1, 0.4, 0.3])
     _make_run(c, "weaver", 0, [0.2, 0.5, 0.6])
     for run, unparse in ((a, [0.5, 0.1, 0.3]), (b, [0.5, 0.1, 0.3]), (c, [0.9, 0.8, 0.7])):
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         for r in rows:
             r["eval/unparseable"] = unparse[r["step"]]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    res = compare([str(tmp_path / "runs")], tmp_path / "out", metrics=["eval/unparseable", "policy/version"])
-    head, rows = res["header"], {r[0]: r for r in res["rows"]}
-    assert rows["reward=rule,seed=0"][head.index("eval/unparseable best")] == "0.1"  # min, not the worst value
-    assert rows["reward=weaver,seed=0"][head.index("eval/unparseable best")] == "0.7"
-    assert all(r[head.index("policy/version best")] == "" for r in rows.values())  # not declared: no best
-    assert "reward/mean: reward=rule,seed=1 is identical to reward=rule,seed=0 (drawn dashed)" in res["notes"]
-    assert "eval/unparseable min" in res["notes"][0] and "policy/version not declared" in res["notes"][0]
-    assert "identical to" in (tmp_path / "out" / "compare.md").read_text()
-    # the same runs twice (another source of the same sweep): every row and legend entry stays one run
+    res = compare([str(tmp_path / "runs")], tmp_path / "out", metrics=["eval/unparseable:best", "policy/version"])
+    head, rows = res["header"], {r[1]: r for r in res["rows"]}
+    # ranked by the first headline, lower is better for unparseable answers: rule (0.1 best) first
+    assert [r[1] for r in res["rows"]] == ["reward.name=rule", "reward.name=weaver"]
+    assert rows["reward.name=rule"][head.index("eval/unparseable best mean")] == "0.1"
+    assert rows["reward.name=weaver"][head.index("eval/unparseable best mean")] == "0.7"
+    assert "policy/version final not declared" in res["notes"][2]
+    assert res["verdict"].sentence.startswith("Best configuration by eval/unparseable (best, lower is better): "
+                                              "reward.name=rule")
+    # the same run twice (another source of the same sweep): not two seeds of one configuration
     res = compare([str(a), str(a)], tmp_path / "out2")
-    assert len({r[0] for r in res["rows"]}) == 2 and all(str(a) in r[0] for r in res["rows"])
+    assert len(res["configurations"]) == 2 and all(len(c.runs) == 1 for c in res["configurations"])
+    assert len({r[0] for r in res["run_rows"]}) == 2
 
 
 def test_reproduce_on_a_different_machine_says_so_and_checks_tolerance(tmp_path: Path, capsys) -> None:
@@ -182,3 +192,107 @@ def test_reproduce_on_a_different_machine_says_so_and_checks_tolerance(tmp_path:
     assert "curves agree within tolerance 0.05" in out
     assert reproduce_main([str(run)], runner=rerun(0.5)) == 1
     assert "curves do NOT agree within tolerance" in capsys.readouterr().out
+
+
+def test_t_quantiles_match_scipy() -> None:
+    from rlexp.tracking.stats import estimate, t975
+
+    scipy_stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 5, 29, 30, 31, 60, 200):
+        assert t975(df) == pytest.approx(float(scipy_stats.t.ppf(0.975, df)), abs=2e-4)
+    e = estimate([0.3, 0.35, 0.4])
+    lo, hi = scipy_stats.t.interval(0.95, 2, loc=0.35, scale=scipy_stats.sem([0.3, 0.35, 0.4]))
+    assert (e.low, e.high, e.n) == (pytest.approx(lo, abs=1e-4), pytest.approx(hi, abs=1e-4), 3)
+    assert estimate([0.5]).half is None and estimate([0.5]).covers_zero()
+
+
+def _sweep(root: Path, finals: dict[str, list[float]], logger=None) -> None:
+    """Runs of configurations `reward` x seeds; eval/accuracy climbs to the given final value per seed."""
+    job = 0
+    for reward, per_seed in finals.items():
+        for seed, final in enumerate(per_seed):
+            if logger is None:
+                _make_run(root / str(job), reward, seed, [final / 3, final / 2, final])
+            else:
+                logger(root / str(job), reward, seed, [final / 3, final / 2, final])
+            job += 1
+
+
+def test_configurations_average_seeds_and_the_winner_is_paired(tmp_path: Path) -> None:
+    from rlexp.tracking.compare import compare
+    from rlexp.tracking.stats import estimate
+
+    _sweep(tmp_path / "clear", {"rule": [0.30, 0.35, 0.40], "weaver": [0.60, 0.62, 0.69]})
+    res = compare([str(tmp_path / "clear")], tmp_path / "out")
+    head, rows = res["header"], res["rows"]
+    assert [r[1] for r in rows] == ["reward.name=weaver", "reward.name=rule"] and len(res["runs"]) == 6
+    assert rows[0][head.index("n")] == "3" and rows[0][head.index("seeds")] == "0 1 2"
+    e = estimate([0.60, 0.62, 0.69])
+    assert rows[0][head.index("eval/accuracy final mean")] == f"{e.mean:.4g}"
+    assert rows[0][head.index("eval/accuracy final ±95%")] == f"{e.half:.4g}"
+    assert head.index("eval/accuracy final mean") < head.index("eval/accuracy auc mean") \
+        < head.index("reward/mean final mean") < head.index("time/wall_s final mean")
+    v = res["verdict"]
+    d = estimate([0.30, 0.27, 0.29])  # weaver - rule, per seed
+    assert v.best.label == "reward.name=weaver" and v.paired_seeds == [0, 1, 2] and v.distinguishable
+    assert v.difference.mean == pytest.approx(d.mean) and v.difference.half == pytest.approx(d.half)
+    assert "Runner-up: reward.name=rule" in v.sentence and v.sentence.endswith(": distinguishable.")
+    from rlexp.tracking.compare import mean_curve
+
+    xs, ys, halves = mean_curve(v.best, "eval/accuracy", "wall")
+    assert xs == [0.0, 10.0, 20.0] and ys[-1] == pytest.approx(e.mean) and halves[-1] == pytest.approx(e.half)
+    assert mean_curve(v.best, "eval/accuracy", "step")[0] == [0.0, 1.0, 2.0]
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert md.startswith("**Best configuration by eval/accuracy (final, higher is better): reward.name=weaver")
+    # seed noise larger than the gap: the interval on paired differences covers zero
+    _sweep(tmp_path / "noisy", {"rule": [0.30, 0.60, 0.35], "weaver": [0.60, 0.35, 0.45]})
+    v = compare([str(tmp_path / "noisy")], tmp_path / "out2")["verdict"]
+    assert v.best.label == "reward.name=weaver" and not v.distinguishable
+    assert "not distinguishable (the interval covers zero)" in v.sentence
+    # one seed each: no interval, no claim
+    _sweep(tmp_path / "one", {"rule": [0.3], "weaver": [0.6]})
+    v = compare([str(tmp_path / "one")], tmp_path / "out3")["verdict"]
+    assert "(n=1, no interval)" in v.sentence and "Not distinguishable: they share fewer than 2 seeds" in v.sentence
+
+
+def test_same_verdict_from_folder_mlflow_and_wandb(tmp_path: Path, offline_trackers: None) -> None:
+    from rlexp.tracking.compare import compare
+    from rlexp.tracking.mlflow_tracker import local_store_uri
+    from rlexp.tracking.registry import build_trackers
+
+    def logged(run: Path, reward: str, seed: int, accs: list[float]) -> None:
+        cfg = OmegaConf.create({
+            "seed": seed, "reward": {"name": reward},
+            "logger": {"wandb": {"enabled": True, "mode": "offline", "project": "rlexp-test", "entity": None},
+                       "mlflow": {"enabled": True, "tracking_uri": None, "experiment": "cmp"},
+                       "log_every_n_steps": 1, "rollout_samples": 0, "runs_root": str(tmp_path / "runs")}})
+        m = write_start_manifest(run, cfg, ["rlexp", "train", f"reward={reward}", f"seed={seed}"], {"global": seed},
+                                 {}, repo_dir=run.parent)
+        with build_trackers(cfg.logger, cfg, run, m) as tr:
+            for step, acc in enumerate(accs):
+                tr.log({"reward/mean": acc / 2, "eval/accuracy": acc, "time/wall_s": float(step)}, step)
+
+    _sweep(tmp_path / "runs" / "sw", {"rule": [0.30, 0.35], "weaver": [0.60, 0.62]}, logger=logged)
+    sources = {"folder": str(tmp_path / "runs" / "sw"), "mlflow": "mlflow:cmp", "wandb": f"wandb:{tmp_path / 'runs'}"}
+    got = {}
+    for name, spec in sources.items():
+        res = compare([spec], tmp_path / name, tracking_uri=local_store_uri(tmp_path / "runs"))
+        v = res["verdict"]
+        got[name] = ([c.label for c in res["configurations"]], [len(c.runs) for c in res["configurations"]],
+                     v.paired_seeds, round(v.difference.mean, 6), v.distinguishable)
+    assert got["folder"] == (["reward.name=weaver", "reward.name=rule"], [2, 2], [0, 1], 0.285, True)
+    assert got["mlflow"] == got["folder"] and got["wandb"] == got["folder"]
+
+
+def test_a_tie_says_so_and_the_next_headline_orders_it(tmp_path: Path) -> None:
+    from rlexp.tracking.compare import compare
+
+    _sweep(tmp_path / "tie", {"weaver": [0.5, 0.5], "rule": [0.5, 0.5]})
+    for job in ("0", "1"):  # weaver's runs took twice the wall time
+        p = tmp_path / "tie" / job / "metrics.jsonl"
+        rows = [json.loads(x) for x in p.read_text().splitlines()]
+        p.write_text("".join(json.dumps({**r, "time/wall_s": 2 * r["time/wall_s"]}) + "\n" for r in rows))
+    v = compare([str(tmp_path / "tie")], tmp_path / "out")["verdict"]
+    assert [c.label for c in v.ranked] == ["reward.name=rule", "reward.name=weaver"]
+    assert "Tied on this metric; ordered by eval/accuracy auc, reward/mean final, time/wall_s final." in v.sentence
+    assert "not distinguishable" in v.sentence

@@ -63,10 +63,10 @@ def test_sweep_2x2_tracked_in_mlflow_and_wandb_then_compared(tmp_path: Path, tag
         assert "reward/mean" in r.data.metrics and "eval/accuracy" in r.data.metrics
         assert len(client.get_metric_history(r.info.run_id, "reward/mean")) == 3
     assert {r.data.params["reward.name"] for r in children} == {"rule", "annotated"}
-    # what the MLflow UI lists, read without a browser: distinct names holding the swept values
-    child_names = {",".join(r.info.run_name.split(",")[:2]) for r in children}
-    assert child_names == names and len({r.info.run_name for r in children}) == 4
-    assert {refs[r.info.run_name]["mlflow"]["run_id"] for r in children} == {r.info.run_id for r in children}
+    # what the MLflow UI lists, read without a browser: distinct names holding only the swept values
+    assert {r.info.run_name for r in children} == names
+    assert {refs[r.data.tags["rlexp.run_name"]]["mlflow"]["run_id"] for r in children} == \
+        {r.info.run_id for r in children}
     (parent,) = parents
     assert parent.info.run_name == "sweep reward=rule,annotated seed=0,1" and parent.info.status == "FINISHED"
     assert parent.data.tags["rlexp.status"] == "completed" and "rlexp.run_dir" not in parent.data.tags
@@ -94,12 +94,16 @@ def test_sweep_2x2_tracked_in_mlflow_and_wandb_then_compared(tmp_path: Path, tag
         assert wb["id"] == refs[name]["wandb"]["run_id"] and wb["job_type"] == "train"
         assert {a["name"]: a["type"] for a in wb["artifacts"] if a["type"] != "run_table"} == {
             "checkpoint": "model", "manifest": "manifest", "config": "config"}
-    assert len({by_name["wandb"][n].manifest["wandb"]["group"] for n in refs}) == 1
+    # W&B groups seeds of one configuration; the sweep id is a tag
+    assert len({by_name["wandb"][n].manifest["wandb"]["group"] for n in refs}) == 2
+    assert all(any(t.startswith("sweep:") for t in by_name["wandb"][n].manifest["wandb"]["tags"]) for n in refs)
 
     out = tmp_path / "cmp"
     p = rlexp("compare", str(sweep), "--out", str(out), tag=tag)
-    assert "reward" in p.stdout and "seed" in p.stdout
+    assert "Best configuration by eval/accuracy" in p.stdout and "reward.name=rule" in p.stdout
+    with open(out / "runs.csv", newline="") as f:
+        assert {row["run"] for row in csv.DictReader(f)} == set(refs)  # per-run rows named like the runs
     with open(out / "compare.csv", newline="") as f:
-        assert {row["run"] for row in csv.DictReader(f)} == set(refs)  # table rows named like the runs
+        assert [row["n"] for row in csv.DictReader(f)] == ["2", "2"]  # two configurations of two seeds
     assert list(out.glob("*.csv")) and len(list(out.glob("*.png"))) >= 2
     assert wait_no_orphans(tag) == []

@@ -144,7 +144,7 @@ def test_wandb_offline_run_folder(tmp_path: Path) -> None:
     assert rec.series("reward/mean") == ([0.0, 1.0, 2.0], [0.5, 1.5, 2.5])
     assert rec.config["model.name"] == "tiny" and rec.config["reward.api_key"] == "***REDACTED***"
     meta = rec.manifest["wandb"]
-    assert meta["group"] == manifest.identity.group and meta["project"] == "rlexp-test"
+    assert meta["group"] == "defaults" and meta["project"] == "rlexp-test"  # no override but the seed
     assert sorted(meta["tags"]) == ["model=tiny", "reward=weaver"]  # Hydra's own groups are not tags
 
 
@@ -158,6 +158,7 @@ def test_wandb_multirun_jobs_are_separate_runs_in_one_process(tmp_path: Path) ->
     for job, reward in enumerate(("rule", "weaver")):
         run = sweep / str(job)
         m = _manifest(run, cfg, {"reward": reward})
+        m.overrides = [f"reward={reward}", "seed=3"]
         m.identity = Identity(run_name=f"train-sw-{job}", group="sw", sweep_id="sw", sweep_dir=str(sweep),
                               job_num=job)
         names.append(m.identity.run_name)
@@ -168,13 +169,14 @@ def test_wandb_multirun_jobs_are_separate_runs_in_one_process(tmp_path: Path) ->
     assert len(offline) == 2 and offline[0].name.split("-")[-1] != offline[1].name.split("-")[-1]
     out = tmp_path / "cmp"
     assert compare_main([f"wandb:{sweep}", "--out", str(out)]) == 0
-    text = (out / "compare.csv").read_text()
+    text = (out / "runs.csv").read_text()
     assert all(n in text for n in names) and "completed" in text
     from rlexp.tracking.runs import load_wandb_dir
 
     recs = load_wandb_dir(sweep)
-    assert [r.manifest["wandb"]["group"] for r in recs] == ["sw", "sw"]
-    assert [r.manifest["wandb"]["tags"] for r in recs] == [["reward=rule"], ["reward=weaver"]]
+    # group = the configuration (overrides but the seed); the sweep id is a tag
+    assert [r.manifest["wandb"]["group"] for r in recs] == ["reward=rule", "reward=weaver"]
+    assert [r.manifest["wandb"]["tags"] for r in recs] == [["reward=rule", "sweep:sw"], ["reward=weaver", "sweep:sw"]]
     assert (out / "eval_accuracy_vs_step.png").exists()
 
 

@@ -1,35 +1,41 @@
-"""`rlexp compare PATH... [--out DIR] [--tracking-uri URI] [--metrics M ...]`
+"""`rlexp compare PATH... [--out DIR] [--tracking-uri URI] [--metrics METRIC[:final|best|auc] ...]`
 
-Answers "what differs between these runs, and did it matter?": a table with only the config keys that
-differ plus final and best values of the headline metrics (printed as markdown, saved as CSV), and PNG
-curves of `reward/mean` and `eval/accuracy` against step and against wall time.
+Answers "which configuration won, and can the seeds tell?". Runs that differ only in a nuisance key
+(`NUISANCE_KEYS`: the seed) are one *configuration*; per configuration and headline metric the table gives
+the mean over seeds, its 95% t-interval (rlexp.tracking.stats; n=1: no interval) and n. The table is sorted
+by the first headline, names the best configuration and compares it with the runner-up: paired over the
+seeds both ran (difference of the per-seed values, t-interval on those differences); with fewer than two
+shared seeds, or an interval covering zero, it says "not distinguishable".
+
+Headlines are declared (`Headline`: metric, statistic, direction), default `DEFAULT_HEADLINES`: held-out
+accuracy (final and AUC), reward/mean (final) and wall time; never the raw loss first. AUC is the
+trapezoid area under the curve over steps divided by the step span, i.e. the curve's mean height: runs of
+one length compare on it directly. "best" follows each metric's declared direction (`DIRECTIONS`).
 
 PATH is a run folder, a sweep folder (multirun dir with job subdirs) or any folder holding run folders,
 `mlflow:EXPERIMENT` or `wandb:DIR` (see rlexp.tracking.runs). Outputs in --out (default ./compare):
-`compare.csv`, `compare.md`, `<metric>_vs_step.png`, `<metric>_vs_wall.png`.
-
-Runs are named by their overrides (`reward=rule,seed=0`) in the table and the legends, whichever source they
-come from; two runs of the same name get their source appended. Wall time is the runs' own `time/wall_s`
-clock, the same in every source. "best" follows each metric's declared direction (`DIRECTIONS`: max for
-accuracy and reward, min for loss, unparseable answers and time; none for a metric not declared). Curves that
-coincide with an earlier one are drawn dashed with their own marker and named in the legend and the output.
+`compare.md` (table + winner), `compare.csv` (configurations), `runs.csv` (one row per run),
+`<metric>_vs_step.png`, `<metric>_vs_wall.png` (mean per configuration with its band, seeds faint; one
+colour per configuration in every figure).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .runs import RunRecord, load_runs
+from .runs import NUISANCE_KEYS, RunRecord, load_runs
+from .stats import METHOD, Estimate, estimate
 
-PLOT_METRICS = ("reward/mean", "eval/accuracy")
-DEFAULT_METRICS = ("reward/mean", "eval/accuracy", "loss")
+PLOT_METRICS = ("eval/accuracy", "reward/mean")
 # Which way is better, per metric name, first match wins. Declared, not guessed from the value: a metric
 # matching none has no "best" (its column stays empty and the notes say so).
 DIRECTIONS: tuple[tuple[str, str], ...] = (
@@ -38,8 +44,15 @@ DIRECTIONS: tuple[tuple[str, str], ...] = (
     (r"loss|error|(^|/)kl|perplexity|ppl|regret|logprob_diff|fpr", "min"),
     (r"accuracy|reward|pass@|auc|tpr|correct|selection|gap_closed", "max"),
 )
+STATISTICS = ("final", "best", "auc")
+UNITS: tuple[tuple[str, str], ...] = (
+    (r"accuracy|pass@|correct|unparseable|truncat|fpr|tpr", "fraction of prompts"),
+    (r"(^|/)time/|_s$", "s"),
+    (r"reward", "reward per sample"),
+)
 _MISSING = object()
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+FIGSIZE, DPI = (10.0, 6.0), 120
 
 
 def direction(metric: str) -> str | None:
@@ -54,6 +67,86 @@ def lower_is_better(metric: str) -> bool:
     return direction(metric) == "min"
 
 
+def unit(metric: str) -> str | None:
+    for pattern, u in UNITS:
+        if re.search(pattern, metric, re.I):
+            return u
+    return None
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One column of the verdict: which metric, which statistic of each run's curve, which way is better."""
+    metric: str
+    stat: str = "final"
+    direction: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> Headline:
+        """`eval/accuracy`, `eval/accuracy:auc`, `loss:best:min`."""
+        parts = spec.split(":")
+        metric, stat = parts[0], (parts[1] if len(parts) > 1 else "final")
+        d = parts[2] if len(parts) > 2 else direction(metric)
+        if stat not in STATISTICS:
+            raise ValueError(f"--metrics {spec}: statistic {stat!r} is not one of {', '.join(STATISTICS)}")
+        if d not in ("max", "min", None):
+            raise ValueError(f"--metrics {spec}: direction {d!r} is not max or min")
+        return cls(metric, stat, d)
+
+    @property
+    def label(self) -> str:
+        return f"{self.metric} {self.stat}"
+
+    def of(self, run: RunRecord) -> float | None:
+        """This headline's value for one run: its last, best or mean-height (AUC) value of the curve."""
+        xs, ys = run.series(self.metric)
+        pts = [(x, y) for x, y in zip(xs, ys) if not math.isnan(y)]
+        if not pts:
+            return None
+        if self.stat == "final":
+            return pts[-1][1]
+        if self.stat == "best":
+            if self.direction is None:
+                return None
+            return (min if self.direction == "min" else max)(y for _, y in pts)
+        if len(pts) == 1 or pts[-1][0] == pts[0][0]:
+            return pts[0][1]
+        area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in itertools.pairwise(pts))
+        return area / (pts[-1][0] - pts[0][0])
+
+
+DEFAULT_HEADLINES = (Headline("eval/accuracy", "final", "max"), Headline("eval/accuracy", "auc", "max"),
+                     Headline("reward/mean", "final", "max"), Headline("time/wall_s", "final", "min"))
+
+
+@dataclass
+class Configuration:
+    """Runs that differ only in nuisance keys (the seed): one row of the verdict."""
+    label: str
+    values: dict[str, Any]  # the varying, non-nuisance config keys -> this configuration's value
+    runs: list[RunRecord] = field(default_factory=list)
+    colour: str = "C0"
+
+    def seeds(self) -> list[Any]:
+        return [seed_of(r) for r in self.runs]
+
+    def per_seed(self, h: Headline) -> dict[Any, float]:
+        return {seed_of(r): v for r in self.runs if (v := h.of(r)) is not None}
+
+    def estimate(self, h: Headline) -> Estimate | None:
+        return estimate(list(self.per_seed(h).values()) if self._seeds_unique() else
+                        [v for r in self.runs if (v := h.of(r)) is not None])
+
+    def _seeds_unique(self) -> bool:
+        s = [json.dumps(x, default=repr) for x in self.seeds()]
+        return len(set(s)) == len(s)
+
+
+def seed_of(run: RunRecord) -> Any:
+    vals = tuple(run.config.get(k) for k in NUISANCE_KEYS)
+    return vals[0] if len(vals) == 1 else vals
+
+
 def config_diff(runs: Sequence[RunRecord]) -> list[str]:
     """Keys whose values are not identical across all runs (a key missing in some run counts as different)."""
     keys = sorted({k for r in runs for k in r.config})
@@ -65,18 +158,160 @@ def config_diff(runs: Sequence[RunRecord]) -> list[str]:
     return diff
 
 
-def final_and_best(run: RunRecord, metric: str) -> tuple[float | None, float | None]:
-    _, ys = run.series(metric)
-    ys = [y for y in ys if not math.isnan(y)]
-    if not ys:
-        return None, None
-    d = direction(metric)
-    return ys[-1], (min(ys) if d == "min" else max(ys) if d == "max" else None)
+def _fmt(v: Any) -> str:
+    if v is None or v is _MISSING:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, sort_keys=True)
+    return str(v)
+
+
+def group_configurations(runs: Sequence[RunRecord], origins: Sequence[int] | None = None) -> list[Configuration]:
+    """Configurations in order of first appearance. Two runs with the same configuration *and* the same seed
+    are not two seeds (one sweep read twice, or two sweeps): they stay apart, told by where they came from."""
+    diff = [k for k in config_diff(runs) if k not in NUISANCE_KEYS]
+    origins = list(origins) if origins is not None else [0] * len(runs)
+    keyed: dict[str, list[tuple[int, RunRecord]]] = {}
+    for o, r in zip(origins, runs):
+        key = json.dumps([r.config.get(k, None) for k in diff], sort_keys=True, default=repr)
+        keyed.setdefault(key, []).append((o, r))
+    out: list[Configuration] = []
+    for members in keyed.values():
+        first = members[0][1]
+        values = {k: first.config.get(k, _MISSING) for k in diff}
+        label = ",".join(f"{k}={_fmt(v)}" for k, v in values.items()) or "all runs"
+        seeds = [json.dumps(seed_of(r), default=repr) for _, r in members]
+        if len(set(seeds)) == len(seeds):
+            out.append(Configuration(label, values, [r for _, r in members]))
+            continue
+        by_origin: dict[int, list[RunRecord]] = {}
+        for o, r in members:
+            by_origin.setdefault(o, []).append(r)
+        for rs in by_origin.values():
+            out.append(Configuration(f"{label} [{rs[0].source}]" if len(by_origin) > 1 else label, values, rs))
+    for i, c in enumerate(out):  # by first appearance, so a colour stays with its configuration across figures
+        c.colour = f"C{i % 10}"
+    return out
+
+
+@dataclass
+class Verdict:
+    headline: Headline
+    ranked: list[Configuration]
+    sentence: str
+    difference: Estimate | None = None
+    paired_seeds: list[Any] = field(default_factory=list)
+    distinguishable: bool = False
+
+    @property
+    def best(self) -> Configuration | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def _key(c: Configuration, h: Headline) -> float:
+    e = c.estimate(h)
+    if e is None or h.direction is None:
+        return math.inf
+    return -e.mean if h.direction == "max" else e.mean
+
+
+def rank(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[Headline] = ()) -> list[Configuration]:
+    """Best first by the headline's direction, equal means ordered by the next headlines; configurations
+    without a value last, in their own order."""
+    have = [c for c in configs if c.estimate(h) is not None]
+    lacking = [c for c in configs if c.estimate(h) is None]
+    if h.direction is not None:
+        have.sort(key=lambda c: tuple(_key(c, x) for x in (h, *tie_breaks)))
+    return have + lacking
+
+
+def verdict(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[Headline] = ()) -> Verdict:
+    ranked = rank(configs, h, tie_breaks)
+    valued = [c for c in ranked if c.estimate(h) is not None]
+    what = f"{h.metric} ({h.stat}, {'higher' if h.direction == 'max' else 'lower'} is better)"
+    if not valued or h.direction is None:
+        why = "no configuration has it" if not valued else "its direction is not declared"
+        return Verdict(h, ranked, f"No winner by {h.metric} {h.stat}: {why}.")
+    best = valued[0]
+    e = best.estimate(h)
+    assert e is not None
+    head = f"Best configuration by {what}: {best.label} — {e.text()}."
+    if len(valued) == 1:
+        return Verdict(h, ranked, head + " It is the only configuration with this metric.")
+    second = valued[1]
+    e2 = second.estimate(h)
+    assert e2 is not None
+    head += f" Runner-up: {second.label} — {e2.text()}."
+    if e2.mean == e.mean:
+        head += (" Tied on this metric" + (f"; ordered by {', '.join(x.label for x in tie_breaks)}."
+                                           if tie_breaks else "."))
+    a, b = best.per_seed(h), second.per_seed(h)
+    common = [s for s in a if s in b]
+    if not (best._seeds_unique() and second._seeds_unique()) or len(common) < 2:
+        why = ("they share fewer than 2 seeds, so no paired comparison" if len(common) < 2
+               else "seeds repeat within a configuration, so no paired comparison")
+        return Verdict(h, ranked, head + f" Not distinguishable: {why}.", paired_seeds=common)
+    d = estimate([a[s] - b[s] for s in common])
+    assert d is not None and d.half is not None
+    dist = not d.covers_zero()
+    tail = (f" Paired difference over seeds {', '.join(_fmt(s) for s in common)}: {d.mean:+.4g} "
+            f"[{d.low:+.4g}, {d.high:+.4g}] ({METHOD.replace('over seeds', 'on paired differences')}): "
+            + ("distinguishable." if dist else "not distinguishable (the interval covers zero)."))
+    return Verdict(h, ranked, head + tail, d, common, dist)
+
+
+def build_table(configs: Sequence[Configuration], headlines: Sequence[Headline]
+                ) -> tuple[list[str], list[list[str]]]:
+    keys = list(configs[0].values) if configs else []
+    header = ["rank", "configuration", *keys, "n", "seeds"]
+    for h in headlines:
+        header += [f"{h.label} mean", f"{h.label} ±95%"]
+    header += ["status"]
+    rows = []
+    for i, c in enumerate(configs, 1):
+        row = [str(i), c.label, *(_fmt(c.values.get(k)) for k in keys), str(len(c.runs)),
+               " ".join(_fmt(s) for s in c.seeds())]
+        for h in headlines:
+            e = c.estimate(h)
+            row += ["", ""] if e is None else [_fmt(e.mean), "" if e.half is None else _fmt(e.half)]
+        st = sorted({r.status or "unknown" for r in c.runs})
+        row.append(",".join(st))
+        rows.append(row)
+    return header, rows
+
+
+def markdown_table(configs: Sequence[Configuration], headlines: Sequence[Headline]) -> str:
+    """The table people read: one cell `mean ± half-width` per headline, the configuration named once."""
+    arrow = {"max": "↑", "min": "↓", None: "?"}
+    header = ["rank", "configuration", "n", *(f"{h.label} ({arrow[h.direction]})" for h in headlines)]
+    rows = []
+    for i, c in enumerate(configs, 1):
+        cells = []
+        for h in headlines:
+            e = c.estimate(h)
+            cells.append("" if e is None else _fmt(e.mean) + ("" if e.half is None else f" ± {_fmt(e.half)}"))
+        rows.append([str(i), c.label, str(len(c.runs)), *cells])
+    return to_markdown(header, rows)
+
+
+def build_run_table(runs: Sequence[RunRecord], headlines: Sequence[Headline]) -> tuple[list[str], list[list[str]]]:
+    diff = config_diff(runs)
+    header = ["run", "status", *diff, *(h.label for h in headlines), "steps", "wall_s"]
+    rows = []
+    for r in runs:
+        steps = [h["step"] for h in r.history if "step" in h]
+        walls = [h["_wall_s"] for h in r.history if "_wall_s" in h]
+        rows.append([r.name, r.status or "", *(_fmt(r.config.get(k, _MISSING)) for k in diff),
+                     *(_fmt(h.of(r)) for h in headlines),
+                     str(max(steps)) if steps else "", _fmt(max(walls)) if walls else ""])
+    return header, rows
 
 
 def unique_names(runs: Sequence[RunRecord]) -> None:
     """Runs of the same name (two sweeps with the same overrides, one run read from two sources) get their
-    source appended, so no legend entry or table row stands for two runs."""
+    source appended, so no row stands for two runs."""
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.name] = counts.get(r.name, 0) + 1
@@ -90,51 +325,6 @@ def unique_names(runs: Sequence[RunRecord]) -> None:
             r.name = f"{r.name} #{seen[r.name]}"
 
 
-def identical_curves(runs: Sequence[RunRecord], metric: str, x: str = "step") -> dict[str, str]:
-    """{run name: name of an earlier run with exactly the same curve}: they would hide each other in a plot."""
-    seen: dict[tuple[tuple[float, ...], tuple[float, ...]], str] = {}
-    same: dict[str, str] = {}
-    for r in runs:
-        xs, ys = r.series(metric, x)
-        if not xs:
-            continue
-        key = (tuple(xs), tuple(ys))
-        if key in seen:
-            same[r.name] = seen[key]
-        else:
-            seen[key] = r.name
-    return same
-
-
-def _fmt(v: Any) -> str:
-    if v is None or v is _MISSING:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, sort_keys=True)
-    return str(v)
-
-
-def build_table(runs: Sequence[RunRecord], metrics: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    diff = config_diff(runs)
-    header = ["run", "status", *diff]
-    for m in metrics:
-        header += [f"{m} final", f"{m} best"]
-    header += ["steps", "wall_s"]
-    rows = []
-    for r in runs:
-        row = [r.name, r.status or "", *(_fmt(r.config.get(k, _MISSING)) for k in diff)]
-        for m in metrics:
-            f, b = final_and_best(r, m)
-            row += [_fmt(f), _fmt(b)]
-        steps = [h["step"] for h in r.history if "step" in h]
-        walls = [h["_wall_s"] for h in r.history if "_wall_s" in h]
-        row += [str(max(steps)) if steps else "", _fmt(max(walls)) if walls else ""]
-        rows.append(row)
-    return header, rows
-
-
 def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     esc = [[c.replace("|", "\\|") for c in r] for r in [header, *rows]]
     lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in header) + "|"]
@@ -142,33 +332,77 @@ def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: Sequence[RunRecord], metric: str, x: str, path: Path) -> bool:
+def mean_curve(c: Configuration, metric: str, x: str) -> tuple[list[float], list[float], list[float | None]]:
+    """Mean over seeds at each step every seed logged, with the t-interval half-width there. On the wall
+    axis the x of a step is the seeds' mean wall time at that step."""
+    per: list[dict[float, tuple[float, float]]] = []
+    for r in c.runs:
+        per.append({float(row["step"]): (float(row.get("_wall_s", math.nan)), float(row[metric]))
+                    for row in r.history if row.get(metric) is not None and row.get("step") is not None
+                    and not math.isnan(float(row[metric]))})
+    if not per:
+        return [], [], []
+    common = sorted(set.intersection(*(set(p) for p in per)))
+    xs, ys, halves = [], [], []
+    for s in common:
+        e = estimate([p[s][1] for p in per])
+        xv = s if x == "step" else sum(p[s][0] for p in per) / len(per)
+        if e is None or math.isnan(xv):
+            continue
+        xs.append(xv)
+        ys.append(e.mean)
+        halves.append(e.half)
+    return xs, ys, halves
+
+
+def axis_label(metric: str) -> str:
+    u = unit(metric)
+    return f"{metric} ({u})" if u else metric
+
+
+def plot(configs: Sequence[Configuration], metric: str, x: str, path: Path) -> bool:
     """One PNG per (metric, x axis); False (no file) when no run has the metric, rather than an empty plot."""
-    series = [(r.name, *r.series(metric, x)) for r in runs]
-    series = [s for s in series if s[1]]
-    if not series:
+    if not any(r.series(metric)[0] for c in configs for r in c.runs):
         return False
-    same = identical_curves(runs, metric, x)
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    fig, ax = plt.subplots(figsize=FIGSIZE, dpi=DPI)
     try:
-        for i, (name, xs, ys) in enumerate(series):
-            dup = name in same  # drawn over an identical curve: dashed, its own marker, named in the legend
-            ax.plot(xs, ys, marker=_MARKERS[i % len(_MARKERS)], markevery=max(1, len(xs) // 15),
-                    markersize=5 if dup else 3, linestyle="--" if dup else "-",
-                    label=f"{name} (= {same[name]})" if dup else name)
-        ax.set_xlabel("step" if x == "step" else "wall time (s)")
-        ax.set_ylabel(metric)
-        ax.set_title(f"{metric} vs {'step' if x == 'step' else 'wall time'}")
+        seen: dict[tuple[tuple[float, ...], tuple[float, ...]], str] = {}
+        for i, c in enumerate(configs):
+            for r in c.runs:  # seeds faint, under the mean
+                xs, ys = r.series(metric, x)
+                if xs:
+                    ax.plot(xs, ys, color=c.colour, alpha=0.25, linewidth=0.8)
+            xs, ys, halves = mean_curve(c, metric, x)
+            if not xs:
+                continue
+            key = (tuple(xs), tuple(ys))
+            dup = seen.get(key)
+            seen.setdefault(key, c.label)
+            n = len(c.runs)
+            label = f"{c.label} (n={n})" + (f" = {dup}" if dup else "")
+            ax.plot(xs, ys, color=c.colour, linewidth=2.2, linestyle="--" if dup else "-",
+                    marker=_MARKERS[i % len(_MARKERS)], markevery=max(1, len(xs) // 15), markersize=5,
+                    label=label)
+            if any(h is not None for h in halves):
+                lo = [y - (h or 0.0) for y, h in zip(ys, halves)]
+                hi = [y + (h or 0.0) for y, h in zip(ys, halves)]
+                ax.fill_between(xs, lo, hi, color=c.colour, alpha=0.18, linewidth=0)
+        ax.set_xlabel("training step (optimizer steps)" if x == "step" else "wall time since run start (s)")
+        ax.set_ylabel(axis_label(metric))
+        ax.set_title(f"{metric}: mean over seeds per configuration, band = {METHOD} (faint lines: seeds)")
         ax.grid(alpha=0.3)
-        if len(series) <= 12:
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path)
+        if x == "step":
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+                  title="configuration")
+        fig.savefig(path, bbox_inches="tight")
     finally:
         plt.close(fig)
     return True
@@ -178,36 +412,51 @@ def _slug(metric: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_")
 
 
+def default_headlines(runs: Sequence[RunRecord]) -> list[Headline]:
+    present = {k for r in runs for row in r.history for k in row}
+    return [h for h in DEFAULT_HEADLINES if h.metric in present]
+
+
 def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = None,
-            tracking_uri: str | None = None) -> dict[str, Any]:
-    """Library entry point (the CLI is a thin wrapper): returns the table and the files written."""
+            tracking_uri: str | None = None, report: str = "compare.md") -> dict[str, Any]:
+    """Library entry point (the CLI and the multirun summary are thin wrappers): the verdict, tables, files."""
+    headlines = [Headline.parse(m) for m in metrics] if metrics else None
     runs: list[RunRecord] = []
-    for s in specs:
-        runs.extend(load_runs(s, tracking_uri))
+    origins: list[int] = []
+    for i, s in enumerate(specs):
+        got = load_runs(s, tracking_uri)
+        runs.extend(got)
+        origins += [i] * len(got)
     unique_names(runs)
-    if metrics is None:
-        present = {m for r in runs for m in r.metric_names()}
-        metrics = [m for m in DEFAULT_METRICS if m in present]
-        metrics += sorted(m for m in present if m.startswith("eval/") and m not in metrics)
-    header, rows = build_table(runs, metrics)
+    if headlines is None:
+        headlines = default_headlines(runs)
+    configs = group_configurations(runs, origins)
+    v = verdict(configs, headlines[0], headlines[1:]) if headlines else Verdict(Headline(""), list(configs),
+                                                                  "No headline metric in these runs.")
+    header, rows = build_table(v.ranked, headlines)
+    run_header, run_rows = build_run_table(runs, headlines)
     out.mkdir(parents=True, exist_ok=True)
-    notes = ["best: " + "; ".join(f"{m} {direction(m) or 'not declared (no best)'}" for m in metrics)]
-    for m in PLOT_METRICS:
-        for name, other in identical_curves(runs, m).items():
-            notes.append(f"{m}: {name} is identical to {other} (drawn dashed)")
-    md = to_markdown(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
-    (out / "compare.md").write_text(md + "\n", encoding="utf-8")
-    with open(out / "compare.csv", "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
+    notes = [f"{len(runs)} runs in {len(configs)} configurations; runs differing only in "
+             f"{', '.join(NUISANCE_KEYS)} are one configuration.",
+             f"mean ± half-width of the {METHOD} (n=1: no interval); AUC = area under the curve over steps "
+             "divided by the step span.",
+             "better: " + "; ".join(f"{h.label} {h.direction or 'not declared (no ranking)'}" for h in headlines)]
+    md = (f"**{v.sentence}**\n\n" + markdown_table(v.ranked, headlines) + "\n\n"
+          + "\n".join(f"- {n}" for n in notes))
+    (out / report).write_text(md + "\n", encoding="utf-8")
+    for name, (h, rs) in (("compare.csv", (header, rows)), ("runs.csv", (run_header, run_rows))):
+        with open(out / name, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(h)
+            w.writerows(rs)
     plots = []
     for m in PLOT_METRICS:
         for x in ("step", "wall"):
             p = out / f"{_slug(m)}_vs_{x}.png"
-            if plot(runs, m, x, p):
+            if plot(configs, m, x, p):
                 plots.append(p)
-    return {"runs": runs, "header": header, "rows": rows, "markdown": md, "notes": notes,
+    return {"runs": runs, "configurations": v.ranked, "verdict": v, "headlines": headlines, "header": header,
+            "rows": rows, "run_header": run_header, "run_rows": run_rows, "markdown": md, "notes": notes,
             "csv": out / "compare.csv", "plots": plots}
 
 
@@ -216,7 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("paths", nargs="+", help="run dir | sweep dir | mlflow:EXPERIMENT | wandb:DIR")
     ap.add_argument("--out", type=Path, default=Path("compare"), help="output folder (CSV, markdown, PNGs)")
     ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI for mlflow:EXPERIMENT")
-    ap.add_argument("--metrics", nargs="+", default=None, help="metrics for the table (default: headline ones)")
+    ap.add_argument("--metrics", nargs="+", default=None,
+                    help="headlines METRIC[:final|best|auc[:max|min]], the first ranks (default: eval/accuracy "
+                         "final and auc, reward/mean final, time/wall_s final)")
     args = ap.parse_args(argv)
     try:
         res = compare(args.paths, args.out, args.metrics, args.tracking_uri)
@@ -224,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlexp compare: {e}", file=sys.stderr)
         return 2
     print(res["markdown"])
-    print(f"\n{len(res['runs'])} runs; wrote {res['csv']}" + "".join(f", {p}" for p in res["plots"]))
+    print(f"\nwrote {res['csv']}, {args.out / 'runs.csv'}" + "".join(f", {p}" for p in res["plots"]))
     return 0
 
 

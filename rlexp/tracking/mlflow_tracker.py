@@ -14,8 +14,11 @@
   the config every job shares plus `sweep.<key>` = the swept values, and no job's run folder or config hash.
   It is set RUNNING while a child runs and, when no child is running, to the worst child status
   (FAILED > KILLED > FINISHED, and the tag `rlexp.status` with it), with aggregates of the children's final
-  metrics per configuration (the swept keys but the seed): `sweep/<config>/<metric>/mean|std|n` metrics and
-  an `aggregates.json` table.
+  metrics per configuration (the swept keys but the seed): `sweep/<config>/<metric>/mean|std|n` metrics for
+  the few `PARENT_METRICS` (held-out accuracy first) and every metric in an `aggregates.json` table. Children
+  are named by the overrides that vary across the sweep only. The experiment carries
+  `mlflow.experimentKind=custom_model_development`, so MLflow 3's UI opens on runs, not GenAI traces. The
+  winner sentence goes into the parent's description when the sweep ends (rlexp.tracking.sweep_summary).
 - Every run ends in `finish()` with FINISHED / FAILED / KILLED from the rlexp status.
 - As MLflow users expect: system metrics from MLflow's own sampler (`system/*`, needs psutil), the manifest's
   dataset hashes as MLflow datasets (digest = the first 32 hex of the sha256, the full hash in the profile),
@@ -55,6 +58,12 @@ RLEXP_STATUS = {v: k for k, v in STATUS_MAP.items()}
 _SEVERITY = {"FINISHED": 0, "KILLED": 1, "FAILED": 2}
 PARAM_VALUE_MAX = 6000
 AGGREGATES_FILE = "aggregates.json"
+# MLflow 3 opens an experiment without this tag on its GenAI traces page; the tag and value are the ones its
+# UI reads (mlflow/server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT), so the UI opens on the runs table.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# The parent run's metrics: these few per configuration (mean/std/n), held-out accuracy first; every metric's
+# aggregate stays in the aggregates.json artifact. Hundreds of metrics in the parent bury the answer.
+PARENT_METRICS = ("eval/accuracy", "reward/mean", "time/wall_s")
 
 
 @contextlib.contextmanager
@@ -192,10 +201,13 @@ class MlflowTracker(Tracker):
     def _experiment_id(self, mlruns: Path | None) -> str:
         exp = self.client.get_experiment_by_name(self.experiment)
         if exp is not None:
+            if EXPERIMENT_KIND_TAG not in exp.tags:  # never overrides a kind someone chose in the UI
+                self.client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return exp.experiment_id
         kwargs = {"artifact_location": (mlruns / "artifacts" / safe_name(self.experiment)).as_uri()} if mlruns else {}
         try:
-            return self.client.create_experiment(self.experiment, **kwargs)
+            return self.client.create_experiment(self.experiment, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+                                                 **kwargs)
         except Exception:  # created concurrently by another job
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is None:
@@ -259,7 +271,11 @@ class MlflowTracker(Tracker):
             "rlexp.config_sha256": str(manifest.config_sha256),
             "rlexp.run_dir": redact_text(str(run_dir.resolve())),
             "rlexp.status": "running",
+            # the full name every source gives this run (rlexp compare matches sources by it); the MLflow run
+            # name below may be shorter
+            "rlexp.run_name": str(ident.run_name or run_dir.name),
         }
+        swept_all = list(ident.swept)
         for t in group_tags(manifest.choices):
             k, v = t.split("=", 1)
             tags[f"choice.{k}"] = v
@@ -277,7 +293,11 @@ class MlflowTracker(Tracker):
                 "rlexp.job_num": str(ident.job_num),
                 "rlexp.config_label": label or "all",
             })
-        run = self.client.create_run(self.experiment_id, run_name=ident.run_name or run_dir.name, tags=tags)
+        run_name = ident.run_name or run_dir.name
+        if ident.sweep_dir:  # a child is named by what varies across the sweep, not what all jobs share
+            varying = [o for o in manifest.overrides if o.split("=", 1)[0].lstrip("~+") in swept_all]
+            run_name = name_from_overrides(varying, swept_all) or run_name
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         params = [Param(k[:250], _param_str(v)) for k, v in flatten(manifest.config).items()]
         params += [Param(f"seed.{k}", str(v)) for k, v in manifest.seeds.items()]
@@ -398,12 +418,15 @@ class MlflowTracker(Tracker):
         done = [c for c in children if c.info.status == "FINISHED"]
         rows = aggregate([{"config": c.data.tags.get("rlexp.config_label", "all"),
                            "metrics": {k: v for k, v in c.data.metrics.items()
-                                       if not k.startswith(("system/", "time/"))}} for c in done])
+                                       if not k.startswith(("system/", "time/")) or k == "time/wall_s"}}
+                          for c in done])
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
+        curated = sorted((r for r in rows if r["metric"] in PARENT_METRICS),
+                         key=lambda r: (PARENT_METRICS.index(r["metric"]), r["config"]))
         metrics = [Metric(_metric_name(f"sweep/{r['config']}/{r['metric']}/{stat}"), float(r[stat]), ts, len(done))
-                   for r in rows for stat in ("mean", "std", "n")]
+                   for r in curated for stat in ("mean", "std", "n")]
         for i in range(0, len(metrics), 1000):
             self.client.log_batch(self.parent_id, metrics=metrics[i : i + 1000])
         if rows:

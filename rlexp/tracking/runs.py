@@ -31,6 +31,10 @@ from .manifest import MANIFEST_NAME, Manifest, read_manifest
 from .redact import redact
 from .runconfig import RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS
 
+# Config keys that vary between runs without making them different configurations: runs that differ only
+# here are repeats (`rlexp compare` averages them, W&B groups them).
+NUISANCE_KEYS = ("seed",)
+
 
 @dataclass
 class RunRecord:
@@ -215,7 +219,8 @@ def load_mlflow(experiment: str, tracking_uri: str | None) -> list[RunRecord]:
         config = {k: _param_value(v) for k, v in run.data.params.items() if not k.startswith("seed.")}
         status = {"FINISHED": "completed", "FAILED": "failed", "KILLED": "interrupted"}.get(run.info.status, "running")
         out.append(RunRecord(
-            name=run.info.run_name or run.info.run_id, source=f"mlflow:{experiment}/{run.info.run_id}",
+            name=run.data.tags.get("rlexp.run_name") or run.info.run_name or run.info.run_id,
+            source=f"mlflow:{experiment}/{run.info.run_id}",
             config=strip_run_local(config), history=history, status=status,
             manifest={"mlflow": {"run_id": run.info.run_id, "tags": dict(run.data.tags),
                                  "system_metrics": sorted(k for k in run.data.metrics if k.startswith("system/"))}},
@@ -270,6 +275,8 @@ def load_wandb_file(path: Path) -> RunRecord:
     meta: dict[str, Any] = {}
     artifacts: list[dict[str, Any]] = []
     stats: set[str] = set()
+    summary: dict[str, Any] = {}
+    defined: dict[str, dict[str, Any]] = {}
     for blob in wandb_records(path):
         rec = pb.Record()
         rec.ParseFromString(blob)
@@ -304,8 +311,13 @@ def load_wandb_file(path: Path) -> RunRecord:
                               "files": sorted(e.path for e in rec.artifact.manifest.contents)})
         elif kind == "summary":
             for u in rec.summary.update:
+                summary[_item_key(u)] = json.loads(u.value_json)
                 if _item_key(u) == "rlexp/status":
-                    status = json.loads(u.value_json)
+                    status = summary["rlexp/status"]
+        elif kind == "metric":
+            m = rec.metric
+            defined[m.name or m.glob_name] = {"step_metric": m.step_metric, "goal": int(m.goal),
+                                              "summary": sorted(f.name for f, v in m.summary.ListFields() if v)}
         elif kind == "exit" and status is None:
             status = "completed" if rec.exit.exit_code == 0 else "failed"
     config.pop("_wandb", None)
@@ -318,7 +330,7 @@ def load_wandb_file(path: Path) -> RunRecord:
             r["_wall_s"] = r["_runtime"]
         elif ts and "_timestamp" in r:
             r["_wall_s"] = r["_timestamp"] - ts[0]
-    meta.update(artifacts=artifacts, stats=sorted(stats))
+    meta.update(artifacts=artifacts, stats=sorted(stats), summary=summary, defined_metrics=defined)
     return RunRecord(name=name, source=str(path), config=strip_run_local(flatten(config)), history=history,
                      status=status, manifest={"wandb": meta})
 

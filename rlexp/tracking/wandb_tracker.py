@@ -5,9 +5,13 @@
   key in the environment (`resolve_mode`); `wandb sync <run_dir>/wandb/offline-run-*` uploads it later.
 - One W&B run per rlexp run, created with `reinit="create_new"` and always finished: Hydra's basic launcher
   runs multirun jobs in one process, and reusing the global run would merge jobs (a known complaint).
-- group = the sweep id (shared by a multirun's jobs), job_type = train, name = the run's overrides
-  (`reward=rule,seed=0`), tags = Hydra group choices; all from the manifest's `identity` / `choices`
-  so every tracker names runs the same way.
+- group = the configuration: the run's overrides but the seed (`reward=rule`), so W&B's grouped runs table
+  averages seeds the way `rlexp compare` does; job_type = train, name = the run's overrides
+  (`reward=rule,seed=0`), tags = Hydra group choices plus `sweep:<sweep id>` for a multirun job; all from
+  the manifest's `identity` / `choices` so every tracker names runs the same way.
+- The result is declared, not left to W&B's guess: `define_metric` puts `eval/*` on the `step` axis and keeps
+  `eval/accuracy`'s best and last value in the summary (`eval/accuracy.max`, `.last`), and `finish` writes
+  `result/eval_accuracy_final` and `result/eval_accuracy_best` into the summary for the runs table.
 - The W&B folder lives in the run folder (`<run_dir>/wandb/offline-run-*`), next to the rest of the run;
   `wandb sync runs/multirun/<time>/*/wandb/offline-run-*` uploads a whole sweep.
 - W&B's own panels: system metrics (its sampler, `logger.wandb.system_metrics`, every
@@ -22,6 +26,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import math
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -32,9 +38,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker
-from .hydra_run import group_tags
+from .hydra_run import group_tags, name_from_overrides, override_key
 from .manifest import Manifest
 from .redact import redact, redact_argv, redact_text
+from .runs import NUISANCE_KEYS
 
 _EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
@@ -75,6 +82,20 @@ ARTIFACTS = {"checkpoint": ("checkpoint", "model"), "manifest": ("manifest", "ma
              "config": ("config", "config"), "result": ("results", "result")}
 
 
+RESULT_METRIC = "eval/accuracy"
+GROUP_MAX = 128  # W&B's limit on a group name
+
+
+def configuration_group(manifest: Manifest) -> str:
+    """The W&B group: the run's overrides without the seed, so seeds of one configuration group together
+    across sweeps; `defaults` when only the seed was set. Too long a name keeps a hash of the whole."""
+    rest = [o for o in manifest.overrides if override_key(o) not in NUISANCE_KEYS]
+    group = name_from_overrides(rest) or "defaults"
+    if len(group) > GROUP_MAX:
+        group = group[: GROUP_MAX - 9] + "~" + hashlib.sha1(group.encode()).hexdigest()[:8]
+    return group
+
+
 @dataclass
 class WandbTracker(Tracker):
     project: str = "rlexp"
@@ -88,6 +109,8 @@ class WandbTracker(Tracker):
     def __post_init__(self) -> None:
         self.run: Any = None
         self._pending: dict[str, list[Path]] = {}
+        self._defined = False
+        self._result: list[float] = []
 
     @classmethod
     def from_config(cls, c: Any, stats_interval_s: float | None = None) -> WandbTracker:
@@ -125,6 +148,8 @@ class WandbTracker(Tracker):
             "seeds": manifest.seeds,
         })
         tags = [t[:64] for t in group_tags(manifest.choices)]
+        if ident.sweep_id:
+            tags.append(f"sweep:{ident.sweep_id}"[:64])
         argv = manifest.argv or redact_argv(sys.argv)
         git = manifest.git
         # Git from the manifest (commit, redacted remote): W&B's own capture would read the repository, whose
@@ -136,7 +161,7 @@ class WandbTracker(Tracker):
             self.run = wandb.init(
                 project=self.project,
                 entity=self.entity,
-                group=(ident.group or None),
+                group=configuration_group(manifest),
                 name=ident.run_name or redact_text(Path(run_dir).name),
                 job_type="train",
                 tags=tags,
@@ -151,7 +176,15 @@ class WandbTracker(Tracker):
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.run is not None:
-            self.run.log(dict(metrics), step=int(step))
+            if not self._defined:
+                self._defined = True
+                self.run.define_metric("step", hidden=True)
+                self.run.define_metric("eval/*", step_metric="step")
+                self.run.define_metric(RESULT_METRIC, step_metric="step", summary="max,last")
+            value = metrics.get(RESULT_METRIC)
+            if isinstance(value, (int, float)) and not math.isnan(value):
+                self._result.append(float(value))
+            self.run.log({**metrics, "step": int(step)}, step=int(step))
 
     def log_artifact(self, path: str | os.PathLike[str], kind: str = "result") -> None:
         """Checkpoints go up at once; the other kinds are collected and logged at finish as one version each
@@ -199,6 +232,9 @@ class WandbTracker(Tracker):
         finally:
             self.run = None
         run.summary["rlexp/status"] = status
+        if self._result:
+            run.summary["result/eval_accuracy_final"] = self._result[-1]
+            run.summary["result/eval_accuracy_best"] = max(self._result)
         run.finish(exit_code=_EXIT_CODES.get(status, 1))
         import wandb
 
