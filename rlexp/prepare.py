@@ -24,6 +24,7 @@ from rlexp.evals.benchmarks import load_benchmarks
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.planner import PlanError, check_devices, plan_memory
 from rlexp.models.tiny import ensure_tiny_checkpoint
+from rlexp.plugins import activate, describe_config_dirs, describe_plugins, search_paths, used_modules
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
@@ -58,6 +59,7 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+    activate(list(t.plugins), search_paths(t.config_path))  # before any name is looked up; a bad one fails here
     real = t.model.flavor != "tiny"
     report = plan_memory(cfg) if real or t.trainer.micro_batch_size == 0 else None
     if report is not None and t.trainer.micro_batch_size == 0:  # derived: the largest the plan fits
@@ -120,6 +122,8 @@ def prepare(cfg: DictConfig) -> Prepared:
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
+    extra["plugins"] = describe_plugins(used_modules(t.plugins))  # what `rlexp reproduce` checks before a re-run
+    extra["config_path"] = describe_config_dirs(t.config_path)
     return Prepared(t, env, model_dir, seeds, extra, benchmarks, served)
 
 

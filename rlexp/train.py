@@ -47,6 +47,36 @@ def interrupted_hint() -> str:
 
 
 def main(argv: list[str]) -> int:
-    sys.argv = ["rlexp train", *argv]
+    sys.argv = ["rlexp train", *with_config_path(argv)]
     train()
     return 0
+
+
+def with_config_path(argv: list[str]) -> list[str]:
+    """`config_path=DIR` or `config_path=[DIR,...]` (user config folders beside the shipped presets) made absolute,
+    checked to exist, and put on Hydra's search path (`hydra.searchpath`, derived here: never typed, never
+    replayed). A folder that is not there is refused before Hydra composes anything."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from rlexp.config.validate import ConfigError
+
+    out, dirs = [], []
+    for a in argv:
+        key = a.split("=", 1)[0]
+        if key.lstrip("+") == "hydra.searchpath":
+            continue  # derived from config_path below (a recorded run replays config_path, not this)
+        if key.lstrip("+") != "config_path":
+            out.append(a)
+            continue
+        value = OverridesParser.create().parse_override(a).value()
+        for d in (value if isinstance(value, list) else [value]):
+            path = Path(str(d)).expanduser().resolve()
+            if not path.is_dir():
+                raise ConfigError(f"config_path: {d} is not a folder (resolved: {path}); give folders holding "
+                                  f"config groups such as environment/, reward/, sweeps/")
+            dirs.append(str(path))
+    if not dirs:
+        return out
+    quoted = ",".join("'" + d.replace("'", "\\'") + "'" for d in dirs)
+    files = ",".join("'file://" + d.replace("'", "\\'") + "'" for d in dirs)
+    return [*out, f"config_path=[{quoted}]", f"hydra.searchpath=[{files}]"]

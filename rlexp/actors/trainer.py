@@ -41,6 +41,7 @@ from rlexp.models.hf import (
 )
 from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.titan import hf_state_dict, titan_config, torch_dtype
+from rlexp.plugins import activate_from_env
 from rlexp.seeding import apply_process_determinism
 from rlexp.transport import TransportSpec, WeightTransport, build_publisher
 from rlexp.types import TrainBatch
@@ -202,6 +203,7 @@ class Trainer(Actor):
                  seed: int, pad_id: int, transports: Sequence[TransportSpec], threads: int = 0,
                  world_size: int = 1, master_port: int | str = 0, device: str = "cpu",
                  tp: int = 1, gpus: list[str] | None = None) -> None:
+        activate_from_env()  # the user's plug-ins, before any name in the config is looked up
         apply_process_determinism()
         self.model_cfg, self.model_dir = model_cfg, model_dir
         self.tcfg, self.acfg = trainer_cfg, algo_cfg

@@ -228,6 +228,10 @@ class TrainConfig:
     force_resume: bool = False
     tags: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # A user's own code and configs (rlexp.plugins): modules imported in every process before anything is built,
+    # and config folders searched beside the shipped presets (`rlexp train config_path=[DIR,...]`, absolute here).
+    plugins: list[str] = field(default_factory=list)
+    config_path: list[str] = field(default_factory=list)
 
 
 def register_configs() -> None:
