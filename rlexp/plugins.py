@@ -42,7 +42,7 @@ def activate(modules: Sequence[str], paths: Sequence[str]) -> None:
         if p not in sys.path:
             sys.path.append(p)
     for m in modules:
-        import_module(str(m), f"plugins: {m}")
+        import_module(str(m), "plugins")
     os.environ[PLUGINS_ENV] = json.dumps({"modules": list(modules), "paths": list(paths)})
 
 
