@@ -78,7 +78,7 @@ def test_plugin_import_failure_refused_before_spawning(project: Path, tag: str) 
 def test_unknown_module_and_missing_class_name_the_module(project: Path) -> None:
     with pytest.raises(PluginError, match=r"cannot import module 'mytask.nope' \(ModuleNotFoundError"):
         check_config(composed(project, "environment=count_a", "plugins=[mytask.nope]"))
-    with pytest.raises(PluginError, match="module 'mytask.tasks' has no attribute 'Count'"):
+    with pytest.raises(PluginError, match=r"module 'mytask\.tasks' has no attribute 'Count'"):
         check_config(composed(project, "environment=count_a", "environment.name=mytask.tasks:Count"))
 
 
@@ -88,14 +88,14 @@ def test_wrong_kind_refused(project: Path) -> None:
         check_config(composed(project, "environment=count_a", "environment.name=mytask.tasks:NearMiss"))
     from rlexp.rewards.verifiers.registry import build_rule
 
-    with pytest.raises(PluginError, match="not a subclass of rlexp.rewards.verifiers.base.Rule"):
+    with pytest.raises(PluginError, match=r"not a subclass of rlexp\.rewards\.verifiers\.base\.Rule"):
         build_rule({"rule": "mytask.tasks:CountA"}, "verifier x")
 
 
 def test_unknown_name_says_how_to_bring_your_own() -> None:
     from rlexp.envs.registry import env_class
 
-    with pytest.raises(ConfigError, match="package.module:Class") as e:
+    with pytest.raises(ConfigError, match=r"package\.module:Class") as e:
         env_class("count_a")
     assert "rlexp/envs/registry.py" not in str(e.value)
 
