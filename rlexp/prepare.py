@@ -21,6 +21,7 @@ from rlexp.config.validate import ConfigError, validate
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env, check_env_options
 from rlexp.evals.benchmarks import load_benchmarks
+from rlexp.grpo import LOSSES
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.planner import PlanError, check_devices, plan_memory
 from rlexp.models.tiny import ensure_tiny_checkpoint
@@ -68,6 +69,7 @@ def check_config(cfg: DictConfig) -> TrainConfig:
         check_devices(report, t.cluster)  # this machine has the GPUs the plan needs, before anything else says no
     validate(t, check_weights=check_model_files)
     check_env_options(t.environment)
+    LOSSES.get(t.algorithm.loss)  # a user's loss: imported and kind-checked here, not in the trainer process
     if report is not None and real and not report.ok:
         raise PlanError("the configured layout does not fit:\n" + report.table(), report)
     return t

@@ -86,6 +86,8 @@ def test_wrong_kind_refused(project: Path) -> None:
     with pytest.raises(PluginError, match=r"environment mytask.tasks:NearMiss: NearMiss is .* not a subclass of "
                                           r"rlexp.envs.base.Environment"):
         check_config(composed(project, "environment=count_a", "environment.name=mytask.tasks:NearMiss"))
+    with pytest.raises(PluginError, match=r"loss mytask\.tasks:NearMiss: .* not a subclass of rlexp\.grpo\.PolicyLoss"):
+        check_config(composed(project, "environment=count_a", "algorithm.loss=mytask.tasks:NearMiss"))
     from rlexp.rewards.verifiers.registry import build_rule
 
     with pytest.raises(PluginError, match=r"not a subclass of rlexp\.rewards\.verifiers\.base\.Rule"):

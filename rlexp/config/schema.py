@@ -52,6 +52,7 @@ class AlgorithmConfig:
     # token_mean: every token weighs the same; seq_mean_token_mean: every sequence; seq_mean_token_sum_norm:
     # Dr.GRPO's constant normaliser (no length bias).
     loss_agg: LossAgg = LossAgg.token_mean
+    loss: str = "grpo"  # rlexp.grpo.LOSSES: a built-in name or a user's package.module:Class (a PolicyLoss)
     # Drop groups whose rewards are all equal (zero advantage carries no gradient, only noise in the mean).
     filter_zero_adv_groups: bool = False
 
