@@ -113,8 +113,12 @@ def test_registry_refuses_a_second_class_under_a_taken_name() -> None:
 def test_missing_config_folder_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config_path: nowhere is not a folder"):
         with_config_path([f"config_path=[{tmp_path},nowhere]"])
-    out = with_config_path([f"config_path={tmp_path}", "hydra.searchpath=[file:///elsewhere]", "seed=1"])
-    assert out == ["seed=1", f"config_path=['{tmp_path}']", f"hydra.searchpath=['file://{tmp_path}']"]
+    (tmp_path / "b").mkdir()
+    out = with_config_path([f"config_path={tmp_path}", f"hydra.searchpath=[file://{tmp_path}/b]", "seed=1"])
+    assert out == ["seed=1", f"config_path=['{tmp_path}','{tmp_path}/b']",  # recorded, replayed by reproduce
+                   f"hydra.searchpath=['file://{tmp_path}','file://{tmp_path}/b']"]
+    with pytest.raises(ConfigError, match="pkg://x is not a file:// folder"):
+        with_config_path(["hydra.searchpath=[pkg://x]"])
 
 
 def test_recorded_hashes_notice_a_changed_plugin_or_config(project: Path) -> None:
