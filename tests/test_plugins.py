@@ -167,3 +167,13 @@ def test_reproduce_refuses_changed_plugin_unless_allowed(project: Path, tmp_path
     assert ran == [] and "plug-in mytask.tasks" in capsys.readouterr().err
     assert reproduce.main([str(run), "--allow-changed-plugins"], runner=lambda c, cwd=None: ran.append(c) or 1) == 2
     assert len(ran) == 1 and "its source changed" in capsys.readouterr().err  # warned, then run (and failed: rc 1)
+
+
+def test_transport_import_failure_names_module_error_and_path() -> None:
+    """`cluster.transport: package.module:Class` goes through the same import as every other plug-in."""
+    from rlexp.transport import TransportError
+    from rlexp.transport.registry import resolve
+
+    with pytest.raises(TransportError, match=r"cluster.transport=nope.mod:X: cannot import module 'nope.mod' "
+                                             r"\(ModuleNotFoundError: .*\); searched sys.path"):
+        resolve("nope.mod:X")
