@@ -7,10 +7,12 @@ are re-weighted by the importance ratio instead of being trained on as if they w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from rlexp.config.schema import LossAgg
+from rlexp.registry import Registry
 
 LOSS_AGG_MODES = tuple(m.value for m in LossAgg)
 
@@ -102,3 +104,30 @@ def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, agg: str, max_len: i
         return ((per_token * mask).sum(dim=1) / seq_tokens).mean()
     norm = float(max_len if max_len is not None else mask.shape[1])
     return ((per_token * mask).sum(dim=1) / norm).mean()
+
+
+class PolicyLoss:
+    """The trainer's loss, chosen by `algorithm.loss`: a built-in name or a user's `package.module:Class`.
+
+    Called once per micro-batch with [B, T] tensors (`ref_logprobs` None without a reference model) and the
+    `algorithm` config (its knobs are the loss's to read); returns the loss and its `loss/*` metrics. The
+    trainer weighs micro-batches by `algorithm.loss_agg`, so a loss that aggregates otherwise says so there."""
+
+    name: str = ""
+
+    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, ref_logprobs: torch.Tensor | None, algo: Any) -> LossOutput:
+        raise NotImplementedError
+
+
+LOSSES: Registry[type[PolicyLoss]] = Registry("loss", PolicyLoss, "a subclass of rlexp.grpo.PolicyLoss")
+
+
+@LOSSES.register("grpo")
+class GRPOLoss(PolicyLoss):
+    """`grpo_loss` with the clip range, KL coefficient and aggregation of `algorithm`."""
+
+    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                 mask: torch.Tensor, ref_logprobs: torch.Tensor | None, algo: Any) -> LossOutput:
+        return grpo_loss(logprobs, old_logprobs, advantages, mask, algo.clip_low, algo.clip_high, ref_logprobs,
+                         algo.kl_coef, algo.loss_agg, max_len=algo.max_tokens)

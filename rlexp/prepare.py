@@ -25,8 +25,10 @@ from rlexp.config.validate import ConfigError, validate
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env, check_env_options
 from rlexp.evals.benchmarks import load_benchmarks
+from rlexp.grpo import LOSSES
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.tiny import ensure_tiny_checkpoint
+from rlexp.plugins import activate, describe_config_dirs, describe_plugins, search_paths, used_modules
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
@@ -62,6 +64,7 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
+    activate(list(t.plugins), search_paths(t.config_path))  # before any name is looked up; a bad one fails here
     try:
         job_backend(t.cluster.job)  # the planner and the layout ask the job kind: an unknown one stops here
     except ValueError as e:
@@ -76,6 +79,7 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     if t.cluster.device == "cuda" and t.cluster.gpus_per_host:
         check_hosts_fit(t)  # every host's roles fit its GPUs
     check_env_options(t.environment)
+    LOSSES.get(t.algorithm.loss)  # a user's loss: imported and kind-checked here, not in the trainer process
     if report is not None and real and not report.ok:
         raise PlanError("the configured layout does not fit:\n" + report.table(), report)
     return t
@@ -130,6 +134,8 @@ def prepare(cfg: DictConfig) -> Prepared:
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
+    extra["plugins"] = describe_plugins(used_modules(t.plugins))  # what `rlexp reproduce` checks before a re-run
+    extra["config_path"] = describe_config_dirs(t.config_path)
     return Prepared(t, env, model_dir, seeds, extra, benchmarks, served)
 
 

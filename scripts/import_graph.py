@@ -43,9 +43,10 @@ KIND_RANK = {"top": 0, "function": 1, "type": 2}  # the strongest occurrence of 
 # Imports may point down or sideways, never up. `rlexp` itself (the package's __init__) has no layer.
 LAYER_NAMES = ("types and config", "components", "orchestration", "entry points")
 LAYERS: dict[str, int] = {
-    **dict.fromkeys(["rlexp.types", "rlexp.errors", "rlexp.config"], 0),
+    **dict.fromkeys(["rlexp.types", "rlexp.errors", "rlexp.config", "rlexp.registry"], 0),
     **dict.fromkeys(["rlexp.actors", "rlexp.envs", "rlexp.rewards", "rlexp.models", "rlexp.transport", "rlexp.tracking",
-                     "rlexp.evals", "rlexp.grpo", "rlexp.seeding", "rlexp.weights", "rlexp.cluster"], 1),
+                     "rlexp.evals", "rlexp.grpo", "rlexp.seeding", "rlexp.weights", "rlexp.cluster",
+                     "rlexp.plugins"], 1),
     **dict.fromkeys(["rlexp.launcher", "rlexp.inprocess", "rlexp.prepare", "rlexp.controller", "rlexp.loop",
                      "rlexp.rollouts", "rlexp.services", "rlexp.checkpoints", "rlexp.runlock",
                      "rlexp.phases"], 2),

@@ -15,6 +15,7 @@ from monarch.actor import Actor, endpoint
 from rlexp.config.model import ModelConfig
 from rlexp.models.backends import GeneratorBackend, build_backend
 from rlexp.models.tokenizer import load_tokenizer
+from rlexp.plugins import activate_from_env
 from rlexp.seeding import apply_process_determinism
 from rlexp.transport import TransportError, TransportSpec, build_receiver
 from rlexp.types import Completion
@@ -26,6 +27,7 @@ class Generator(Actor):
     def __init__(self, model_cfg: ModelConfig, model_dir: str, backend: str, seed: int, threads: int = 0,
                  options: dict[str, Any] | None = None, gpus: str | None = None,
                  weights: TransportSpec | None = None) -> None:
+        activate_from_env()  # the user's plug-ins, before any name in the config is looked up
         if gpus is not None:  # this replica's GPUs (rlexp.cluster.layout.assign_gpus), before anything opens CUDA
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus
         apply_process_determinism()

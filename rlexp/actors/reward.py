@@ -15,6 +15,7 @@ from rlexp.config.environment import EnvConfig
 from rlexp.config.reward import RewardConfig
 from rlexp.envs.registry import build_env
 from rlexp.models.tokenizer import load_tokenizer
+from rlexp.plugins import activate_from_env
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.lm_judge import LMJudgeVerifier
@@ -24,6 +25,7 @@ from rlexp.types import RewardOutput, Sample
 
 class RewardService(Actor):
     def __init__(self, reward_cfg: RewardConfig, env_cfg: EnvConfig) -> None:
+        activate_from_env()  # the user's plug-ins, before any name in the config is looked up
         self.cfg = reward_cfg
         self.env = build_env(env_cfg)
         self.reward = build_reward(reward_cfg, self.env)

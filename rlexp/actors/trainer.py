@@ -33,7 +33,7 @@ from monarch.actor import Actor, current_rank, endpoint
 
 from rlexp.checkpoints import safe_load
 from rlexp.config.model import ModelConfig
-from rlexp.grpo import grpo_loss, policy_token_mask
+from rlexp.grpo import LOSSES, policy_token_mask
 from rlexp.models.hf import (
     load_hf_into_sharded_titan,
     save_titan_as_hf,
@@ -41,6 +41,7 @@ from rlexp.models.hf import (
 )
 from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.titan import hf_state_dict, titan_config, torch_dtype
+from rlexp.plugins import activate_from_env
 from rlexp.seeding import apply_process_determinism
 from rlexp.transport import TransportSpec, WeightTransport, build_publisher
 from rlexp.types import TrainBatch
@@ -202,9 +203,11 @@ class Trainer(Actor):
                  seed: int, pad_id: int, transports: Sequence[TransportSpec], threads: int = 0,
                  world_size: int = 1, master_port: int | str = 0, device: str = "cpu",
                  tp: int = 1, gpus: list[str] | None = None) -> None:
+        activate_from_env()  # the user's plug-ins, before any name in the config is looked up
         apply_process_determinism()
         self.model_cfg, self.model_dir = model_cfg, model_dir
         self.tcfg, self.acfg = trainer_cfg, algo_cfg
+        self.loss_fn = LOSSES.get(str(algo_cfg.loss))()  # checked in prepare; a plug-in's class needs its module here
         self.total_steps, self.seed, self.pad_id = total_steps, seed, pad_id
         # Every transport the generators need (resolved per pair by the launcher); a version is published to each.
         self.transport_specs = list({s.name: s for s in transports}.values())
@@ -277,8 +280,7 @@ class Trainer(Actor):
                     mask = policy_token_mask(mask, _pad(batch.loss_masks[s:e], logp.shape[1]).to(mask.device))
                 old = _pad(batch.old_logprobs[s:e], logp.shape[1]).to(logp.device)
                 ref = _pad(batch.ref_logprobs[s:e], logp.shape[1]).to(logp.device) if batch.ref_logprobs else None
-                out = grpo_loss(logp, old, torch.tensor(batch.advantages[s:e]).to(logp.device), mask, a.clip_low,
-                                a.clip_high, ref, a.kl_coef, a.loss_agg, max_len=a.max_tokens)
+                out = self.loss_fn(logp, old, torch.tensor(batch.advantages[s:e]).to(logp.device), mask, ref, a)
                 # Weight each micro-batch by its share of the global batch, so accumulation (and the sum
                 # over data-parallel ranks) equals one big batch.
                 share = (mask.sum().item() / max(1, total_tokens)) if a.loss_agg == "token_mean" else (e - s) / n

@@ -17,6 +17,7 @@ from monarch.actor import Actor, current_rank, endpoint
 from rlexp.config.environment import EnvConfig
 from rlexp.config.reward import VerifierConfig
 from rlexp.envs.registry import build_env
+from rlexp.plugins import activate_from_env
 from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.seeding import apply_process_determinism
 from rlexp.services import Pending, Service
@@ -26,6 +27,7 @@ from rlexp.types import Problem
 class VerifierService(Actor):
     def __init__(self, vcfg: VerifierConfig, env_cfg: EnvConfig, threads: int = 0, device: str = "cpu",
                  gpus: list[str] | None = None) -> None:
+        activate_from_env()  # the user's plug-ins, before any name in the config is looked up
         # This replica's GPU (`gpus[rank]`, a CUDA_VISIBLE_DEVICES value from rlexp.cluster.layout.assign_gpus), set
         # before anything in the process opens CUDA, so a verifier never lands on the policy's GPUs.
         if device == "cuda" and gpus:

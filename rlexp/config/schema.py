@@ -51,6 +51,7 @@ class AlgorithmConfig:
     # token_mean: every token weighs the same; seq_mean_token_mean: every sequence; seq_mean_token_sum_norm:
     # Dr.GRPO's constant normaliser (no length bias).
     loss_agg: LossAgg = LossAgg.token_mean
+    loss: str = "grpo"  # rlexp.grpo.LOSSES: a built-in name or a user's package.module:Class (a PolicyLoss)
     # Drop groups whose rewards are all equal (zero advantage carries no gradient, only noise in the mean).
     filter_zero_adv_groups: bool = False
 
@@ -228,6 +229,10 @@ class TrainConfig:
     force_resume: bool = False
     tags: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # A user's own code and configs (rlexp.plugins): modules imported in every process before anything is built,
+    # and config folders searched beside the shipped presets (`rlexp train config_path=[DIR,...]`, absolute here).
+    plugins: list[str] = field(default_factory=list)
+    config_path: list[str] = field(default_factory=list)
 
 
 def register_configs() -> None:

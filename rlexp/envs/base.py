@@ -1,19 +1,20 @@
 """What an environment is: a dataset, prompt formatting, interaction/termination, and a rule check.
 
-A user adds an environment with one module (a subclass registered with `@register_env("name")`, imported
-in `rlexp/envs/registry.py`) and one YAML file in `rlexp/conf/environment/`. The rule check lives here, not in
+A user adds an environment with one module of their own (a subclass, named in config as `package.module:Class`
+or registered with `@register_env("name")` in a module listed in `plugins`) and one YAML file in a config folder
+of their own (`config_path`); see examples/my_task. The rule check lives here, not in
 a reward, so training-time scores and evaluation scores come from the same code path. This module imports
 no implementation: they import it, and `registry` imports them.
 """
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlexp.config.environment import EnvConfig
 from rlexp.config.validate import check_options
+from rlexp.registry import Registry
 from rlexp.types import Problem, Sample
 
 
@@ -116,13 +117,6 @@ class Environment:
         return type(self).step is not Environment.step and self.cfg.max_turns > 1
 
 
-_REGISTRY: dict[str, type[Environment]] = {}
-
-
-def register_env(name: str) -> Callable[[type[Environment]], type[Environment]]:
-    def deco(cls: type[Environment]) -> type[Environment]:
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+ENVIRONMENTS: Registry[type[Environment]] = Registry(
+    "environment", Environment, "a subclass of rlexp.envs.base.Environment; see examples/my_task")
+register_env = ENVIRONMENTS.register

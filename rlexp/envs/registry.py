@@ -1,24 +1,21 @@
 """Builds environments by name. It imports every built-in environment so that `@register_env` has run
-before a name is looked up; `base` cannot do this without importing its own subclasses. Add new
-modules to the import list below."""
+before a name is looked up; `base` cannot do this without importing its own subclasses. A user's environment
+is named by import path or listed in `plugins` (`rlexp.plugins`), not added here."""
 from __future__ import annotations
 
 from rlexp.config.environment import EnvConfig
-from rlexp.config.validate import ConfigError, check_options
+from rlexp.config.validate import check_options
 from rlexp.envs import arithmetic, calculator, gpqa, gsm8k, guess, math_env, mmlu_pro, sort  # noqa: F401
-from rlexp.envs.base import _REGISTRY, Environment
+from rlexp.envs.base import ENVIRONMENTS, Environment
 
 
 def env_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return ENVIRONMENTS.names()
 
 
 def env_class(name: str) -> type[Environment]:
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown environment {name!r}; choose one of {env_names()} (or add a module that "
-                          f"uses @register_env, import it in rlexp/envs/registry.py, and add a YAML file in "
-                          f"rlexp/conf/environment/)")
-    return _REGISTRY[name]
+    """A built-in name, one a plug-in registered, or `package.module:Class` (`rlexp.registry.Registry.get`)."""
+    return ENVIRONMENTS.get(name)
 
 
 def check_env_options(cfg: EnvConfig) -> None:

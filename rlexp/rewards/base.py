@@ -6,10 +6,11 @@ Weaver cannot read a gold label even by mistake: the isolation is structural, no
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from rlexp.config.reward import RewardConfig
+from rlexp.registry import Registry
 from rlexp.types import Problem, RewardOutput, Sample
 
 # Meta keys that would smuggle a gold label past the Problem/Sample split. Environments must not put the
@@ -85,29 +86,18 @@ def strip_gold(samples: Sequence[Sample | Problem]) -> list[Problem]:
 
 
 # --- registry ---------------------------------------------------------------------------------------
-_REGISTRY: dict[str, type[Reward]] = {}
-
-
-def register_reward(name: str) -> Callable[[type[Reward]], type[Reward]]:
-    def deco(cls: type[Reward]) -> type[Reward]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"reward name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+REWARDS: Registry[type[Reward]] = Registry(
+    "reward", Reward, "a subclass of rlexp.rewards.base.Reward; see examples/my_task")
+register_reward = REWARDS.register
 
 
 def reward_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return REWARDS.names()
 
 
 def reward_class(name: str) -> type[Reward]:
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown reward {name!r}; choose one of {reward_names()} (or add a module that uses "
-                         f"@register_reward and a YAML file in rlexp/conf/reward/)")
-    return _REGISTRY[name]
+    """A built-in name, one a plug-in registered, or `package.module:Class` (`rlexp.registry.Registry.get`)."""
+    return REWARDS.get(name)
 
 
 def plain(value: Any) -> Any:

@@ -1,7 +1,8 @@
 """Imports every built-in reward so that `@register_reward` runs, and builds one from its config.
 
-Add a new reward with one module (a `Reward` subclass under `@register_reward("name")`), an import line
-here and a YAML file in rlexp/conf/reward/.
+A user's reward is a `Reward` subclass in their own module, named in config as `package.module:Class` or
+registered with `@register_reward("name")` in a module listed in `plugins` (see `rlexp.plugins`,
+examples/my_task); only built-ins are imported here.
 """
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
-"""`rlexp reproduce RUN_DIR [--dry-run] [--config-dir DIR] [-- EXTRA_OVERRIDES...]`: re-run a run from its
-manifest and check that it produced the same metrics.
+"""`rlexp reproduce RUN_DIR [--dry-run] [--config-dir DIR] [--allow-changed-plugins] [-- EXTRA_OVERRIDES...]`:
+re-run a run from its manifest and check that it produced the same metrics.
 
 The re-run is `python -m rlexp train <same overrides> hydra.run.dir=<RUN_DIR's parent>/reproduce/<name>-<time>`
 (plus `--config-name` when the original used one, and `--config-dir` when the user passes it: a manifest never
 picks a config folder), started from the original working directory, which is not put on the module path (`-P`).
 A manifest is data someone else may have written: its overrides pass `rlexp.config.overrides.check_overrides`
-(schema keys only; no Hydra callbacks, `_target_` or resolvers) before anything runs.
+(schema keys only; no Hydra callbacks, `_target_` or resolvers) before anything runs. A run's own code and
+configs (`plugins`, `config_path`: rlexp.plugins) are used again only as recorded: every folder and plug-in
+source must hash as it did, else the re-run is refused (`--allow-changed-plugins`: warned).
 Exit codes: 0 identical metrics, 1 first differing step/metric printed, 2 the re-run itself failed or could
 not be built (a refused override, or one redacted as a secret: pass it again after `--`).
 
@@ -37,6 +39,7 @@ from typing import Any
 
 from rlexp.config.overrides import RUN_DIR_KEYS, OverrideError, check_config_name, check_overrides
 from rlexp.config.paths import CONF_DIR
+from rlexp.plugins import recorded_changes
 
 from .base import METRICS_FILE
 from .manifest import Manifest, ManifestError, read_manifest
@@ -165,7 +168,8 @@ def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
     configs there can run code, so only the user may choose it. `extra` is the user's own and not checked.
     The field types were checked when the manifest was read (`rlexp.tracking.manifest.read_manifest`)."""
     hyd = manifest.hydra
-    conf_dirs = [CONF_DIR, *([config_dir] if config_dir else [])]
+    user_dirs = user_config_dirs(manifest, source)
+    conf_dirs = [CONF_DIR, *([config_dir] if config_dir else []), *user_dirs]
     if hyd.config_dir and config_dir is None:
         raise OverrideError(f"{source}: the run loaded configs from its own folder (--config-dir "
                             f"{hyd.config_dir}); YAML there can run code, so rlexp reproduce will not take it "
@@ -175,6 +179,7 @@ def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
     if name:
         check_config_name(name, conf_dirs, f"{source} hydra.config_name")
     recorded = check_overrides(manifest.overrides, f"{source} overrides", conf_dirs)
+    check_user_code(recorded, user_dirs, manifest, source)
     overrides = [o for o in recorded if _override_key(o) not in RUN_DIR_KEYS]
     extra_keys = {_override_key(e) for e in extra}
     overrides = [o for o in overrides if _override_key(o) not in extra_keys] + list(extra)
@@ -188,6 +193,42 @@ def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
     if name:
         cmd += ["--config-name", name]
     return [*cmd, *overrides, f"hydra.run.dir={_quote_value(str(new_dir))}"]
+
+
+def user_config_dirs(manifest: Manifest, source: str) -> list[Path]:
+    """The run's own config folders (`config_path`), as recorded with their hashes; `recorded_changes` says
+    whether they are still there and unchanged."""
+    dirs = manifest.extra.get("config_path") or []
+    if not isinstance(dirs, list) or not all(isinstance(d, dict) and isinstance(d.get("path"), str) for d in dirs):
+        raise OverrideError(f"{source}: config_path must be a list of {{path, sha256}}, got {dirs!r}")
+    return [Path(d["path"]) for d in dirs]
+
+
+_IMPORT_PATH = re.compile(r"([A-Za-z_][\w.]*):([A-Za-z_][\w.]*)")  # `package.module:Class`, as registries take it
+
+
+def check_user_code(overrides: Sequence[str], user_dirs: Sequence[Path], manifest: Manifest,
+                    source: str) -> None:
+    """A recorded `config_path=` or `plugins=` override may name only folders and modules the manifest recorded
+    with a hash (checked by `recorded_changes` before the re-run), never one it slipped in unrecorded."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    modules = {p.get("module") for p in manifest.extra.get("plugins") or [] if isinstance(p, dict)}
+    known = {"config_path": {str(d) for d in user_dirs}, "plugins": modules}
+    packages = {str(m).split(".")[0] for m in modules if m}
+    for o in overrides:
+        key = _override_key(o)
+        value_text = o.split("=", 1)[1] if "=" in o else ""
+        if (path := _IMPORT_PATH.fullmatch(value_text)) and path.group(1).split(".")[0] not in packages:
+            raise OverrideError(f"{source}: refusing override {o!r}: it names code to import ({value_text}) from a "
+                                f"package the manifest did not record as a plug-in (with a hash); pass it yourself "
+                                f"after `--` if you trust it")
+        if key in known:
+            value = OverridesParser.create().parse_override(o).value()
+            names = {str(v) for v in (value if isinstance(value, list) else [value])}
+            if not names <= known[key]:
+                raise OverrideError(f"{source}: refusing override {o!r}: {sorted(names - known[key])} not recorded "
+                                    f"in the manifest's {key} (with a hash); pass it yourself after `--`")
 
 
 def child_env() -> dict[str, str]:
@@ -227,6 +268,8 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
     ap.add_argument("--config-dir", type=Path, default=None,
                     help="the config folder the run used (its manifest names it; never taken from the manifest)")
+    ap.add_argument("--allow-changed-plugins", action="store_true",
+                    help="re-run even when a plug-in's source or a config folder changed since the run (warns)")
     ap.add_argument("extra", nargs="*", help="overrides appended after `--` (replace same-key ones)")
     args = ap.parse_args(argv)
     run_dir: Path = args.run_dir
@@ -242,6 +285,19 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     except ValueError as e:
         print(f"rlexp reproduce: {e}", file=sys.stderr)
         return 2
+    for p in manifest.extra.get("plugins") or []:
+        print(f"plug-in {p.get('module')}: {p.get('file')} (sha256 {str(p.get('sha256'))[:12]}, version "
+              f"{p.get('version')}, git {p.get('git_commit')})", flush=True)
+    for d in manifest.extra.get("config_path") or []:
+        print(f"config folder {d.get('path')} (sha256 {str(d.get('sha256'))[:12]})", flush=True)
+    changed = recorded_changes(manifest.extra.get("plugins"), manifest.extra.get("config_path"))
+    if changed and not args.allow_changed_plugins:
+        print("rlexp reproduce: the run's own code or configs changed, so this would not be the same run:\n  - "
+              + "\n  - ".join(changed) + "\nrestore them (see git_commit above), or pass --allow-changed-plugins",
+              file=sys.stderr)
+        return 2
+    for c in changed:
+        print(f"warning: {c} (--allow-changed-plugins)", file=sys.stderr)
     cwd = manifest.hydra.runtime_cwd
     cwd = cwd if cwd and Path(cwd).is_absolute() and Path(cwd).is_dir() else None
     print("+", " ".join(cmd), flush=True)

@@ -11,6 +11,7 @@ from typing import Any
 import rlexp.transport.monarch
 import rlexp.transport.shm
 import rlexp.transport.torchstore  # noqa: F401 - the built-ins register themselves on import
+from rlexp.registry import PluginError, import_module
 from rlexp.transport.base import TRANSPORTS, TransportError, TransportSpec, WeightReceiver, WeightTransport
 
 AUTO = "auto"  # shm when a pair shares a host, monarch across hosts
@@ -22,15 +23,14 @@ def choices() -> list[str]:
 
 
 def resolve(name: str) -> type[WeightTransport]:
-    """The transport class `name` stands for: a registered name, or `package.module:Class` (imported here; it must
-    be importable in every process of the run, e.g. on PYTHONPATH)."""
+    """The transport class `name` stands for: a registered name, or `package.module:Class` (imported here; found
+    like any plug-in, `rlexp.plugins`: on sys.path, in the working folder or beside a `config_path` folder)."""
     if ":" in name:
         mod, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(mod), attr, None)
-        except ImportError as e:
-            raise TransportError(f"cluster.transport={name}: cannot import {mod!r} ({e}); put it on PYTHONPATH "
-                                 f"(every process of the run imports it)") from None
+        try:  # the same import (and error: module, cause, sys.path) as every other plug-in (rlexp.registry)
+            cls = getattr(import_module(mod, f"cluster.transport={name}"), attr, None)
+        except PluginError as e:
+            raise TransportError(str(e)) from None
         if not (isinstance(cls, type) and issubclass(cls, WeightTransport)) or TRANSPORTS.get(cls.name) is not cls:
             raise TransportError(f"cluster.transport={name}: {mod} has no WeightTransport subclass {attr!r} "
                                  f"registered with @rlexp.transport.base.register_transport")

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rlexp.registry import Registry
 from rlexp.types import Problem
 
 
@@ -38,16 +39,9 @@ class Rule:
         raise NotImplementedError
 
 
-_RULES: dict[str, type[Rule]] = {}
-
-
-def register_rule(name: str) -> Callable[[type[Rule]], type[Rule]]:
-    def deco(cls: type[Rule]) -> type[Rule]:
-        cls.name = name
-        _RULES[name] = cls
-        return cls
-
-    return deco
+RULES: Registry[type[Rule]] = Registry(
+    "rule", Rule, "a subclass of rlexp.rewards.verifiers.base.Rule; see examples/my_task")
+register_rule = RULES.register
 
 
 class RuleVerifier(Verifier):

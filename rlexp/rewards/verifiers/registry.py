@@ -1,6 +1,6 @@
 """Builds verifiers from config. It imports every built-in implementation so that `@register_rule` has
-run before a rule name is looked up; `base` cannot, since the implementations import it. Add new rule
-modules to the import list below."""
+run before a rule name is looked up; `base` cannot, since the implementations import it. A user's rule is named
+by import path (`options.rule: package.module:Class`) or registered by a module listed in `plugins`."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -13,7 +13,7 @@ from rlexp.models.hf import CheckpointError, resolve_checkpoint
 from rlexp.rewards.base import plain
 from rlexp.rewards.verifiers import arithmetic  # noqa: F401  (registers the arithmetic rules)
 from rlexp.rewards.verifiers.answers import FormatVerifier, MajorityVerifier
-from rlexp.rewards.verifiers.base import _RULES, Rule, RuleVerifier, ServedVerifier, Verifier
+from rlexp.rewards.verifiers.base import RULES, Rule, RuleVerifier, ServedVerifier, Verifier
 from rlexp.rewards.verifiers.lm_judge import LMJudgeVerifier
 from rlexp.rewards.verifiers.reward_model import RewardModelVerifier
 from rlexp.rewards.verifiers.tiny import TINY_VERIFIERS, ensure_tiny_verifier
@@ -24,7 +24,7 @@ VERIFIER_KINDS = tuple(k.value for k in VerifierKind)
 
 
 def rule_names() -> list[str]:
-    return sorted(_RULES)
+    return RULES.names()
 
 
 def build_rule(options: dict[str, Any], who: str) -> Rule:
@@ -32,10 +32,9 @@ def build_rule(options: dict[str, Any], who: str) -> Rule:
     rule_name = options.pop("rule", None)
     if rule_name is None:
         raise ValueError(f"{who}: a rule verifier needs options.rule; choose one of {rule_names()}")
-    if rule_name not in _RULES:
-        raise ValueError(f"{who}: unknown rule {rule_name!r}; choose one of {rule_names()}")
+    cls = RULES.get(str(rule_name))  # a built-in, a plug-in's, or package.module:Class
     try:
-        return _RULES[rule_name](**options)
+        return cls(**options)
     except TypeError as e:
         raise ValueError(f"{who}: bad options {options} for rule {rule_name!r}: {e}") from e
 

@@ -1,0 +1,150 @@
+"""A user's own code and configs, outside the rlexp package: found, imported in every process, and recorded.
+
+`plugins: [mypkg.tasks]` (top-level config) lists modules imported before anything is built, so that their
+`@register_env`/`@register_reward`/`@register_rule` decorators run; a class can also be named directly as
+`mypkg.tasks:CountA` (`rlexp.registry`). They are searched on `sys.path` plus the run's working folder and the
+parent of every folder in `config_path` (a user project keeps `conf/` next to its package). The controller
+imports them in `prepare`, before anything is spawned, and leaves the list and the folders in the environment
+variable `PLUGINS_ENV`; every actor process inherits it and calls `activate_from_env` when it starts, so the
+same names resolve in the reward, verifier, generator and trainer processes.
+
+`describe_plugins` and `describe_config_dirs` are what the manifest records (file, sha256 of the source, version,
+git commit; a hash of every YAML of a config folder), and what `rlexp reproduce` checks before a re-run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from rlexp.registry import IMPORTED, PluginError, import_module
+
+PLUGINS_ENV = "RLEXP_PLUGINS"  # JSON {"modules": [...], "paths": [...]}, set by the controller, read by actors
+
+
+def search_paths(config_path: Iterable[str], cwd: str | os.PathLike[str] | None = None) -> list[str]:
+    """Folders a plug-in is looked for in besides `sys.path`: the working folder and each config folder's parent."""
+    out = [str(Path(cwd or os.getcwd()).resolve())]
+    out += [str(Path(d).expanduser().resolve().parent) for d in config_path]
+    return list(dict.fromkeys(out))
+
+
+def activate(modules: Sequence[str], paths: Sequence[str]) -> None:
+    """Put `paths` on `sys.path` (after what is there: a user module never shadows rlexp or its dependencies),
+    import `modules` (a `PluginError` names the first that fails), and pass both on to processes started later."""
+    for p in paths:
+        if p not in sys.path:
+            sys.path.append(p)
+    for m in modules:
+        import_module(str(m), "plugins")
+    os.environ[PLUGINS_ENV] = json.dumps({"modules": list(modules), "paths": list(paths)})
+
+
+def activate_from_env() -> None:
+    """In an actor process: what the controller activated (a no-op when it activated nothing)."""
+    raw = os.environ.get(PLUGINS_ENV)
+    if raw:
+        spec = json.loads(raw)
+        activate(spec.get("modules") or [], spec.get("paths") or [])
+
+
+def used_modules(modules: Sequence[str]) -> list[str]:
+    """`modules`, then every module a `module:Class` name imported in this process, each once."""
+    return list(dict.fromkeys([*modules, *IMPORTED]))
+
+
+def _sha256_files(files: Iterable[Path], root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def source_root(module: str) -> tuple[Path, Path]:
+    """(the module's file, what its hash covers): the top-level package's folder, or a single-file module."""
+    mod = sys.modules.get(module) or import_module(module, f"plugins: {module}")
+    file = Path(getattr(mod, "__file__", "") or "")
+    if not file.is_file():
+        raise PluginError(f"plugins: module {module!r} has no source file to record")
+    top = sys.modules.get(module.split(".")[0])
+    top_file = Path(getattr(top, "__file__", "") or file)
+    return file.resolve(), (top_file.parent if top_file.name == "__init__.py" else top_file).resolve()
+
+
+def source_hash(module: str) -> str:
+    """sha256 over every .py file of the module's top-level package (a helper module it imports counts too)."""
+    _, root = source_root(module)
+    return _sha256_files(root.rglob("*.py") if root.is_dir() else [root], root if root.is_dir() else root.parent)
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def describe_plugins(modules: Sequence[str]) -> list[dict[str, Any]]:
+    """One manifest entry per plug-in module: import path, file, source sha256, distribution version, git."""
+    dists = metadata.packages_distributions()
+    out = []
+    for m in modules:
+        file, root = source_root(m)
+        dist = (dists.get(m.split(".")[0]) or [None])[0]
+        version = None
+        if dist:
+            try:
+                version = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                version = None
+        folder = root if root.is_dir() else root.parent
+        commit = _git(folder, "rev-parse", "HEAD")
+        dirty = bool(_git(folder, "status", "--porcelain", "--", ".")) if commit else None
+        out.append({"module": m, "file": str(file), "sha256": source_hash(m), "version": version,
+                    "git_commit": commit, "git_dirty": dirty})
+    return out
+
+
+def config_dir_hash(folder: str | os.PathLike[str]) -> str:
+    root = Path(folder)
+    return _sha256_files([*root.rglob("*.yaml"), *root.rglob("*.yml")], root)
+
+
+def describe_config_dirs(dirs: Sequence[str]) -> list[dict[str, str]]:
+    """One manifest entry per user config folder: its absolute path and a hash of its YAML files."""
+    return [{"path": str(Path(d).resolve()), "sha256": config_dir_hash(d)} for d in dirs]
+
+
+def recorded_changes(plugins: Any, config_dirs: Any) -> list[str]:
+    """What differs now from a manifest's `plugins` and `config_path` entries (a missing folder, another hash);
+    the entries are data someone else wrote, so their shape is checked too."""
+    out = []
+    for d in config_dirs or []:
+        if not isinstance(d, dict) or not isinstance(d.get("path"), str):
+            out.append(f"config_path entry {d!r} is not {{path, sha256}}")
+        elif not Path(d["path"]).is_dir():
+            out.append(f"config folder {d['path']} no longer exists")
+        elif config_dir_hash(d["path"]) != d.get("sha256"):
+            out.append(f"config folder {d['path']}: its YAML files changed since the run")
+    for p in plugins or []:
+        if not isinstance(p, dict) or not isinstance(p.get("file"), str) or not isinstance(p.get("module"), str):
+            out.append(f"plugins entry {p!r} is not {{module, file, sha256}}")
+            continue
+        file = Path(p["file"])
+        if not file.is_file():
+            out.append(f"plug-in {p['module']}: {file} no longer exists")
+            continue
+        top = p["module"].split(".")[0]
+        root = next((a for a in [file.parent, *file.parents] if a.name == top), None)
+        root = root if root is not None and (root / "__init__.py").is_file() else file
+        now = _sha256_files(root.rglob("*.py") if root.is_dir() else [root], root if root.is_dir() else root.parent)
+        if now != p.get("sha256"):
+            out.append(f"plug-in {p['module']} ({file}): its source changed since the run")
+    return out

@@ -1,0 +1,88 @@
+"""One registry type for everything a config names by string: environments, rewards, rule verifiers.
+
+A name is either a built-in (registered with `@REGISTRY.register("name")` when its module is imported) or a
+Python import path `package.module:Class`, so a user's class can live outside rlexp and still be picked from
+YAML or the command line. The path is imported on lookup, in whichever process looks it up (the controller in
+`prepare`, then every actor: `rlexp.plugins` puts the user's folders on their module path), and the class must
+be a subclass of the registry's kind. A failed import or a class of the wrong kind is a `PluginError` naming
+the module, the error and the folders searched, raised in `prepare` before anything is spawned.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from rlexp.config.validate import ConfigError
+
+T = TypeVar("T", bound=type)
+
+# Modules imported through a `module:Class` name in this process, in import order: what the manifest describes.
+IMPORTED: dict[str, None] = {}
+
+
+class PluginError(ConfigError):
+    """A plug-in named in config cannot be used: its module does not import, or it is not of the right kind."""
+
+
+def is_path(name: str) -> bool:
+    """`package.module:Class` rather than a registered name."""
+    return ":" in name
+
+
+def import_module(module: str, who: str) -> object:
+    """`module` imported, or a `PluginError` naming it, the error and `sys.path` (the usual cause)."""
+    try:
+        mod = importlib.import_module(module)
+    except Exception as e:  # a plug-in's own import can fail any way; all of them mean "cannot use it"
+        raise PluginError(f"{who}: cannot import module {module!r} ({type(e).__name__}: {e}); searched sys.path "
+                          f"{[p for p in sys.path if p]}. Run from the folder that holds it, list its folder "
+                          f"in config_path (its parent is searched), or install it") from None
+    IMPORTED[module] = None
+    return mod
+
+
+class Registry(Generic[T]):
+    """Names -> subclasses of `base`. `kind` and `hint` word the errors (`environment`, `reward`, ...)."""
+
+    def __init__(self, kind: str, base: T, hint: str) -> None:
+        self.kind, self.base, self.hint = kind, base, hint
+        self._classes: dict[str, T] = {}
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Class decorator: `cls.name = name`, and `name` resolves to `cls`. A second class under a taken name
+        is refused (two plug-ins silently replacing each other would change a run without a word)."""
+        def deco(cls: T) -> T:
+            old = self._classes.get(name)
+            same = old is not None and (old.__module__, old.__qualname__) == (cls.__module__, cls.__qualname__)
+            if old is not None and old is not cls and not same:  # `same`: one module imported twice
+                raise ValueError(f"{self.kind} name {name!r} is already registered by {old.__module__}:"
+                                 f"{old.__qualname__}")
+            cls.name = name
+            self._classes[name] = cls
+            return cls
+
+        return deco
+
+    def names(self) -> list[str]:
+        return sorted(self._classes)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._classes
+
+    def get(self, name: str) -> T:
+        """The class `name` stands for: a registered name, or `package.module:Class` imported now."""
+        if is_path(name):
+            module, _, attr = name.partition(":")
+            cls = getattr(import_module(module, f"{self.kind} {name}"), attr, None)
+            if cls is None:
+                raise PluginError(f"{self.kind} {name}: module {module!r} has no attribute {attr!r}")
+            if not (isinstance(cls, type) and issubclass(cls, self.base)):
+                raise PluginError(f"{self.kind} {name}: {attr} is {cls!r}, not a subclass of "
+                                  f"{self.base.__module__}.{self.base.__qualname__}")
+            return cls  # type: ignore[return-value]
+        if name not in self._classes:
+            raise PluginError(f"unknown {self.kind} {name!r}; choose one of {self.names()}, or name your own "
+                              f"class as package.module:Class ({self.hint})")
+        return self._classes[name]

@@ -1,0 +1,195 @@
+"""A user's own environment, reward and rule, named by import path or listed in `plugins`, from outside the
+package (rlexp.registry, rlexp.plugins): refused before anything spawns when they cannot be used, recorded with
+hashes, and checked again by `rlexp reproduce`. The end-to-end run of examples/my_task is tests/test_my_task.py."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from rlexp.config.overrides import OverrideError
+from rlexp.config.paths import CONF_DIR
+from rlexp.config.schema import register_configs
+from rlexp.config.validate import ConfigError
+from rlexp.plugins import describe_config_dirs, describe_plugins, recorded_changes
+from rlexp.prepare import check_config
+from rlexp.registry import PluginError, Registry
+from rlexp.tracking import reproduce
+from rlexp.train import with_config_path
+from tests.conftest import REPO, tagged_env
+
+EXAMPLE = REPO / "examples" / "my_task"
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """examples/my_task copied elsewhere, as a user's own folder; this process works from inside it."""
+    dst = tmp_path / "my_task"
+    shutil.copytree(EXAMPLE, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(dst)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # what `activate` appends is undone after the test
+    for name in [m for m in sys.modules if m == "mytask" or m.startswith("mytask.")]:
+        monkeypatch.delitem(sys.modules, name)
+    return dst
+
+
+def composed(project: Path, *overrides: str):
+    """The config `rlexp train config_path=conf ...` composes (hydra.searchpath as `with_config_path` sets it)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=with_config_path(["config_path=conf", *overrides]))
+
+
+def test_example_resolves_by_import_path(project: Path) -> None:
+    t = check_config(composed(project, "environment=count_a", "reward=near_miss"))
+    assert t.environment.name == "mytask.tasks:CountA" and t.config_path == [str(project / "conf")]
+    from rlexp.envs.registry import build_env
+    from rlexp.rewards.registry import build_reward
+
+    env = build_env(t.environment)
+    assert type(env).__module__ == "mytask.tasks" and len(env.eval_samples()) == 64
+    t.reward.verifiers = list(t.verifier_set.members)
+    assert build_reward(t.reward, env).__class__.__name__ == "NearMiss"
+
+
+def test_plugin_import_failure_refused_before_spawning(project: Path, tag: str) -> None:
+    """The module's own error and the folders searched, in one line, exit 2, before any host or actor starts."""
+    (project / "mytask" / "broken.py").write_text("raise RuntimeError('the dataset file is missing')\n")
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "rlexp", "train", "config_path=conf", "plugins=[mytask.broken]",
+                        f"hydra.run.dir={project / 'run'}"], cwd=project, env=tagged_env(tag),
+                       capture_output=True, text=True, timeout=300)
+    took = time.time() - t0
+    assert p.returncode == 2, p.stderr[-3000:]
+    err = [line for line in p.stderr.splitlines() if "error" in line]
+    assert len(err) == 1 and err[0].startswith("rlexp: error: plugins:") and "Traceback" not in p.stderr, p.stderr
+    assert "mytask.broken" in err[0] and "RuntimeError: the dataset file is missing" in err[0]
+    assert "searched sys.path" in err[0] and str(project) in err[0]
+    assert "hosts up" not in p.stdout + p.stderr and "spawned" not in p.stdout + p.stderr
+    print(f"refused in {took:.1f}s")
+
+
+def test_unknown_module_and_missing_class_name_the_module(project: Path) -> None:
+    with pytest.raises(PluginError, match=r"cannot import module 'mytask.nope' \(ModuleNotFoundError"):
+        check_config(composed(project, "environment=count_a", "plugins=[mytask.nope]"))
+    with pytest.raises(PluginError, match=r"module 'mytask\.tasks' has no attribute 'Count'"):
+        check_config(composed(project, "environment=count_a", "environment.name=mytask.tasks:Count"))
+
+
+def test_wrong_kind_refused(project: Path) -> None:
+    with pytest.raises(PluginError, match=r"environment mytask.tasks:NearMiss: NearMiss is .* not a subclass of "
+                                          r"rlexp.envs.base.Environment"):
+        check_config(composed(project, "environment=count_a", "environment.name=mytask.tasks:NearMiss"))
+    with pytest.raises(PluginError, match=r"loss mytask\.tasks:NearMiss: .* not a subclass of rlexp\.grpo\.PolicyLoss"):
+        check_config(composed(project, "environment=count_a", "algorithm.loss=mytask.tasks:NearMiss"))
+    from rlexp.rewards.verifiers.registry import build_rule
+
+    with pytest.raises(PluginError, match=r"not a subclass of rlexp\.rewards\.verifiers\.base\.Rule"):
+        build_rule({"rule": "mytask.tasks:CountA"}, "verifier x")
+
+
+def test_unknown_name_says_how_to_bring_your_own() -> None:
+    from rlexp.envs.registry import env_class
+
+    with pytest.raises(ConfigError, match=r"package\.module:Class") as e:
+        env_class("count_a")
+    assert "rlexp/envs/registry.py" not in str(e.value)
+
+
+def test_registry_refuses_a_second_class_under_a_taken_name() -> None:
+    reg: Registry[type[Exception]] = Registry("thing", Exception, "a subclass of Exception")
+    reg.register("a")(type("A", (Exception,), {}))
+    with pytest.raises(ValueError, match="thing name 'a' is already registered"):
+        reg.register("a")(type("B", (Exception,), {}))
+    assert reg.names() == ["a"] and reg.get("builtins:KeyError") is KeyError
+
+
+def test_missing_config_folder_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config_path: nowhere is not a folder"):
+        with_config_path([f"config_path=[{tmp_path},nowhere]"])
+    (tmp_path / "b").mkdir()
+    out = with_config_path([f"config_path={tmp_path}", f"hydra.searchpath=[file://{tmp_path}/b]", "seed=1"])
+    assert out == ["seed=1", f"config_path=['{tmp_path}','{tmp_path}/b']",  # recorded, replayed by reproduce
+                   f"hydra.searchpath=['file://{tmp_path}','file://{tmp_path}/b']"]
+    with pytest.raises(ConfigError, match="pkg://x is not a file:// folder"):
+        with_config_path(["hydra.searchpath=[pkg://x]"])
+
+
+def test_recorded_hashes_notice_a_changed_plugin_or_config(project: Path) -> None:
+    check_config(composed(project, "environment=count_a", "plugins=[mytask.tasks]"))
+    plugins, dirs = describe_plugins(["mytask.tasks"]), describe_config_dirs([str(project / "conf")])
+    assert plugins[0]["file"] == str(project / "mytask" / "tasks.py") and len(plugins[0]["sha256"]) == 64
+    assert recorded_changes(plugins, dirs) == []
+    (project / "mytask" / "helper.py").write_text("X = 1\n")  # any file of the package counts
+    (project / "conf" / "reward" / "near_miss.yaml").write_text("name: rule\n")
+    changes = recorded_changes(plugins, dirs)
+    assert len(changes) == 2 and "config folder" in changes[0] and "mytask.tasks" in changes[1]
+
+
+def _manifest(project: Path) -> dict:
+    return {"overrides": ["environment=count_a", "reward=near_miss", "plugins=[mytask.tasks]",
+                          f"config_path=['{project / 'conf'}']"],
+            "plugins": describe_plugins(["mytask.tasks"]), "config_path": describe_config_dirs([str(project / "conf")]),
+            "hydra": {"config_name": "train", "runtime_cwd": str(project)}}
+
+
+def test_reproduce_keeps_config_folders_and_refuses_unrecorded_ones(project: Path, tmp_path: Path) -> None:
+    check_config(composed(project, "environment=count_a", "plugins=[mytask.tasks]"))
+    m = _manifest(project)
+    cmd = reproduce.build_command(m, tmp_path / "new")
+    assert f"config_path=['{project / 'conf'}']" in cmd and "environment=count_a" in cmd  # a user group option
+    m["overrides"].append(f"config_path=['{tmp_path}']")
+    with pytest.raises(OverrideError, match="not recorded in the manifest's config_path"):
+        reproduce.build_command(m, tmp_path / "new")
+    m = _manifest(project)
+    m["overrides"].append("plugins=[evil]")
+    with pytest.raises(OverrideError, match=r"\['evil'\] not recorded in the manifest's plugins"):
+        reproduce.build_command(m, tmp_path / "new")
+
+
+def test_reproduce_refuses_changed_plugin_unless_allowed(project: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    check_config(composed(project, "environment=count_a", "plugins=[mytask.tasks]"))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps(_manifest(project)))
+    (run / "metrics.jsonl").write_text('{"step": 0, "reward/mean": 0.5}\n')
+    src = project / "mytask" / "tasks.py"
+    src.write_text(src.read_text() + "\n# changed\n")
+    ran: list[list[str]] = []
+    assert reproduce.main([str(run)], runner=lambda c, cwd=None: ran.append(c) or 1) == 2
+    assert ran == [] and "plug-in mytask.tasks" in capsys.readouterr().err
+    assert reproduce.main([str(run), "--allow-changed-plugins"], runner=lambda c, cwd=None: ran.append(c) or 1) == 2
+    assert len(ran) == 1 and "its source changed" in capsys.readouterr().err  # warned, then run (and failed: rc 1)
+
+
+def test_transport_import_failure_names_module_error_and_path() -> None:
+    """`cluster.transport: package.module:Class` goes through the same import as every other plug-in."""
+    from rlexp.transport import TransportError
+    from rlexp.transport.registry import resolve
+
+    with pytest.raises(TransportError, match=r"cluster.transport=nope.mod:X: cannot import module 'nope.mod' "
+                                             r"\(ModuleNotFoundError: .*\); searched sys.path"):
+        resolve("nope.mod:X")
+
+
+def test_reproduce_refuses_an_import_path_from_an_unrecorded_package() -> None:
+    """A manifest's `environment.name=pkg.mod:Class` would import code from wherever `pkg` is found: only the
+    packages the manifest recorded as plug-ins (with a hash) may be named."""
+    import pytest
+
+    from rlexp.config.overrides import OverrideError
+    from rlexp.tracking.manifest import Manifest
+    from rlexp.tracking.reproduce import check_user_code
+
+    m = Manifest()
+    m.extra["plugins"] = [{"module": "mytask.tasks", "sha256": "0" * 64}]
+    check_user_code(["environment.name=mytask.tasks:CountA", "hydra.run.dir=/tmp/x"], [], m, "manifest.json")
+    with pytest.raises(OverrideError, match=r"antigravity:Fly.*did not record as a plug-in"):
+        check_user_code(["environment.name=antigravity:Fly"], [], m, "manifest.json")
