@@ -21,6 +21,7 @@ from rlexp.plugins import describe_config_dirs, describe_plugins, recorded_chang
 from rlexp.prepare import check_config
 from rlexp.registry import PluginError, Registry
 from rlexp.tracking import reproduce
+from rlexp.tracking.manifest import Manifest
 from rlexp.train import with_config_path
 from tests.conftest import REPO, tagged_env
 
@@ -141,14 +142,14 @@ def _manifest(project: Path) -> dict:
 
 def test_reproduce_keeps_config_folders_and_refuses_unrecorded_ones(project: Path, tmp_path: Path) -> None:
     check_config(composed(project, "environment=count_a", "plugins=[mytask.tasks]"))
-    m = _manifest(project)
+    m = Manifest.from_dict(_manifest(project))
     cmd = reproduce.build_command(m, tmp_path / "new")
     assert f"config_path=['{project / 'conf'}']" in cmd and "environment=count_a" in cmd  # a user group option
-    m["overrides"].append(f"config_path=['{tmp_path}']")
+    m.overrides.append(f"config_path=['{tmp_path}']")
     with pytest.raises(OverrideError, match="not recorded in the manifest's config_path"):
         reproduce.build_command(m, tmp_path / "new")
-    m = _manifest(project)
-    m["overrides"].append("plugins=[evil]")
+    m = Manifest.from_dict(_manifest(project))
+    m.overrides.append("plugins=[evil]")
     with pytest.raises(OverrideError, match=r"\['evil'\] not recorded in the manifest's plugins"):
         reproduce.build_command(m, tmp_path / "new")
 
