@@ -32,12 +32,20 @@ TINY = ["eval.every_n_steps=0", "algorithm.prompts_per_step=8", "checkpoint.ever
 
 # --------------------------------------------------------------------------------------------- the lock
 def test_a_held_run_folder_is_refused_naming_pid_and_host(tmp_path: Path) -> None:
-    busy = rf"in use by pid {os.getpid()} on host {socket.gethostname()}.*that process is alive"
-    with hold(tmp_path), pytest.raises(RunFolderBusy, match=busy), hold(tmp_path):
+    code = (f"import sys, time; from pathlib import Path; from rlexp.runlock import hold\n"
+            f"with hold(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        busy = rf"in use by pid {holder.pid} on host {socket.gethostname()}.*that process is alive"
+        with pytest.raises(RunFolderBusy, match=busy), hold(tmp_path):
+            pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with hold(tmp_path), hold(tmp_path):  # re-entrant in one process (the Hydra callback, then the task)
         pass
-    with hold(tmp_path):  # released on exit: the next run takes it silently
-        pass
-    assert (tmp_path / LOCK_FILE).read_text() == ""
+    assert (tmp_path / LOCK_FILE).read_text() == ""  # released on exit: the next run takes it silently
 
 
 def test_a_crashed_holders_lock_is_taken_over_with_a_message(tmp_path: Path,
