@@ -171,9 +171,9 @@ def _(work: Path) -> Outcome:
 
 
 @case("untrusted manifest", "a manifest override with a resolver interpolation (`${oc.env:HOME}`)",
-      "rlexp reproduce RUN  # overrides += +x.y=${oc.env:HOME}", "refused, the override named")
+      "rlexp reproduce RUN  # overrides += logger.wandb.project=${oc.env:HOME}", "refused, the override named")
 def _(work: Path) -> Outcome:
-    run = hostile_manifest(work, ["+x.y=${oc.env:HOME}"])
+    run = hostile_manifest(work, ["logger.wandb.project=${oc.env:HOME}"])
     p, secs = rlexp(["reproduce", str(run)], cwd=work)
     return refused(p, secs, "oc.env")
 
