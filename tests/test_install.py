@@ -50,3 +50,15 @@ def test_wheel_install_trains_from_another_directory(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[rlexp] done: 5 steps" in out.stdout
     assert (tmp_path / "run" / "metrics.jsonl").exists()
+
+    # A user's project outside the package (examples/my_task) against the installed wheel: its own environment
+    # and reward, found through its config folder and plug-in list, in the controller and the actors.
+    project = elsewhere / "my_task"
+    shutil.copytree(REPO / "examples" / "my_task", project, ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([str(venv / "bin" / "rlexp"), "train", "config_path=conf", "environment=count_a",
+                          "reward=near_miss", "steps=2", "algorithm.prompts_per_step=8", "algorithm.group_size=4",
+                          "eval.every_n_steps=2", f"hydra.run.dir={tmp_path / 'my_run'}"],
+                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [line for line in (tmp_path / "my_run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert len(rows) >= 2 and '"reward/mean"' in rows[-1]
