@@ -211,11 +211,16 @@ def _(work: Path) -> Outcome:
     return refused(p, secs, "nterms", "n_terms")
 
 
-@case("bad input", "a `_target_` injected on the command line", "rlexp train +trainer.x._target_=os.system",
-      "refused before spawning, the key named")
+@case("bad input", "a `_target_` added on the command line, as a new key and inside free-form options",
+      "rlexp train +trainer.x._target_=os.system; rlexp train +environment.options.x._target_=os.system",
+      "both refused before spawning, the key named")
 def _(work: Path) -> Outcome:
-    p, secs = rlexp(["train", "+trainer.x._target_=os.system", f"hydra.run.dir={work / 'r'}"], cwd=work)
-    return refused(p, secs, "_target_")
+    outs = []
+    for override, needle in (("+trainer.x._target_=os.system", "trainer.x"),
+                             ("+environment.options.x._target_=os.system", "environment.options.x._target_")):
+        p, secs = rlexp(["train", override, f"hydra.run.dir={work / 'r'}"], cwd=work)
+        outs.append(refused(p, secs, needle))
+    return Outcome("; ".join(o.observed for o in outs), all(o.ok for o in outs), sum(o.seconds for o in outs))
 
 
 @case("concurrent runs", "a second `rlexp train` on a live run folder",
