@@ -424,7 +424,7 @@ SECRETS = {"pwd": "Pw-{n}", "pass": "Pa-{n}", "db_pass": "Db-{n}", "dsn": "postg
 def _(work: Path) -> Outcome:
     marker = uuid.uuid4().hex[:10]
     planted = {k: v.format(n=marker) for k, v in SECRETS.items()}
-    over = [f"+extra.{k}={json.dumps(v) if ',' in v or ';' in v else v}" for k, v in planted.items()]
+    over = [f"+extra.{k}='{v}'" for k, v in planted.items()]  # quoted: Hydra's grammar splits on = ; ,
     p, secs = rlexp(["train", "steps=2", "eval.every_n_steps=0", "logger=all", *over, f"hydra.run.dir={work / 'r'}",
                      f"logger.runs_root={work}"], cwd=work)
     leaks = sorted({str(q.relative_to(work)) for q in work.rglob("*")
