@@ -39,7 +39,6 @@ def import_module(module: str, who: str) -> object:
         raise PluginError(f"{who}: cannot import module {module!r} ({type(e).__name__}: {e}); searched sys.path "
                           f"{[p for p in sys.path if p]}. Run from the folder that holds it, list its folder "
                           f"in config_path (its parent is searched), or install it") from None
-    IMPORTED[module] = None
     return mod
 
 
@@ -81,6 +80,7 @@ class Registry(Generic[T]):
             if not (isinstance(cls, type) and issubclass(cls, self.base)):
                 raise PluginError(f"{self.kind} {name}: {attr} is {cls!r}, not a subclass of "
                                   f"{self.base.__module__}.{self.base.__qualname__}")
+            IMPORTED[module] = None  # only code that is used: what the manifest records and reproduce checks
             return cls  # type: ignore[return-value]
         if name not in self._classes:
             raise PluginError(f"unknown {self.kind} {name!r}; choose one of {self.names()}, or name your own "

@@ -19,7 +19,7 @@ from rlexp.config.schema import register_configs
 from rlexp.config.validate import ConfigError
 from rlexp.plugins import describe_config_dirs, describe_plugins, recorded_changes
 from rlexp.prepare import check_config
-from rlexp.registry import PluginError, Registry
+from rlexp.registry import IMPORTED, PluginError, Registry
 from rlexp.tracking import reproduce
 from rlexp.tracking.manifest import Manifest
 from rlexp.train import with_config_path
@@ -109,6 +109,7 @@ def test_registry_refuses_a_second_class_under_a_taken_name() -> None:
     with pytest.raises(ValueError, match="thing name 'a' is already registered"):
         reg.register("a")(type("B", (Exception,), {}))
     assert reg.names() == ["a"] and reg.get("builtins:KeyError") is KeyError
+    IMPORTED.pop("builtins")  # recorded as used; no later run in this process uses it
 
 
 def test_missing_config_folder_refused(tmp_path: Path) -> None:
@@ -194,3 +195,17 @@ def test_reproduce_refuses_an_import_path_from_an_unrecorded_package() -> None:
     check_user_code(["environment.name=mytask.tasks:CountA", "hydra.run.dir=/tmp/x"], [], m, "manifest.json")
     with pytest.raises(OverrideError, match=r"antigravity:Fly.*did not record as a plug-in"):
         check_user_code(["environment.name=antigravity:Fly"], [], m, "manifest.json")
+
+
+def test_a_refused_import_path_is_not_recorded_as_a_plugin() -> None:
+    """Only code that is used goes into the manifest: a wrong-kind import (here `builtins:dict`) used to stay in
+    the process's record and make every later run fail to describe it."""
+    import pytest
+
+    from rlexp.envs.base import ENVIRONMENTS
+    from rlexp.registry import PluginError
+
+    IMPORTED.pop("builtins", None)
+    with pytest.raises(PluginError, match="not a subclass"):
+        ENVIRONMENTS.get("builtins:dict")
+    assert "builtins" not in IMPORTED

@@ -7,12 +7,12 @@ A kind outside rlexp is named in config as `cluster.job: package.module:Class` (
 only the controller builds the job)."""
 from __future__ import annotations
 
-import importlib
 import subprocess
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 from rlexp.config.schema import ClusterConfig
+from rlexp.registry import IMPORTED, PluginError, import_module
 
 
 class JobBackend:
@@ -67,13 +67,14 @@ def job_backend(name: str) -> type[JobBackend]:
     name = str(name)
     if ":" in name:
         mod, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(mod), attr, None)
-        except ImportError as e:
-            raise ValueError(f"cluster.job={name}: cannot import {mod!r} ({e}); put it on PYTHONPATH") from None
+        try:  # the same import (and error: module, cause, sys.path) as every other plug-in (rlexp.registry)
+            cls = getattr(import_module(mod, f"cluster.job={name}"), attr, None)
+        except PluginError as e:
+            raise ValueError(str(e)) from None
         if not (isinstance(cls, type) and issubclass(cls, JobBackend)) or JOBS.get(cls.name) is not cls:
             raise ValueError(f"cluster.job={name}: {mod} has no JobBackend subclass {attr!r} registered with "
                              f"@rlexp.cluster.registry.register_job")
+        IMPORTED[mod] = None  # recorded in the manifest with its source hash, like every plug-in
         return cls
     cls = JOBS.get(name)
     if cls is None:

@@ -11,7 +11,7 @@ from typing import Any
 import rlexp.transport.monarch
 import rlexp.transport.shm
 import rlexp.transport.torchstore  # noqa: F401 - the built-ins register themselves on import
-from rlexp.registry import PluginError, import_module
+from rlexp.registry import IMPORTED, PluginError, import_module
 from rlexp.transport.base import TRANSPORTS, TransportError, TransportSpec, WeightReceiver, WeightTransport
 
 AUTO = "auto"  # shm when a pair shares a host, monarch across hosts
@@ -34,6 +34,7 @@ def resolve(name: str) -> type[WeightTransport]:
         if not (isinstance(cls, type) and issubclass(cls, WeightTransport)) or TRANSPORTS.get(cls.name) is not cls:
             raise TransportError(f"cluster.transport={name}: {mod} has no WeightTransport subclass {attr!r} "
                                  f"registered with @rlexp.transport.base.register_transport")
+        IMPORTED[mod] = None  # recorded in the manifest with its source hash, like every plug-in
         return cls
     cls = TRANSPORTS.get(name)
     if cls is None:
