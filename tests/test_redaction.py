@@ -474,3 +474,13 @@ def test_run_dir_named_after_a_secret_override(tmp_path: Path) -> None:
     assert m["identity"]["run_name"].endswith(f"+service.api_key={REDACTED},seed=0")
     assert m["overrides"] == [f"+service.api_key={REDACTED}", "seed=0"]
     assert "abc123" not in (run / ".hydra" / "overrides.yaml").read_text()
+
+
+def test_a_secret_assignment_inside_a_harmless_assignment_is_redacted() -> None:
+    """Hydra's overrides.yaml holds `+extra.note='password=x'`: the outer `note=` used to swallow the inner
+    `password=` (found by scripts/reliability.py in the run folder's and MLflow's copies of .hydra/)."""
+    from rlexp.tracking.redact import redact_text
+
+    assert redact_text("+extra.note='password=Nt-1'") == "+extra.note='password=***REDACTED***'"
+    assert redact_text("- +extra.note=db_pass=x1") == "- +extra.note=db_pass=***REDACTED***"
+    assert redact_text("max_tokens=8") == "max_tokens=8" and redact_text("a=b=c") == "a=b=c"

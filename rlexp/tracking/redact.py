@@ -169,9 +169,11 @@ def redact_tokens(text: str) -> str:
 
 
 def _assignment_sub(m: re.Match[str]) -> str:
-    if not is_secret_name(m.group("name")):
-        return m.group(0)
-    return f"{m.group('name')}{m.group('sep')}{m.group('scheme') or ''}{REDACTED}"
+    head = f"{m.group('name')}{m.group('sep')}{m.group('scheme') or ''}"
+    if not is_secret_name(m.group("name")):  # the value may hold its own `password=...` (`note='password=x'`)
+        val = m.group("val")
+        return head + (redact_text(val) if ("=" in val or ":" in val) and val != m.group(0) else val)
+    return head + REDACTED
 
 
 def _flag_sub(m: re.Match[str]) -> str:
