@@ -139,7 +139,7 @@ class Controller:
 
     def load_checkpoint(self, ckpt: Path) -> None:
         state = checkpoints.load_controller_state(ckpt)
-        self.state = loop.LoopState.from_state(state["loop"])
+        self.state.load_state(state["loop"])
         self.svc.buffer.load_state_dict.call(state["buffer"])
         for r, rs in zip(self.svc.rewards.replicas, state["reward"]):
             r.load_state_dict.call_one(rs).get()

@@ -55,12 +55,17 @@ class LoopState:
                 "samples_seen": self.samples_seen,
                 "pending": [(s, [x.to_plain() for x in samples]) for s, samples in self.pending]}
 
+    def load_state(self, state: dict[str, Any]) -> None:
+        """In place: the controller's callbacks hold this object, so a resume must not swap it for another."""
+        self.step, self.version, self.samples_seen = state["step"], state["version"], state["samples_seen"]
+        self.data_rng.setstate(state["data_rng"])
+        self.pending = [(s, [Sample.from_plain(x) for x in samples]) for s, samples in state.get("pending", [])]
+
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> LoopState:
-        rng = random.Random()
-        rng.setstate(state["data_rng"])
-        return cls(step=state["step"], version=state["version"], data_rng=rng, samples_seen=state["samples_seen"],
-                   pending=[(s, [Sample.from_plain(x) for x in samples]) for s, samples in state.get("pending", [])])
+        restored = cls()
+        restored.load_state(state)
+        return restored
 
 
 def generate_groups(svc: Services, samples: list[Sample], encode: Encode, cfg: Any, step: int

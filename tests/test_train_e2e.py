@@ -72,9 +72,12 @@ def test_async_mode_with_kl_reference_and_benchmark_eval(tmp_path: Path, tag: st
 
     pending = torch.load(run / "checkpoints" / "step_000003" / "controller.pt", weights_only=True)["loop"]["pending"]
     assert [step for step, _ in pending] == [3] and len(pending[0][1]) == 16
-    rlexp("train", *args, "resume=auto", f"hydra.run.dir={run}", tag=tag)
+    # The run is complete, so `resume=auto` alone says so and trains nothing (tests/test_run_integrity.py);
+    # extending it by a step resumes from the step-3 checkpoint.
+    longer = ["steps=7" if a == "steps=6" else a for a in args]
+    rlexp("train", *longer, "resume=auto", f"hydra.run.dir={run}", tag=tag)
     resumed = metrics(run)
-    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4, 5, 6, 7]
     assert resumed[4]["policy_age/mean"] == 0.0 and resumed[5]["policy_age/mean"] == 1.0
     assert wait_no_orphans(tag) == []
 
