@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import Any
 
 from rlexp import loop
 from rlexp.actors.buffer import ReplayBuffer
-from rlexp.actors.generator import Generator
-from rlexp.actors.reward import RewardService
-from rlexp.actors.trainer import Reference, Trainer
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.prepare import Prepared
 from rlexp.services import Collective, Local, Service, Services
 from rlexp.transport.registry import transport_spec
+from rlexp.wiring import Role, wiring
 
 
 def check_inprocess(p: Prepared) -> None:
@@ -42,23 +41,21 @@ def check_inprocess(p: Prepared) -> None:
 
 
 def build_inprocess(p: Prepared, run_name: str) -> Services:
-    """The `Services` of `launcher.build_graph`, with every actor a `Local` object (same arguments, same seeds)."""
+    """The `Services` of `launcher.build_graph` from the same wiring table, with every actor a `Local` object (same
+    settings, same seeds), all on one host: weights travel by shm."""
     check_inprocess(p)
-    c = p.cfg
+    w = wiring(p)
     events = asyncio.new_event_loop()  # one loop for every async endpoint, as an actor's process has one
-    pad_id = load_tokenizer(p.model_dir).pad_id
-    seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.shards))
-    threads = c.cluster.threads_per_proc
-    opts = {"device": c.cluster.device, "ignore_eos": c.generator.ignore_eos}
-    weights = transport_spec("shm", run_name, c)  # one process, one host
-    gens = [Local(Generator, c.model, p.model_dir, c.generator.backend, seeds[i % len(seeds)], threads,
-                  opts, None, weights, events=events) for i in range(c.generator.replicas)]
-    trainer = Local(Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
-                    pad_id, [weights], threads, 1, 0, c.cluster.device, 1, None, events=events)
-    reference = (Local(Reference, c.model, p.model_dir, pad_id, threads, 1, 0, c.cluster.device, 1, None,
-                       c.trainer.mixed_precision, events=events) if c.algorithm.kl_coef > 0 else None)
-    buffer = Local(ReplayBuffer, p.seeds["buffer"], c.sync.policy_age, events=events)
-    rewards = [Local(RewardService, c.reward, c.environment, events=events) for _ in range(c.reward.replicas)]
+    weights = transport_spec("shm", run_name, p.cfg)
+
+    def local(role: Role, **given: Any) -> Local:
+        return Local(role.actor, role.settings, events=events, **given)
+
+    gens = [local(role, weights=weights) for role in w.generators]
+    trainer = local(w.trainer, transports=[weights])
+    reference = local(w.reference) if w.reference is not None else None
+    buffer = Local(ReplayBuffer, w.buffer, events=events)
+    rewards = [local(role) for role in w.rewards]
     for g in gens:
         g.setup.call_one().get()
     trainer.setup.call().get()
@@ -67,11 +64,11 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
     for i, r in enumerate(rewards):
         r.attach_verifiers.call_one({}).get()
         r.attach_judges.call_one(gens[i % len(gens)], p.model_dir).get()
-    return Services(generators=Service("generators", gens, shards=len(seeds), sticky=("update_weights",)),
+    return Services(generators=Service("generators", gens, shards=len(w.generator_seeds), sticky=("update_weights",)),
                     trainer=Collective("trainer", trainer), rewards=Service("rewards", rewards),
                     buffer=Service("buffer", [buffer]),
                     reference=Collective("reference", reference) if reference is not None else None,
-                    generator_seeds=seeds)
+                    generator_seeds=w.generator_seeds)
 
 
 def train_inprocess(p: Prepared, run_name: str) -> list[dict[str, float]]:

@@ -23,24 +23,22 @@ from omegaconf import DictConfig
 
 from rlexp import checkpoints
 from rlexp.actors.buffer import ReplayBuffer
-from rlexp.actors.generator import Generator
 from rlexp.actors.probe import Probe
-from rlexp.actors.reward import RewardService
-from rlexp.actors.trainer import Reference, Trainer
-from rlexp.actors.verifier import VerifierService
 from rlexp.cluster.hosts import LOCAL, ROLES, Host, Hosts
 from rlexp.cluster.layout import assign_gpus
 from rlexp.cluster.registry import job_backend
+from rlexp.config.schema import TrainConfig
 from rlexp.controller import Controller
 from rlexp.errors import RunStopped
-from rlexp.models.tokenizer import load_tokenizer
 from rlexp.phases import Phases
 from rlexp.prepare import Prepared, prepare
 from rlexp.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.tracking import runlog
 from rlexp.tracking.manifest import read_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
+from rlexp.transport import TransportSpec
 from rlexp.transport.registry import pair_transports, resolve, transport_spec
+from rlexp.wiring import Role, generator_role, reward_role, wiring, with_master_port
 
 
 def role_of(name: str) -> str:
@@ -59,13 +57,24 @@ class Graph:
         self.services: Services | None = None
         self.add_generator: Callable[[], None] | None = None  # set by build_graph
         self.transports: list[str] = []  # per generator replica: how its weights arrive
-        self.weight_servers: dict[str, Any] = {}  # transport -> its server actor (monarch's)
 
     def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, host: Host | None = None,
               mesh: Any = None) -> Any:
         """`cls` on a new proc mesh of `procs` processes on `host` (default: the role's first host), or on
         `mesh` when it shares another actor's processes."""
         return (mesh if mesh is not None else self.procs(name, procs, host)).spawn(name, cls, *args)
+
+    def spawn_role(self, role: Role, host: Host | None = None, **given: Any) -> Any:
+        """`role`'s actor with its settings and what the launcher gives it (`given`: keyword arguments), on the
+        processes made for it already (`procs`), on the role it shares (`role.on`), or on new ones on `host`
+        (default: the host its index picks)."""
+        if role.on is not None:
+            mesh = self.mesh(role.on)
+        elif role.name in self.meshes:
+            mesh = self.mesh(role.name)
+        else:
+            mesh = self.procs(role.name, role.procs, host or self.hosts.host(role.hosts, role.index))
+        return mesh.spawn(role.name, role.actor, role.settings, **given)
 
     def procs(self, name: str, procs: int = 1, host: Host | None = None) -> Any:
         """A new proc mesh for `name`, `procs` processes per host, and where each of them runs."""
@@ -86,10 +95,6 @@ class Graph:
             mesh.stop().get(timeout=10)
         return host
 
-    def respawn(self, name: str, cls: type, *args: Any, procs: int = 1) -> Any:
-        """A new process for `name` on the same host, after its old one died."""
-        return self.spawn(name, cls, *args, procs=procs, host=self.drop(name))
-
     def write_placement(self, path: Path) -> None:
         """Where every role's processes run (name -> host label, hostname, pid), rewritten after a respawn."""
         data = {name: [{**w, "host": self.meshes[name][1].label} for w in where] for name, where in self.where.items()}
@@ -107,91 +112,122 @@ class Graph:
         self.hosts.close()
 
 
-def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Path | None = None) -> Graph:
-    """Spawn every role on its hosts (into `g`, so a failure half-way still stops what started) and wire them
-    into `Services`, with a respawn for each replica. Each trainer->generator pair gets its weight transport
-    from the hosts they turned out to run on (`pair_transports`: shm on one machine, monarch across)."""
-    c = p.cfg
-    g = g if g is not None else Graph(Hosts(c.cluster))
-    hosts = g.hosts
-    pad_id = load_tokenizer(p.model_dir).pad_id
-    gpus = assign_gpus(c)
-    titan_opts = {"device": c.cluster.device, "ignore_eos": c.generator.ignore_eos}
-    gen_opts = titan_opts if c.generator.backend == "titan" else {
-        "tp": c.generator.tp, "kv_cache_gb": c.generator.kv_cache_gb,
-        "gpu_memory_utilization": c.generator.gpu_memory_utilization, "enforce_eager": c.generator.enforce_eager,
-        "max_num_seqs": c.generator.max_num_seqs, "max_num_batched_tokens": c.generator.max_num_batched_tokens,
-        "device": c.cluster.device, "ignore_eos": c.generator.ignore_eos}
-    gen_seeds = tuple(p.seeds[f"generator/{i}"] for i in range(c.generator.shards))
-    # The trainer's processes first: the machine they run on decides each generator's weight transport.
-    world, tp = c.model.parallelism.trainer_world, c.model.parallelism.trainer_tp
-    trainer_mesh = g.procs("trainer", world // len(hosts.roles["trainer"]), hosts.whole("trainer"))
-    trainer_machine = g.where["trainer"][0]["hostname"]
+class WeightPairs:
+    """Which weight transport each trainer->generator pair uses, decided by the machines the two processes turned
+    out to run on (`pair_transports`: shm on one machine, monarch across), and the transports' server actors."""
 
-    def transport_for(name: str) -> str:
-        return pair_transports(c.cluster.transport, trainer_machine, [g.where[name][0]["hostname"]], c)[0]
+    def __init__(self, g: Graph, c: TrainConfig, run_name: str) -> None:
+        self.g, self.c, self.run_name = g, c, run_name
+        self.trainer_machine = ""
+        self.servers: dict[str, Any] = {}  # transport -> its server actor (monarch's), on the trainer's first process
 
-    def gen_args(i: int) -> tuple[Any, ...]:
-        return (c.model, p.model_dir, c.generator.backend, gen_seeds[i % len(gen_seeds)], c.cluster.threads_per_proc,
-                gen_opts, gpus.get(f"generator{i}", [None])[0],
-                transport_spec(transport_for(f"generator{i}"), run_name, c))
+    def transport_for(self, name: str) -> str:
+        machine = self.g.where[name][0]["hostname"]
+        return pair_transports(self.c.cluster.transport, self.trainer_machine, [machine], self.c)[0]
 
-    def connect(gen: Any, i: int) -> Any:
-        server = g.weight_servers.get(transport_for(f"generator{i}"))
+    def spec(self, transport: str) -> TransportSpec:
+        return transport_spec(transport, self.run_name, self.c)
+
+    def start_servers(self, trainer_mesh: Any) -> None:
+        for t in dict.fromkeys(self.g.transports):
+            server = resolve(t).server
+            if server is not None:
+                self.servers[t] = self.g.spawn("weights" if t == "monarch" else f"weights_{t}", server,
+                                               mesh=first_proc(trainer_mesh))
+
+    def spawn_generator(self, role: Role) -> Any:
+        """`role`'s generator on the processes made for it, given its pair's transport."""
+        return self.g.spawn_role(role, weights=self.spec(self.transport_for(role.name)))
+
+    def connect(self, gen: Any, name: str) -> Any:
+        server = self.servers.get(self.transport_for(name))
         if server is not None:
             gen.connect_weights.call_one(server).get()
         return gen
 
-    def new_generator(i: int) -> Any:
-        """Generator replica i on its host (a respawn or an added replica), set up and connected to the weights;
-        the generators service then gives it the current version before it serves."""
-        g.procs(f"generator{i}", 1, hosts.host("generator", i))
-        needed = transport_for(f"generator{i}")
-        if needed not in g.transports:
-            raise RuntimeError(f"generator{i} would need the {needed} weight transport, which this run's trainer "
-                               f"does not publish ({sorted(set(g.transports))})")
-        gen = g.spawn(f"generator{i}", Generator, *gen_args(i), mesh=g.mesh(f"generator{i}"))
-        gen.setup.call_one().get()
-        return connect(gen, i)
 
-    gen_meshes = [g.procs(f"generator{i}", 1, hosts.host("generator", i)) for i in range(c.generator.replicas)]
-    g.transports = [transport_for(f"generator{i}") for i in range(c.generator.replicas)]
-    gens = [g.spawn(f"generator{i}", Generator, *gen_args(i), mesh=gen_meshes[i])
-            for i in range(c.generator.replicas)]
-    # The trainer is one proc, or one proc per (FSDP x TP) rank (one GPU each on CUDA), `world / hosts` ranks on
-    # each host when it spans hosts; rank 0's host holds the rendezvous. See rlexp/actors/trainer.py.
-    port: int | str = 0
-    if world > 1:
-        port = free_port()
-        if job_backend(c.cluster.job).remote_rendezvous and c.cluster.role_hosts.get("trainer"):
-            rank0 = first_proc(trainer_mesh).spawn("port_probe", Probe)
-            port = f"{trainer_machine}:{rank0.free_port.call_one().get()}"
-    trainer = g.spawn("trainer", Trainer, c.model, p.model_dir, c.trainer, c.algorithm, c.steps, p.seeds["trainer"],
-                      pad_id, [transport_spec(t, run_name, c) for t in dict.fromkeys(g.transports)],
-                      c.cluster.threads_per_proc, world, port, c.cluster.device, tp, gpus.get("trainer"),
-                      mesh=trainer_mesh)
-    for t in dict.fromkeys(g.transports):  # e.g. monarch's: serves versions from the trainer's first process
-        server = resolve(t).server
-        if server is not None:
-            g.weight_servers[t] = g.spawn("weights" if t == "monarch" else f"weights_{t}", server,
-                                          mesh=first_proc(trainer_mesh))
-    if g.weight_servers:
-        for i, gen in enumerate(gens):
-            connect(gen, i)
-    # The reference model shares the trainer's processes (and GPUs), sharded the same way.
-    reference = (g.spawn("reference", Reference, c.model, p.model_dir, pad_id, c.cluster.threads_per_proc, world, port,
-                         c.cluster.device, tp, gpus.get("trainer"), c.trainer.mixed_precision, mesh=g.mesh("trainer"))
-                 if c.algorithm.kl_coef > 0 else None)
-    # The replay buffer is light state saved in checkpoints, read and written every step: it lives in the controller
-    # (a `Local`), where a step's episodes cost no message each way, and whose death ends the run anyway.
-    buffer = Local(ReplayBuffer, p.seeds["buffer"], c.sync.policy_age)
-    # Each model verifier gets processes of its own: scaled and placed apart from the policy and the reward.
-    verifiers = {v.name: g.spawn(f"verifier_{v.name}", VerifierService, v, c.environment, c.cluster.threads_per_proc,
-                                 c.cluster.device, gpus.get(f"verifier_{v.name}"), procs=v.replicas,
-                                 host=hosts.host("verifier", k))
-                 for k, v in enumerate(p.served_verifiers)}
-    rewards = [g.spawn(f"reward{i}", RewardService, c.reward, c.environment, host=hosts.host("reward", i))
-               for i in range(c.reward.replicas)]
+class Recovery:
+    """What the services call when a replica's process died (`Service.replica_failed`): the same role respawned on
+    the same host, its settings unchanged; and one more generator replica when the run is resized (elastic)."""
+
+    def __init__(self, g: Graph, p: Prepared, pairs: WeightPairs, attach: Callable[[int, Any], Any],
+                 placement: Path | None) -> None:
+        self.g, self.p, self.pairs, self.attach, self.placement = g, p, pairs, attach, placement
+
+    def respawned(self, handle: Any) -> Any:
+        if self.placement is not None:
+            self.g.write_placement(self.placement)
+        return handle
+
+    def new_generator(self, i: int) -> Any:
+        """Generator replica i on its host, set up and connected to the weights; the generators service then
+        gives it the current version before it serves."""
+        role = generator_role(self.p, i)
+        self.g.procs(role.name, 1, self.g.hosts.host(role.hosts, role.index))
+        needed = self.pairs.transport_for(role.name)
+        if needed not in self.g.transports:
+            raise RuntimeError(f"{role.name} would need the {needed} weight transport, which this run's trainer "
+                               f"does not publish ({sorted(set(self.g.transports))})")
+        gen = self.pairs.spawn_generator(role)
+        gen.setup.call_one().get()
+        return self.pairs.connect(gen, role.name)
+
+    def generator(self, i: int, error: BaseException) -> Any:
+        if not self.p.cfg.cluster.fault.respawn:
+            return None
+        self.g.drop(f"generator{i}")
+        return self.respawned(self.new_generator(i))  # the service replays the current weights version first
+
+    def reward(self, i: int, error: BaseException) -> Any:
+        if not self.p.cfg.cluster.fault.respawn:
+            return None
+        role = reward_role(self.p, i)
+        return self.respawned(self.attach(i, self.g.spawn_role(role, host=self.g.drop(role.name))))
+
+    def add_generator(self) -> None:
+        """One more generator replica (elastic), on the role's next host."""
+        assert self.g.services is not None
+        i = len(self.g.services.generators.replicas)
+        gen = self.new_generator(i)
+        self.g.services.generators.add_replica(gen, f"generator{i}@{self.g.meshes[f'generator{i}'][1].label}")
+        self.respawned(gen)
+
+
+def rendezvous_port(g: Graph, c: TrainConfig, trainer_mesh: Any, world: int) -> int | str:
+    """The trainer's process-group port: none on one rank; on rank 0's host when the trainer spans hosts."""
+    if world == 1:
+        return 0
+    if job_backend(c.cluster.job).remote_rendezvous and c.cluster.role_hosts.get("trainer"):
+        rank0 = first_proc(trainer_mesh).spawn("port_probe", Probe)
+        return f"{g.where['trainer'][0]['hostname']}:{rank0.free_port.call_one().get()}"
+    return free_port()
+
+
+def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Path | None = None) -> Graph:
+    """Spawn the roles of `rlexp.wiring.wiring` on their hosts (into `g`, so a failure half-way still stops what
+    started), set them up and wire them into `Services`, with a `Recovery` for each replica."""
+    c = p.cfg
+    g = g if g is not None else Graph(Hosts(c.cluster))
+    w = wiring(p)
+    pairs = WeightPairs(g, c, run_name)
+    # The trainer's processes first: the machine they run on decides each generator's weight transport. The trainer
+    # is one proc, or one per (FSDP x TP) rank (one GPU each on CUDA), `world / hosts` ranks on each host when it
+    # spans hosts. See rlexp/actors/trainer.py.
+    trainer_mesh = g.procs("trainer", w.trainer.procs // len(g.hosts.roles["trainer"]), g.hosts.whole("trainer"))
+    pairs.trainer_machine = g.where["trainer"][0]["hostname"]
+    for role in w.generators:
+        g.procs(role.name, 1, g.hosts.host(role.hosts, role.index))
+    g.transports = [pairs.transport_for(role.name) for role in w.generators]
+    gens = [pairs.spawn_generator(role) for role in w.generators]
+    port = rendezvous_port(g, c, trainer_mesh, w.trainer.procs)
+    trainer = g.spawn_role(with_master_port(w.trainer, port),
+                           transports=[pairs.spec(t) for t in dict.fromkeys(g.transports)])
+    pairs.start_servers(trainer_mesh)
+    for role, gen in zip(w.generators, gens):
+        pairs.connect(gen, role.name)
+    reference = g.spawn_role(with_master_port(w.reference, port)) if w.reference is not None else None
+    verifiers = {role.settings.verifier.name: g.spawn_role(role) for role in w.verifiers}
+    rewards = [g.spawn_role(role) for role in w.rewards]
     verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}  # load while the policy loads
     setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
     times = [f.get() for f in setup]
@@ -199,7 +235,8 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     verifier_s = {name: max(f.get().values()) for name, f in verifier_setup.items()}
     if reference is not None:  # after the trainer: it joins the trainer's process group
         reference.setup.call().get()
-    replicas = {v.name: [verifiers[v.name].slice(procs=j) for j in range(v.replicas)] for v in p.served_verifiers}
+    replicas = {r.settings.verifier.name: [verifiers[r.settings.verifier.name].slice(procs=j) for j in range(r.procs)]
+                for r in w.verifiers}
 
     def attach(i: int, r: Any) -> Any:
         r.attach_verifiers.call_one(replicas).get()
@@ -208,47 +245,29 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
 
     for i, r in enumerate(rewards):
         attach(i, r)
+    placement = (run_dir / "placement.json") if run_dir is not None else None
+    recovery = Recovery(g, p, pairs, attach, placement)
+    g.add_generator = recovery.add_generator
+    fault = c.cluster.fault
+
     def log(msg: str) -> None:
         runlog.announce(f"[rlexp] {msg}")
 
-    placement = (run_dir / "placement.json") if run_dir is not None else None
+    def labels(roles: list[Role]) -> list[str]:
+        return [f"{r.name}@{g.meshes[r.name][1].label}" for r in roles]
 
-    def respawned(handle: Any) -> Any:
-        if placement is not None:
-            g.write_placement(placement)
-        return handle
-
-    def respawn_generator(i: int, error: BaseException) -> Any:
-        if not c.cluster.fault.respawn:
-            return None
-        g.drop(f"generator{i}")
-        return respawned(new_generator(i))  # the service replays the current weights version into it first
-
-    def respawn_reward(i: int, error: BaseException) -> Any:
-        if not c.cluster.fault.respawn:
-            return None
-        return respawned(attach(i, g.respawn(f"reward{i}", RewardService, c.reward, c.environment)))
-
-    def add_generator() -> None:
-        """One more generator replica (elastic): a new process on the role's next host, given the current weights
-        by the service before it serves."""
-        i = len(g.services.generators.replicas)
-        gen = new_generator(i)
-        g.services.generators.add_replica(gen, f"generator{i}@{g.meshes[f'generator{i}'][1].label}")
-        respawned(gen)
-
-    g.add_generator = add_generator
-    fault = c.cluster.fault
     g.services = Services(
-        generators=Service("generators", gens, shards=len(gen_seeds), recover=respawn_generator,
+        generators=Service("generators", gens, shards=len(w.generator_seeds), recover=recovery.generator,
                            max_restarts=fault.max_restarts, sticky=("update_weights",), log=log,
-                           labels=[f"generator{i}@{g.meshes[f'generator{i}'][1].label}" for i in range(len(gens))]),
+                           labels=labels(w.generators)),
         trainer=Collective("trainer", trainer),
-        rewards=Service("rewards", rewards, recover=respawn_reward, max_restarts=fault.max_restarts, log=log,
-                        labels=[f"reward{i}@{g.meshes[f'reward{i}'][1].label}" for i in range(len(rewards))]),
-        buffer=Service("buffer", [buffer]),
+        rewards=Service("rewards", rewards, recover=recovery.reward, max_restarts=fault.max_restarts, log=log,
+                        labels=labels(w.rewards)),
+        # The replay buffer is light state saved in checkpoints, read and written every step: it lives in the
+        # controller (a `Local`), where a step's episodes cost no message each way, and whose death ends the run.
+        buffer=Service("buffer", [Local(ReplayBuffer, w.buffer)]),
         reference=Collective("reference", reference) if reference is not None else None,
-        generator_seeds=gen_seeds)
+        generator_seeds=w.generator_seeds)
     if placement is not None:
         g.write_placement(placement)
     g.placement = describe_placement(g, c, n_params, times[:-1], p, verifier_s)
@@ -267,7 +286,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def describe_placement(g: Graph, c: Any, n_params: int, gen_setup_s: list[float], p: Prepared,
+def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: list[float], p: Prepared,
                        verifier_s: dict[str, float]) -> list[str]:
     n_hosts = len({h.label for hosts in g.hosts.roles.values() for h in hosts} | {LOCAL})
     job = job_backend(c.cluster.job).describe(c.cluster)
@@ -395,7 +414,7 @@ def _last_line(e: Any) -> str:
     return text.splitlines()[-1].strip()[:300] if text else type(e).__name__
 
 
-def release_stale_weights(c: Any) -> None:
+def release_stale_weights(c: TrainConfig) -> None:
     """Remove weights published by runs that died without tearing down (kill -9, OOM): folder names end in
     the controller's pid, so a folder whose process is gone belongs to nobody."""
     root = Path(c.cluster.shm_dir)
@@ -413,7 +432,7 @@ def release_stale_weights(c: Any) -> None:
             pass
 
 
-def release_weights(c: Any, run_name: str) -> None:
+def release_weights(c: TrainConfig, run_name: str) -> None:
     """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died first."""
     if c.cluster.transport in ("shm", "auto"):
         shutil.rmtree(Path(c.cluster.shm_dir) / run_name, ignore_errors=True)

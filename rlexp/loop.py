@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from rlexp.config.schema import TrainConfig
 from rlexp.envs.base import Environment
 from rlexp.grpo import group_advantages
 from rlexp.rollouts import MultiTurn, episode_metrics, episode_rewards, transcript_row
@@ -68,7 +69,7 @@ class LoopState:
         return restored
 
 
-def generate_groups(svc: Services, samples: list[Sample], encode: Encode, cfg: Any, step: int
+def generate_groups(svc: Services, samples: list[Sample], encode: Encode, cfg: TrainConfig, step: int
                     ) -> Pending[list[list[Completion]]]:
     """`group_size` responses per prompt. Each slice of prompts carries its own seed, derived from the
     step, so what comes back does not depend on which replica served it."""
@@ -84,7 +85,7 @@ def _groups(flat: list[Any], k: int) -> list[list[Any]]:
     return [flat[i:i + k] for i in range(0, len(flat), k)]
 
 
-def score_groups(svc: Services, samples: list[Sample], groups: list[list[Completion]], cfg: Any
+def score_groups(svc: Services, samples: list[Sample], groups: list[list[Completion]], cfg: TrainConfig
                  ) -> tuple[list[list[Episode]], dict[str, float], list[dict[str, Any]]]:
     """Rewards, advantages and (optional) reference logprobs for every response, as episodes per group.
     Also returns a few scored rollouts, for the trackers' rollout tables."""
@@ -149,7 +150,7 @@ def overlap_metrics(groups: list[list[Completion]], replicas: int, serial_s: flo
             "perf/overlap_efficiency": max(busy, serial_s) / step_s if step_s > 0 else float("nan")}
 
 
-def train(cfg: Any, svc: Services, env: Environment, encode: Encode, state: LoopState, on_step: OnStep) -> None:
+def train(cfg: TrainConfig, svc: Services, env: Environment, encode: Encode, state: LoopState, on_step: OnStep) -> None:
     """Run steps `state.step .. cfg.steps-1`; `on_step` logs, evaluates and checkpoints."""
     depth = cfg.sync.policy_age
     in_flight: deque[tuple[int, list[Sample], Pending[list[list[Completion]]], float]] = deque()

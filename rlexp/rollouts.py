@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlexp.config.schema import TrainConfig
 from rlexp.envs.base import Environment
 from rlexp.envs.guard import Encode, GuardedSteps, Reply
 from rlexp.seeding import request_seed
@@ -82,7 +83,7 @@ class _Episode:
 class MultiTurn:
     """Samples GRPO groups of multi-turn episodes through the generator service (see the module docstring)."""
 
-    def __init__(self, env: Environment, encode: Encode, cfg: Any) -> None:
+    def __init__(self, env: Environment, encode: Encode, cfg: TrainConfig) -> None:
         self.env, self.encode, self.cfg = env, encode, cfg
         self.steps = GuardedSteps(env, encode)
         self.max_turns = int(env.cfg.max_turns)

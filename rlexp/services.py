@@ -331,9 +331,9 @@ class Local:
     for light state the loop reads every step (the replay buffer), where a message each way costs more than
     the work, and for `rlexp.inprocess`. Calls run when made."""
 
-    def __init__(self, cls: type, *args: Any, events: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, cls: type, *args: Any, events: asyncio.AbstractEventLoop | None = None, **kwargs: Any) -> None:
         # Async endpoints run on `events` (shared by the Locals of one process, as an actor process has one loop).
-        self.events, self.obj = events or asyncio.new_event_loop(), cls(*args)
+        self.events, self.obj = events or asyncio.new_event_loop(), cls(*args, **kwargs)
 
     def __getattr__(self, name: str) -> _LocalEndpoint:
         prop = inspect.getattr_static(type(self.obj), name, None)

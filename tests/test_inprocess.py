@@ -5,6 +5,7 @@ import pytest
 
 from rlexp.actors.buffer import ReplayBuffer
 from rlexp.actors.reward import RewardService
+from rlexp.actors.settings import BufferSettings, RewardSettings
 from rlexp.cluster.plan_cli import compose_run_config
 from rlexp.inprocess import check_inprocess
 from rlexp.loop import overlap_metrics
@@ -29,11 +30,12 @@ def test_local_calls_sync_and_async_endpoints_and_names_a_missing_one() -> None:
     import asyncio
 
     events = asyncio.new_event_loop()
-    buf = Local(ReplayBuffer, 0, 1, events=events)
+    buf = Local(ReplayBuffer, BufferSettings(0, 1), events=events)
     assert buf.add.call_one([]).get() == 0  # async endpoint, run on the shared event loop
     assert buf.sample.call(0, 1).get() == {"rank": None}  # a collective's shape: rank -> answer
     cfg = compose_run_config([])
-    reward = Local(RewardService, prepare(cfg).cfg.reward, prepare(cfg).cfg.environment, events=events)
+    c = prepare(cfg).cfg
+    reward = Local(RewardService, RewardSettings(c.reward, c.environment), events=events)
     assert reward.attach_verifiers.call_one({}).get() == []  # sync endpoint
     with pytest.raises(AttributeError, match="no endpoint 'nope'"):
         buf.nope  # noqa: B018

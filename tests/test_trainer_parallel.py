@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlexp.actors.trainer import Trainer, apply_activation_checkpointing
+from rlexp.actors.settings import TrainerSettings
+from rlexp.actors.trainer import Trainer
 from rlexp.config.model import ArchConfig, ModelConfig
 from rlexp.config.schema import AlgorithmConfig, TrainerConfig
 from rlexp.grpo import grpo_loss
+from rlexp.models.parallel import PolicySettings, Ranks, apply_activation_checkpointing
 from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.transport import TransportSpec
@@ -52,8 +54,12 @@ def env(tmp_path_factory):
 
     def trainer(mesh, name: str, wait: bool = True, **tcfg) -> object:
         world = 2 if mesh is two else 1
-        t = mesh.spawn(name, Trainer, CFG, d, TrainerConfig(micro_batch_size=3, **tcfg), ALGO, 10, 0, 0,
-                       [TransportSpec("shm", "rlexp.transport.shm", name, {"root": str(shm)})], 1, world, port, "cpu")
+        policy = PolicySettings(CFG, d, 0, Ranks(world=world, threads=1, master_port=port),
+                                activation_checkpointing=tcfg.get("activation_checkpointing", False),
+                                mixed_precision=tcfg.get("mixed_precision", False))
+        settings = TrainerSettings(policy, TrainerConfig(micro_batch_size=3, **tcfg), ALGO, 10, 0)
+        t = mesh.spawn(name, Trainer, settings,
+                       transports=[TransportSpec("shm", "rlexp.transport.shm", name, {"root": str(shm)})])
         ready = t.setup.call()
         made.append(t)
         return ready.get() and t if wait else (t, ready)

@@ -19,10 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlexp.actors.settings import TrainerSettings
 from rlexp.actors.trainer import Reference, Trainer
 from rlexp.config.model import ArchConfig, ModelConfig
 from rlexp.config.schema import AlgorithmConfig, TrainConfig, TrainerConfig
 from rlexp.config.validate import ConfigError, validate
+from rlexp.models.parallel import PolicySettings, Ranks
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.transport import TransportSpec
 from tests.conftest import metrics, rlexp, wait_no_orphans
@@ -59,9 +61,9 @@ def env(tmp_path_factory):
     made: list = []
 
     def trainer(mesh, name: str, world: int, tp: int) -> tuple:
-        t = mesh.spawn(name, Trainer, CFG, d, TrainerConfig(micro_batch_size=3), ALGO, 10, 0, 0,
-                       [TransportSpec("shm", "rlexp.transport.shm", name, {"root": str(shm)})], 1, world,
-                       ports[world], "cpu", tp)
+        policy = PolicySettings(CFG, d, 0, Ranks(world=world, tp=tp, threads=1, master_port=ports[world]))
+        t = mesh.spawn(name, Trainer, TrainerSettings(policy, TrainerConfig(micro_batch_size=3), ALGO, 10, 0),
+                       transports=[TransportSpec("shm", "rlexp.transport.shm", name, {"root": str(shm)})])
         made.append(t)
         return t, t.setup.call()
 
@@ -145,7 +147,8 @@ def test_reference_model_sharded_on_the_trainer_ranks_matches_one_rank(env) -> N
     b = env["batches"][0]
     out = {}
     for name, mesh, world, tp in (("ref1", env["one"], 1, 1), ("ref_tp", env["two"], 2, 2)):
-        ref = mesh.spawn(name, Reference, CFG, env["dir"], 0, 1, world, env["port"], "cpu", tp)
+        ref = mesh.spawn(name, Reference, PolicySettings(CFG, env["dir"], 0, Ranks(world, tp, threads=1,
+                                                                                master_port=env["port"])))
         ref.setup.call().get()
         out[name] = rank0(ref, "logprobs", b.prompts, b.responses, 1.0)
     assert [len(r) for r in out["ref_tp"]] == [len(r) for r in b.responses]

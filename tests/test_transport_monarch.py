@@ -143,6 +143,7 @@ def test_monarch_round_trip_between_meshes_bit_exact_and_checked(meshes, tiny, t
 @pytest.mark.slow
 def test_generator_fed_by_monarch_samples_exactly_as_one_fed_by_shm(meshes, tiny, tmp_path) -> None:
     from rlexp.actors.generator import Generator
+    from rlexp.actors.settings import GeneratorSettings
     from rlexp.transport.monarch import WeightServer
     from tests.service_actors import Publisher
 
@@ -151,8 +152,9 @@ def test_generator_fed_by_monarch_samples_exactly_as_one_fed_by_shm(meshes, tiny
     server = meshes[0].spawn("weights_gen", WeightServer)
     specs = {"shm": TransportSpec("shm", "rlexp.transport.shm", "gen", {"root": str(tmp_path)}),
              "monarch": TransportSpec("monarch", "rlexp.transport.monarch", "gen", {"chunk_bytes": 256 * 1024})}
-    gens = {t: meshes[i + 1].spawn(f"gen_{t}", Generator, cfg, str(model_dir), "titan", 11, 1, {"device": "cpu"},
-                                   None, specs[t]) for i, t in enumerate(("shm", "monarch"))}
+    settings = GeneratorSettings(cfg, str(model_dir), "titan", 11, 1, {"device": "cpu"})
+    gens = {t: meshes[i + 1].spawn(f"gen_{t}", Generator, settings, weights=specs[t])
+            for i, t in enumerate(("shm", "monarch"))}
     gens["monarch"].connect_weights.call_one(server).get()
     for g in gens.values():
         g.setup.call_one().get()

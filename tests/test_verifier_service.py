@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from monarch.actor import this_host
 
+from rlexp.actors.settings import VerifierSettings
 from rlexp.actors.verifier import VerifierService, served_scorer
 from rlexp.config.environment import EnvConfig
 from rlexp.config.reward import VerifierConfig
@@ -29,7 +30,8 @@ def test_served_reward_model_matches_in_process(rm_cfg: VerifierConfig) -> None:
     local = build_verifier(rm_cfg, env, served=False).score(problems, texts)
     mesh = this_host().spawn_procs(per_host={"procs": 2})
     try:
-        svc = mesh.spawn("verifier_rm_small", VerifierService, rm_cfg, EnvConfig(name="arithmetic"), 1)
+        settings = VerifierSettings(rm_cfg, EnvConfig(name="arithmetic"), threads=1)
+        svc = mesh.spawn("verifier_rm_small", VerifierService, settings)
         assert all(s >= 0 for s in svc.setup.call().get().values())
         remote = served_scorer("rm", [svc.slice(procs=i) for i in range(2)])[0](problems, texts).get()
     finally:

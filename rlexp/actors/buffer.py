@@ -6,6 +6,7 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
+from rlexp.actors.settings import BufferSettings
 from rlexp.types import Episode
 
 
@@ -16,9 +17,9 @@ class ReplayBuffer(Actor):
     advantages are relative within a group); the seeded RNG only shuffles episodes inside the batch.
     """
 
-    def __init__(self, seed: int, max_policy_age: int) -> None:
-        self.rng = random.Random(seed)
-        self.max_age = max_policy_age
+    def __init__(self, settings: BufferSettings) -> None:
+        self.rng = random.Random(settings.seed)
+        self.max_age = settings.max_policy_age
         self.groups: list[list[Episode]] = []
         self.dropped = 0
 

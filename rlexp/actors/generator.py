@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from monarch.actor import Actor, endpoint
 
-from rlexp.config.model import ModelConfig
+from rlexp.actors.settings import GeneratorSettings
 from rlexp.models.backends import GeneratorBackend, build_backend
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.plugins import activate_from_env
@@ -24,18 +24,17 @@ from rlexp.types import Completion
 class Generator(Actor):
     """One generator replica. Built lazily in `setup` so replicas start their engines concurrently."""
 
-    def __init__(self, model_cfg: ModelConfig, model_dir: str, backend: str, seed: int, threads: int = 0,
-                 options: dict[str, Any] | None = None, gpus: str | None = None,
-                 weights: TransportSpec | None = None) -> None:
+    def __init__(self, settings: GeneratorSettings, *, weights: TransportSpec | None = None) -> None:
+        """`weights`: how this replica receives weights, the transport of its trainer->generator pair (resolved by
+        the launcher from the hosts the two run on)."""
         activate_from_env()  # the user's plug-ins, before any name in the config is looked up
-        if gpus is not None:  # this replica's GPUs (rlexp.cluster.layout.assign_gpus), before anything opens CUDA
-            os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+        if settings.gpus is not None:  # this replica's GPUs (rlexp.cluster.layout.assign_gpus), before CUDA opens
+            os.environ["CUDA_VISIBLE_DEVICES"] = settings.gpus
         apply_process_determinism()
-        self.args = (model_cfg, model_dir, backend, seed, options or {})
-        if threads:
-            torch.set_num_threads(threads)
+        self.settings = settings
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
         self.backend: GeneratorBackend | None = None
-        # How this replica receives weights: the transport of its trainer->generator pair (resolved by the launcher).
         self.weights = weights
         self.receiver = build_receiver(weights) if weights is not None else None
 
@@ -48,8 +47,9 @@ class Generator(Actor):
     @endpoint
     async def setup(self) -> float:
         t = time.perf_counter()
-        model_cfg, model_dir, backend, seed, options = self.args
-        self.backend = build_backend(backend, model_dir, load_tokenizer(model_dir), seed, model_cfg, **options)
+        st = self.settings
+        self.backend = build_backend(st.backend, st.model_dir, load_tokenizer(st.model_dir), st.seed, st.model,
+                                     **st.options)
         return time.perf_counter() - t
 
     @endpoint

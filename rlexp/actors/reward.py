@@ -10,9 +10,8 @@ from typing import Any
 
 from monarch.actor import Actor, endpoint
 
+from rlexp.actors.settings import RewardSettings
 from rlexp.actors.verifier import served_scorer
-from rlexp.config.environment import EnvConfig
-from rlexp.config.reward import RewardConfig
 from rlexp.envs.registry import build_env
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.plugins import activate_from_env
@@ -24,11 +23,11 @@ from rlexp.types import RewardOutput, Sample
 
 
 class RewardService(Actor):
-    def __init__(self, reward_cfg: RewardConfig, env_cfg: EnvConfig) -> None:
+    def __init__(self, settings: RewardSettings) -> None:
         activate_from_env()  # the user's plug-ins, before any name in the config is looked up
-        self.cfg = reward_cfg
-        self.env = build_env(env_cfg)
-        self.reward = build_reward(reward_cfg, self.env)
+        self.cfg = settings.reward
+        self.env = build_env(settings.environment)
+        self.reward = build_reward(settings.reward, self.env)
         self.services: list[Service] = []  # the served verifiers', for their request accounting
 
     # Synchronous endpoints: a verifier call waits on another actor's reply, which an event-loop endpoint must not.

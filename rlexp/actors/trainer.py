@@ -1,17 +1,10 @@
-"""The trainer actor: TorchTitan Qwen3, AdamW, LR schedule, the GRPO loss, checkpoints, weight pushes.
+"""The trainer actor: AdamW, LR schedule, the GRPO loss, checkpoints, weight pushes around one policy copy.
 
 One rank (the default) is a plain module in one process, no process group. With
 `trainer_fsdp * trainer_tp > 1` the launcher spawns one Trainer per rank on a proc mesh; every
 endpoint is then collective (`rlexp.services.Collective` calls it on the whole mesh and keeps rank 0's answer).
-Each rank builds the model on the meta device and parallelises it the way TorchTitan's
-`parallelize_qwen3` does, on a 2-D (fsdp, tp) mesh with tp innermost:
-  - TP: TorchTitan's own Qwen3 sharding plan (`set_qwen3_sharding_config`, then `Module.parallelize`):
-    fused QKV / w1 / w3 column-wise, wo / w2 row-wise, vocab-parallel embedding and lm_head. Logits
-    stay sharded over the vocabulary; token logprobs come from a loss-parallel cross-entropy
-    (`rlexp.models.policy.sequence_logprobs`), so no rank ever holds a full [tokens x vocab] tensor.
-  - FSDP2 on the fsdp axis (each transformer block, then the root), even at degree 1, as TorchTitan
-    does, so mixed precision has one code path.
-Each rank loads its shard of the HF checkpoint. The ranks of one TP group train on the same rows; the
+How each rank builds and shards its copy (TP + FSDP2, TorchTitan's way) is `rlexp.models.parallel`.
+The ranks of one TP group train on the same rows; the
 fsdp ranks split every batch into contiguous slices. Losses are weighted by each micro-batch's share
 of the *global* batch and FSDP's gradient division is off, so the reduced gradient is the single-rank
 gradient (up to summation order). Checkpoints are gathered to rank 0 in the single-rank file format,
@@ -19,28 +12,22 @@ so any layout resumes any other.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn as nn
 from monarch.actor import Actor, current_rank, endpoint
 
+from rlexp.actors.settings import PolicySettings, TrainerSettings
 from rlexp.checkpoints import safe_load
-from rlexp.config.model import ModelConfig
 from rlexp.grpo import LOSSES, policy_token_mask
-from rlexp.models.hf import (
-    load_hf_into_sharded_titan,
-    save_titan_as_hf,
-    titan_full_hf_state_dict,
-)
-from rlexp.models.policy import load_policy, sequence_logprobs
-from rlexp.models.titan import hf_state_dict, titan_config, torch_dtype
+from rlexp.models.hf import save_titan_as_hf, titan_full_hf_state_dict
+from rlexp.models.parallel import build_policy, claim_device, full_tensor, loss_parallel_if
+from rlexp.models.policy import sequence_logprobs
+from rlexp.models.titan import hf_state_dict
 from rlexp.plugins import activate_from_env
 from rlexp.seeding import apply_process_determinism
 from rlexp.transport import TransportSpec, WeightTransport, build_publisher
@@ -70,168 +57,37 @@ def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
     return out
 
 
-def apply_activation_checkpointing(model: nn.Module) -> None:
-    """Recompute each transformer block in backward (non-reentrant), as TorchTitan's full AC does.
-    State-dict keys are unchanged (the wrapper strips its prefix); the forward has no randomness."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        checkpoint_wrapper,
-    )
-
-    for name, block in list(model.layers.named_children()):
-        model.layers.register_module(name, checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                                              preserve_rng_state=False))
-
-
-def build_sharded_policy(cfg: ModelConfig, model_dir: str, dims: Any, device: torch.device, *,
-                         activation_checkpointing: bool = False, mixed_precision: bool = False) -> nn.Module:
-    """TorchTitan Qwen3 built on meta, tensor-parallel over `dims`' tp axis, FSDP2-sharded over its
-    fsdp axis (blocks, then root), HF weights loaded. Collective: every rank calls it.
-
-    A small version of TorchTitan's `parallelize_qwen3` (dense; TP without sequence parallelism): TP is
-    TorchTitan's own plan, AC comes before sharding, mixed precision is FSDP2's
-    `MixedPrecisionPolicy(bf16 params, fp32 reduce)` with fp32 sharded master weights.
-    """
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-
-
-    tc = titan_config(cfg.arch)
-    if dims.tp > 1:
-        from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
-
-        set_qwen3_sharding_config(tc, enable_sp=False, enable_ep=False)
-    with torch.device("meta"):
-        model = tc.build().to(dtype=torch_dtype(cfg.dtype))
-    if dims.tp > 1:
-        model.parallelize(dims)
-    if activation_checkpointing:
-        apply_activation_checkpointing(model)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
-        else MixedPrecisionPolicy()
-    mesh = dims.get_mesh("fsdp")
-    for block in model.layers.values():
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
-    model.to_empty(device=device)
-    with torch.no_grad():
-        model.init_states(buffer_device=device)  # RoPE cache; the parameters are overwritten just below
-    for m in model.modules():
-        if isinstance(m, FSDPModule):
-            # Plain SUM of the ranks' gradients: each loss already carries its share of the global batch.
-            # (Forcing SUM also avoids PREMUL_SUM, which gloo lacks.)
-            m.set_gradient_divide_factor(1.0)
-            m.set_force_sum_reduction_for_comms(True)
-    load_hf_into_sharded_titan(model, model_dir, cfg)
-    return model
-
-
-def _full(v: Any) -> Any:
-    from torch.distributed.tensor import DTensor
-
-    return v.full_tensor().cpu() if isinstance(v, DTensor) else v
-
-
-def claim_device(device_kind: str, gpus: list[str] | None, rank: int) -> torch.device:
-    """This rank's device. On CUDA the launcher hands each role its own GPUs (`gpus[rank]`, a
-    CUDA_VISIBLE_DEVICES value), so the trainer never lands on a generator's GPU; it must be set before
-    anything in the process touches CUDA."""
-    if device_kind != "cuda":
-        return torch.device("cpu")
-    if gpus:
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[rank]
-    torch.cuda.set_device(0 if gpus else rank % torch.cuda.device_count())
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-def init_parallel(rank: int, world: int, tp: int, master_port: int | str, device: torch.device) -> Any:
-    """Process group (gloo on CPU, nccl on CUDA) + TorchTitan's `ParallelDims` meshes (fsdp x tp, tp
-    innermost); rank = Monarch rank. A second actor on the same processes (the reference model, or a
-    test's second trainer) reuses the group and builds its own meshes."""
-    import torch.distributed as dist
-
-    # ParallelDims gives size-1 mesh axes (pp, cp, ...) the "fake" c10d backend; this registers it
-    # (TorchTitan's training script gets it transitively through spmd_types).
-    import torch.testing._internal.distributed.fake_pg  # noqa: F401
-    import torchtitan.distributed.parallel_dims as titan_dims
-
-    # `master_port` is a port on this host, or "host:port" when rank 0 runs on another host (rlexp/launcher.py).
-    addr, _, port = str(master_port).rpartition(":")
-    os.environ.update(MASTER_ADDR=addr or "127.0.0.1", MASTER_PORT=port)
-    if device.type == "cpu":
-        titan_dims.device_type = "cpu"  # TorchTitan assumes "cuda" when it finds no accelerator
-    if not dist.is_initialized():
-        if device.type == "cuda":
-            dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
-        else:
-            dist.init_process_group("gloo", rank=rank, world_size=world)
-    elif dist.get_world_size() != world or dist.get_rank() != rank:
-        raise RuntimeError(f"trainer rank {rank}/{world}: this process already belongs to a process group as "
-                           f"rank {dist.get_rank()}/{dist.get_world_size()}")
-    # "partial_dtensor": DTensors for the model-parallel (tp) axis only; FSDP2 shards on top.
-    dims = titan_dims.ParallelDims(dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, ep=1,
-                                   world_size=world, spmd_backend="partial_dtensor")
-    dims.build_mesh()
-    return dims
-
-
-def build_policy(cfg: ModelConfig, model_dir: str, rank: int, world: int, tp: int, master_port: int | str,
-                 device: torch.device, *, activation_checkpointing: bool = False, mixed_precision: bool = False
-                 ) -> tuple[nn.Module, Any]:
-    """The policy for this rank (plain on one rank, TP/FSDP-sharded on several) and its `ParallelDims`
-    (None on one rank). Collective when sharded."""
-    if world == 1:
-        model = load_policy(cfg, model_dir, device=str(device))
-        if activation_checkpointing:
-            apply_activation_checkpointing(model)
-        return model, None
-    dims = init_parallel(rank, world, tp, master_port, device)
-    return build_sharded_policy(cfg, model_dir, dims, device, activation_checkpointing=activation_checkpointing,
-                                mixed_precision=mixed_precision), dims
-
-
-def loss_parallel_if(tp: int) -> Any:
-    """`loss_parallel` under TP (the logprobs of vocabulary-sharded logits need it, forward and backward)."""
-    if tp == 1:
-        return contextlib.nullcontext()
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    return loss_parallel()
-
-
 class Trainer(Actor):
-    def __init__(self, model_cfg: ModelConfig, model_dir: str, trainer_cfg: Any, algo_cfg: Any, total_steps: int,
-                 seed: int, pad_id: int, transports: Sequence[TransportSpec], threads: int = 0,
-                 world_size: int = 1, master_port: int | str = 0, device: str = "cpu",
-                 tp: int = 1, gpus: list[str] | None = None) -> None:
+    def __init__(self, settings: TrainerSettings, *, transports: Sequence[TransportSpec]) -> None:
+        """`transports`: every weight transport the generators need (resolved per pair by the launcher); a
+        version is published to each."""
         activate_from_env()  # the user's plug-ins, before any name in the config is looked up
         apply_process_determinism()
-        self.model_cfg, self.model_dir = model_cfg, model_dir
-        self.tcfg, self.acfg = trainer_cfg, algo_cfg
-        self.loss_fn = LOSSES.get(str(algo_cfg.loss))()  # checked in prepare; a plug-in's class needs its module here
-        self.total_steps, self.seed, self.pad_id = total_steps, seed, pad_id
-        # Every transport the generators need (resolved per pair by the launcher); a version is published to each.
+        self.settings = settings
+        policy, ranks = settings.policy, settings.policy.ranks
+        self.model_cfg, self.model_dir = policy.model, policy.model_dir
+        self.tcfg, self.acfg = settings.trainer, settings.algorithm
+        self.loss_fn = LOSSES.get(str(self.acfg.loss))()  # checked in prepare; a plug-in's class needs its module here
+        self.total_steps, self.seed, self.pad_id = settings.total_steps, settings.seed, policy.pad_id
         self.transport_specs = list({s.name: s for s in transports}.values())
-        self.world, self.master_port, self.device_kind = world_size, master_port, device
-        self.rank = current_rank().rank if world_size > 1 else 0
-        if world_size % tp:
-            raise ValueError(f"trainer: world size {world_size} is not a multiple of trainer_tp={tp}")
-        self.tp = tp
+        self.world = ranks.world
+        self.rank = current_rank().rank if ranks.world > 1 else 0
+        if ranks.world % ranks.tp:
+            raise ValueError(f"trainer: world size {ranks.world} is not a multiple of trainer_tp={ranks.tp}")
+        self.tp = ranks.tp
         # Data-parallel coordinates: the ranks of one TP group (consecutive ranks) share their rows.
-        self.dp_rank, self.dp_world = self.rank // tp, world_size // tp
+        self.dp_rank, self.dp_world = self.rank // ranks.tp, ranks.world // ranks.tp
         self.dp_group: Any = None
-        self.device = claim_device(device, gpus, self.rank)
+        self.device = claim_device(ranks.device, ranks.gpus, self.rank)
         self.transports: dict[str, WeightTransport] = {}
-        if threads:
-            torch.set_num_threads(threads)
+        if ranks.threads:
+            torch.set_num_threads(ranks.threads)
 
     @endpoint
     async def setup(self) -> int:
         torch.manual_seed(self.seed)  # nothing random today, but any future dropout/init draws from here
         t = self.tcfg
-        self.model, dims = build_policy(self.model_cfg, self.model_dir, self.rank, self.world, self.tp,
-                                        self.master_port, self.device,
-                                        activation_checkpointing=t.activation_checkpointing,
-                                        mixed_precision=t.mixed_precision)
+        self.model, dims = build_policy(self.settings.policy, self.rank, self.device)
         self.model.train()
         if dims is not None:
             self.dp_group = dims.get_mesh("fsdp").get_group()
@@ -300,7 +156,7 @@ class Trainer(Actor):
             metrics, d_max, d_sum, d_n = self._all_reduce_metrics(metrics, d_max, d_sum, d_n)
         metrics.update({
             "loss": metrics.get("loss/policy", 0.0),
-            "train/grad_norm": float(_full(grad_norm)),
+            "train/grad_norm": float(full_tensor(grad_norm)),
             "train/lr": float(self.sched.get_last_lr()[0]),
             # generator vs trainer logprobs on the sampled tokens, before this update
             "logprob_diff/max": d_max,
@@ -342,10 +198,10 @@ class Trainer(Actor):
         gathered: dict[int, torch.Tensor] = {}  # tied embeddings: gather the shared parameter once
         for k, v in self.model.state_dict().items():
             if id(v) not in gathered:
-                gathered[id(v)] = _full(v)
+                gathered[id(v)] = full_tensor(v)
             model[k] = gathered[id(v)]
         osd = self.optim.state_dict()
-        osd["state"] = {i: {k: _full(v) for k, v in st.items()} for i, st in osd["state"].items()}
+        osd["state"] = {i: {k: full_tensor(v) for k, v in st.items()} for i, st in osd["state"].items()}
         return {"model": model, "optim": osd}
 
     @endpoint
@@ -431,21 +287,19 @@ class Reference(Actor):
     copy. Its endpoints are collective when the trainer has several ranks.
     """
 
-    def __init__(self, model_cfg: ModelConfig, model_dir: str, pad_id: int, threads: int = 0, world_size: int = 1,
-                 master_port: int | str = 0, device: str = "cpu", tp: int = 1, gpus: list[str] | None = None,
-                 mixed_precision: bool = False) -> None:
+    def __init__(self, settings: PolicySettings) -> None:
         apply_process_determinism()
-        if threads:
-            torch.set_num_threads(threads)
-        self.args = (model_cfg, model_dir, world_size, master_port, tp, mixed_precision)
-        self.rank = current_rank().rank if world_size > 1 else 0
-        self.device = claim_device(device, gpus, self.rank)
-        self.pad_id, self.tp = pad_id, tp
+        ranks = settings.ranks
+        if ranks.threads:
+            torch.set_num_threads(ranks.threads)
+        self.settings = settings
+        self.rank = current_rank().rank if ranks.world > 1 else 0
+        self.device = claim_device(ranks.device, ranks.gpus, self.rank)
+        self.pad_id, self.tp = settings.pad_id, ranks.tp
 
     @endpoint
     async def setup(self) -> None:
-        model_cfg, model_dir, world, port, tp, mp = self.args
-        self.model, _ = build_policy(model_cfg, model_dir, self.rank, world, tp, port, self.device, mixed_precision=mp)
+        self.model, _ = build_policy(self.settings, self.rank, self.device)
         self.model.eval()
 
     @endpoint

@@ -14,8 +14,7 @@ from typing import Any
 import torch
 from monarch.actor import Actor, current_rank, endpoint
 
-from rlexp.config.environment import EnvConfig
-from rlexp.config.reward import VerifierConfig
+from rlexp.actors.settings import VerifierSettings
 from rlexp.envs.registry import build_env
 from rlexp.plugins import activate_from_env
 from rlexp.rewards.verifiers.registry import build_verifier
@@ -25,17 +24,17 @@ from rlexp.types import Problem
 
 
 class VerifierService(Actor):
-    def __init__(self, vcfg: VerifierConfig, env_cfg: EnvConfig, threads: int = 0, device: str = "cpu",
-                 gpus: list[str] | None = None) -> None:
+    def __init__(self, settings: VerifierSettings) -> None:
         activate_from_env()  # the user's plug-ins, before any name in the config is looked up
         # This replica's GPU (`gpus[rank]`, a CUDA_VISIBLE_DEVICES value from rlexp.cluster.layout.assign_gpus), set
         # before anything in the process opens CUDA, so a verifier never lands on the policy's GPUs.
-        if device == "cuda" and gpus:
+        gpus = settings.gpus
+        if settings.device == "cuda" and gpus:
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[current_rank().rank if len(gpus) > 1 else 0]
         apply_process_determinism()
-        if threads:
-            torch.set_num_threads(threads)
-        self.vcfg, self.env_cfg, self.device = vcfg, env_cfg, device
+        if settings.threads:
+            torch.set_num_threads(settings.threads)
+        self.vcfg, self.env_cfg, self.device = settings.verifier, settings.environment, settings.device
 
     @endpoint
     def setup(self) -> float:

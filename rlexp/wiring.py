@@ -1,0 +1,131 @@
+"""The actor graph's roles, declared once: who, how many, on which hosts, with what settings.
+
+`rlexp.launcher.build_graph` spawns these roles into processes on the run's hosts; `rlexp.inprocess.build_inprocess`
+builds the very same settings as plain objects in one process. What only exists once processes do (the weight
+transport of each trainer->generator pair, the trainer's rendezvous port) is passed by the launcher as keyword
+arguments; everything else an actor is built from is here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rlexp.actors.generator import Generator
+from rlexp.actors.reward import RewardService
+from rlexp.actors.settings import (
+    BufferSettings,
+    GeneratorSettings,
+    RewardSettings,
+    TrainerSettings,
+    VerifierSettings,
+)
+from rlexp.actors.trainer import Reference, Trainer
+from rlexp.actors.verifier import VerifierService
+from rlexp.cluster.layout import assign_gpus
+from rlexp.models.parallel import PolicySettings, Ranks
+from rlexp.models.tokenizer import load_tokenizer
+from rlexp.prepare import Prepared
+
+
+@dataclass(frozen=True)
+class Role:
+    """One mesh of the graph. `hosts`/`index` pick its host (`rlexp.cluster.hosts.Hosts.host`: replica `index` of
+    the `cluster.hosts_per_role` group `hosts`); `procs` processes each run the actor (trainer ranks, verifier
+    replicas); `on` names the role whose processes it shares instead (the reference sits on the trainer's)."""
+
+    name: str
+    actor: type
+    settings: Any
+    hosts: str
+    index: int = 0
+    procs: int = 1
+    on: str | None = None
+
+
+@dataclass(frozen=True)
+class Wiring:
+    trainer: Role
+    reference: Role | None
+    generators: list[Role]
+    verifiers: list[Role]
+    rewards: list[Role]
+    buffer: BufferSettings
+    generator_seeds: tuple[int, ...]  # one per shard of a generate call, fixed for the run
+
+    def roles(self) -> list[Role]:
+        """In spawn order: the trainer first (the machine it lands on decides each generator's transport)."""
+        return [self.trainer, *self.generators, *([self.reference] if self.reference else []), *self.verifiers,
+                *self.rewards]
+
+
+def with_master_port(role: Role, port: int | str) -> Role:
+    """The trainer's or reference's role with the rendezvous port the launcher found once their processes existed."""
+    st = role.settings
+    if isinstance(st, TrainerSettings):
+        policy = replace(st.policy, ranks=replace(st.policy.ranks, master_port=port))
+        return replace(role, settings=replace(st, policy=policy))
+    return replace(role, settings=replace(st, ranks=replace(st.ranks, master_port=port)))
+
+
+def generator_options(p: Prepared) -> dict[str, Any]:
+    """`rlexp.models.backends.build_backend`'s options for this run's backend."""
+    c = p.cfg
+    g = c.generator
+    opts: dict[str, Any] = {"device": c.cluster.device, "ignore_eos": g.ignore_eos}
+    if g.backend != "titan":
+        opts.update(tp=g.tp, kv_cache_gb=g.kv_cache_gb, gpu_memory_utilization=g.gpu_memory_utilization,
+                    enforce_eager=g.enforce_eager, max_num_seqs=g.max_num_seqs,
+                    max_num_batched_tokens=g.max_num_batched_tokens)
+    return opts
+
+
+def generator_role(p: Prepared, i: int) -> Role:
+    """Generator replica `i`, also one added later (elastic) or respawned: it takes the seed of shard i mod shards."""
+    c = p.cfg
+    seeds = generator_seeds(p)
+    gpus = assign_gpus(c).get(f"generator{i}", [None])[0]
+    return Role(f"generator{i}", Generator,
+                GeneratorSettings(c.model, p.model_dir, c.generator.backend, seeds[i % len(seeds)],
+                                  c.cluster.threads_per_proc, generator_options(p), gpus),
+                hosts="generator", index=i)
+
+
+def reward_role(p: Prepared, i: int) -> Role:
+    c = p.cfg
+    return Role(f"reward{i}", RewardService, RewardSettings(c.reward, c.environment), hosts="reward", index=i)
+
+
+def generator_seeds(p: Prepared) -> tuple[int, ...]:
+    return tuple(p.seeds[f"generator/{i}"] for i in range(p.cfg.generator.shards))
+
+
+def wiring(p: Prepared) -> Wiring:
+    c = p.cfg
+    gpus = assign_gpus(c)
+    par = c.model.parallelism
+    ranks = Ranks(world=par.trainer_world, tp=par.trainer_tp, device=c.cluster.device, gpus=gpus.get("trainer"),
+                  threads=c.cluster.threads_per_proc)
+    policy = PolicySettings(c.model, p.model_dir, load_tokenizer(p.model_dir).pad_id, ranks,
+                            mixed_precision=c.trainer.mixed_precision,
+                            activation_checkpointing=c.trainer.activation_checkpointing)
+    trainer = Role("trainer", Trainer, TrainerSettings(policy, c.trainer, c.algorithm, c.steps, p.seeds["trainer"]),
+                   hosts="trainer", procs=par.trainer_world)
+    # The reference model shares the trainer's processes (and GPUs), sharded the same way; nothing to recompute.
+    reference = (Role("reference", Reference, PolicySettings(c.model, p.model_dir, policy.pad_id, ranks,
+                                                             mixed_precision=c.trainer.mixed_precision),
+                      hosts="trainer", procs=par.trainer_world, on="trainer")
+                 if c.algorithm.kl_coef > 0 else None)
+    # Each model verifier gets processes of its own: scaled and placed apart from the policy and the reward.
+    verifiers = [Role(f"verifier_{v.name}", VerifierService,
+                      VerifierSettings(v, c.environment, c.cluster.threads_per_proc, c.cluster.device,
+                                       gpus.get(f"verifier_{v.name}")),
+                      hosts="verifier", index=k, procs=v.replicas)
+                 for k, v in enumerate(p.served_verifiers)]
+    return Wiring(trainer=trainer, reference=reference,
+                  generators=[generator_role(p, i) for i in range(c.generator.replicas)],
+                  verifiers=verifiers, rewards=[reward_role(p, i) for i in range(c.reward.replicas)],
+                  # The replay buffer is light state saved in checkpoints, read and written every step: it lives in
+                  # the controller (a `Local`), where a step's episodes cost no message each way.
+                  buffer=BufferSettings(p.seeds["buffer"], c.sync.policy_age),
+                  generator_seeds=generator_seeds(p))
+
