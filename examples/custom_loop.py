@@ -9,12 +9,12 @@ import sys
 
 from hydra import compose, initialize_config_dir
 
-from rlexp import loop
+from rlexp.algorithm import loop
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
-from rlexp.launcher import build_graph, release_weights
 from rlexp.models.tokenizer import load_tokenizer
-from rlexp.prepare import prepare
+from rlexp.run.launcher import build_graph, release_weights
+from rlexp.run.prepare import prepare
 from rlexp.types import TrainBatch
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@ same run on the same machine, so the numbers mean something on any box (CPU lapt
 - generation: tokens/s of the `titan` and `vllm` generator backends on the tiny model, against a
   single-process transformers sampling loop (KV cache, same batch, same lengths);
 - overhead (`--overhead-steps`): the actor graph's step (`rlexp train`, on-policy) against the same
-  components called in one process (`rlexp.inprocess`), whose metrics must be identical;
+  components called in one process (`rlexp.run.inprocess`), whose metrics must be identical;
 - overlap (`--overlap-steps`): a `sync=async` step against its ideal max(generation, the rest) measured in
-  the same run (`perf/overlap_efficiency`, rlexp/loop.py).
+  the same run (`perf/overlap_efficiency`, rlexp/algorithm/loop.py).
 
 Writes a markdown table with the command line that produced it (default results/bench_cpu.md).
 Not a timed test: numbers depend on the machine and its load.
@@ -238,8 +238,8 @@ def bench_backend(name: str, model_cfg, model_dir: Path, prompts: list[list[int]
 
 def _reload_latency(backend, model_dir: Path, reps: int) -> float | None:
     """Seconds per weight update from a published shm version (what the shm receiver does): the per-sync fixed cost."""
+    from rlexp.core.weights import read_hf_state_dict
     from rlexp.transport.shm import ShmTransport, check_intact
-    from rlexp.weights import read_hf_state_dict
 
     t = ShmTransport(f"rlexp-bench-reload-{os.getpid()}", keep=1)
     try:
@@ -306,8 +306,8 @@ def bench_overhead(steps: int, rounds: int, warmup: int, overrides: list[str]) -
     """Median step time, actor graph vs one process, over `rounds` alternating pairs of runs (so drifting load
     falls on both); the loop's metrics must agree exactly between the two, or the row says so."""
     from rlexp.cluster.plan_cli import compose_run_config
-    from rlexp.inprocess import train_inprocess
-    from rlexp.prepare import prepare
+    from rlexp.run.inprocess import train_inprocess
+    from rlexp.run.prepare import prepare
     from rlexp.tracking.reproduce import is_operational_key
 
     args = ["sync=on_policy", f"steps={steps}", "eval.every_n_steps=0", *overrides]
@@ -329,7 +329,7 @@ def bench_overhead(steps: int, rounds: int, warmup: int, overrides: list[str]) -
         gs = [r[key] for r in graph if r["step"] > warmup]
         ls = [r[key] for r in local if r["step"] > warmup]
         rows.append(Row(f"overhead: {what}, actor graph ({' '.join(args)})", statistics.median(gs), "s",
-                        "same components, one process (rlexp.inprocess)", statistics.median(ls),
+                        "same components, one process (rlexp.run.inprocess)", statistics.median(ls),
                         f"IQR {_iqr(gs)} vs {_iqr(ls)}; {rounds} alternating pairs, steps {warmup + 1}-{steps}"
                         + (f"; loop metrics identical: {'yes' if same else 'NO'}" if key == "time/step_s" else "")))
     return rows

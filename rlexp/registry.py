@@ -3,7 +3,7 @@
 A name is either a built-in (registered with `@REGISTRY.register("name")` when its module is imported) or a
 Python import path `package.module:Class`, so a user's class can live outside rlexp and still be picked from
 YAML or the command line. The path is imported on lookup, in whichever process looks it up (the controller in
-`prepare`, then every actor: `rlexp.plugins` puts the user's folders on their module path), and the class must
+`prepare`, then every actor: `rlexp.core.plugins` puts the user's folders on their module path), and the class must
 be a subclass of the registry's kind. A failed import or a class of the wrong kind is a `PluginError` naming
 the module, the error and the folders searched, raised in `prepare` before anything is spawned.
 """

@@ -12,10 +12,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from rlexp import runlock
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
 from rlexp.errors import friendly_errors
+from rlexp.run import runlock
 
 register_configs()
 
@@ -26,7 +26,7 @@ def train(cfg: DictConfig) -> float:
     with friendly_errors(interrupted=interrupted_hint), runlock.hold(Path(HydraConfig.get().runtime.output_dir)):
         # Imported here, not at the top: `rlexp train --help`, composition errors and a busy run folder must
         # not wait for torch and Monarch to load.
-        from rlexp.launcher import run
+        from rlexp.run.launcher import run
 
         final = run(cfg)
     return float(final.get("eval/accuracy", float("nan")))
@@ -44,7 +44,7 @@ class RunFolderGuard(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         run_dir = Path(str(config.hydra.run.dir)).absolute()
         if config.get("resume") == "auto" and run_dir.is_dir():
-            from rlexp.checkpoints import finished
+            from rlexp.run.checkpoints import finished
 
             if (done := finished(run_dir, int(config.steps))) is not None:
                 print(f"[rlexp] {done}", flush=True)
@@ -69,7 +69,7 @@ def interrupted_hint() -> str:
     """After Ctrl-C (teardown done, the manifest says interrupted): where the run is and how to go on."""
     from hydra.core.hydra_config import HydraConfig
 
-    from rlexp.checkpoints import find_resume
+    from rlexp.run.checkpoints import find_resume
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     with contextlib.suppress(OSError, ValueError, AttributeError):

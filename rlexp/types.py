@@ -51,7 +51,8 @@ class Completion:
     text: str
     policy_version: int
     finish_reason: str = "stop"
-    # Multi-turn episodes (rlexp/rollouts.py) fill the fields below; a single response leaves them as they are.
+    # Multi-turn episodes (rlexp/algorithm/rollouts.py) fill the fields below; a single response leaves them as
+    # they are.
     # `token_ids` then holds every token after the prompt: the policy's turns and the environment's replies.
     # loss_mask[i] is 1 where the policy wrote token i and 0 where the environment did (None: all the policy's).
     loss_mask: list[int] | None = None

@@ -65,8 +65,8 @@ def load_task(name: str, seed: int) -> Task:
     from rlexp.cluster.plan_cli import compose_run_config
     from rlexp.envs.registry import build_env
     from rlexp.models.tokenizer import load_tokenizer
-    from rlexp.prepare import resolve_model
     from rlexp.rewards.registry import build_reward
+    from rlexp.run.prepare import resolve_model
 
     t = OmegaConf.to_object(compose_run_config([f"environment={name}", f"seed={seed}"]))
     env = build_env(t.environment)

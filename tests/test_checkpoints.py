@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlexp import checkpoints
-from rlexp.checkpoints import ResumeError
+from rlexp.run import checkpoints
+from rlexp.run.checkpoints import ResumeError
 from rlexp.types import Episode, Problem, Sample
 from tests.conftest import rlexp
 
@@ -54,7 +54,7 @@ def test_plain_controller_state_round_trips(tmp_path: Path) -> None:
 
 
 def test_loop_state_saves_and_loads_itself_through_a_checkpoint(tmp_path: Path) -> None:
-    from rlexp.loop import LoopState
+    from rlexp.algorithm.loop import LoopState
 
     rng = random.Random(5)
     rng.random()

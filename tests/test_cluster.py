@@ -118,7 +118,7 @@ def test_a_job_kind_registered_from_outside_rlexp_is_recognised_by_prepare_and_p
     `package.module:Class` name, with no edit anywhere in rlexp."""
     from rlexp.cluster import plan_cli
     from rlexp.cluster.registry import JOBS, job_backend
-    from rlexp.prepare import check_config
+    from rlexp.run.prepare import check_config
 
     name = "tests.toy_job:LocalTwo"
     c = cfg(f"cluster.job={name}")
@@ -131,7 +131,7 @@ def test_a_job_kind_registered_from_outside_rlexp_is_recognised_by_prepare_and_p
 
 
 def test_an_unknown_job_kind_is_refused_naming_the_choices() -> None:
-    from rlexp.prepare import check_config
+    from rlexp.run.prepare import check_config
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         bad = compose("train", overrides=["cluster.job=lsf"])

@@ -79,7 +79,7 @@ def test_train_refuses_a_misspelt_environment_option(tmp_path: Path, tag: str) -
 def test_checkpoint_meta_is_checked_for_shape(tmp_path: Path) -> None:
     import pytest
 
-    from rlexp.checkpoints import ResumeError, read_meta
+    from rlexp.run.checkpoints import ResumeError, read_meta
 
     (tmp_path / "meta.json").write_text(json.dumps({"step": 3, "version": 3, "resume_hash": "ab"}))
     assert read_meta(tmp_path)["step"] == 3
@@ -93,7 +93,7 @@ def test_checkpoint_meta_is_checked_for_shape(tmp_path: Path) -> None:
 def test_generator_replicas_file_takes_only_a_count(tmp_path: Path, capsys) -> None:
     from types import SimpleNamespace
 
-    from rlexp.launcher import Elastic
+    from rlexp.run.launcher import Elastic
 
     added = []
     graph = SimpleNamespace(services=None, add_generator=lambda: added.append(1))  # no actors: nothing to resize

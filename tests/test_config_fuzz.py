@@ -1,5 +1,5 @@
 """Fuzz of the config boundary: random and adversarial overrides through what `rlexp train` does before it spawns
-anything (Hydra composition, then `rlexp.prepare.check_config`) and through the gate a run folder's overrides pass
+anything (Hydra composition, then `rlexp.run.prepare.check_config`) and through the gate a run folder's overrides pass
 (`rlexp.config.overrides.check_overrides`). Every case must end in a valid config or in a user error naming the
 key: never a raw exception, never a process. Seeded, so a failure replays; bounded to a few seconds of work."""
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rlexp.config.overrides import OverrideError, check_overrides
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import TrainConfig, register_configs
 from rlexp.errors import is_user_error
-from rlexp.prepare import check_config
+from rlexp.run.prepare import check_config
 
 SEED = 20260520
 BUDGET_S = 55.0

@@ -109,12 +109,14 @@ def test_code_names_are_in_backticks() -> None:
 
 def test_checker_rejects_what_does_not_exist() -> None:
     """The checks themselves: a wrong attribute, a wrong module and a missing path all fail."""
-    sample = "see `rlexp.services.Service.route` and `rlexp.nowhere.thing` in rlexp/not_here.py; `rlexp.loop.train`"
-    assert dotted_names(sample) == ["rlexp.loop.train", "rlexp.nowhere.thing", "rlexp.services.Service.route"]
-    resolve("rlexp.loop.train")
+    sample = ("see `rlexp.core.services.Service.route` and `rlexp.nowhere.thing` in rlexp/not_here.py; "
+              "`rlexp.algorithm.loop.train`")
+    assert dotted_names(sample) == ["rlexp.algorithm.loop.train", "rlexp.core.services.Service.route",
+                                    "rlexp.nowhere.thing"]
+    resolve("rlexp.algorithm.loop.train")
     resolve("rlexp.types.Problem.prompt")  # a dataclass field without a default
     with pytest.raises(AttributeError):
-        resolve("rlexp.services.Service.route")  # endpoints live on rlexp.services._Endpoint
+        resolve("rlexp.core.services.Service.route")  # endpoints live on rlexp.core.services._Endpoint
     with pytest.raises((ImportError, AttributeError)):
         resolve("rlexp.nowhere.thing")
     assert repo_paths(sample) == ["rlexp/not_here.py"]

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from rlexp.grpo import group_advantages, grpo_loss
+from rlexp.algorithm.grpo import group_advantages, grpo_loss
 
 
 def test_group_advantages_normalise_within_each_group():

@@ -1,4 +1,4 @@
-"""The one-process baseline of `rlexp bench --overhead-steps` (rlexp/inprocess.py) and the loop's overlap figure."""
+"""The one-process baseline of `rlexp bench --overhead-steps` (rlexp/run/inprocess.py) and the loop's overlap figure."""
 from __future__ import annotations
 
 import pytest
@@ -6,11 +6,11 @@ import pytest
 from rlexp.actors.buffer import ReplayBuffer
 from rlexp.actors.reward import RewardService
 from rlexp.actors.settings import BufferSettings, RewardSettings
+from rlexp.algorithm.loop import overlap_metrics
 from rlexp.cluster.plan_cli import compose_run_config
-from rlexp.inprocess import check_inprocess
-from rlexp.loop import overlap_metrics
-from rlexp.prepare import prepare
-from rlexp.services import Local
+from rlexp.core.services import Local
+from rlexp.run.inprocess import check_inprocess
+from rlexp.run.prepare import prepare
 from rlexp.types import Completion
 
 

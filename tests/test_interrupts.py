@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from rlexp.errors import friendly_errors
-from rlexp.launcher import Interrupts
+from rlexp.run.launcher import Interrupts
 
 
 def test_first_signal_in_the_loop_is_raised_at_the_next_check() -> None:

@@ -1,4 +1,4 @@
-"""Multi-turn episodes in training (rlexp/rollouts.py, rlexp/envs/guard.py, rlexp/envs/guess.py): loss masks,
+"""Multi-turn episodes in training (rlexp/algorithm/rollouts.py, rlexp/envs/guard.py, rlexp/envs/guess.py): loss masks,
 logprob parity across turns, per-turn seeds, the guessing task's ceilings, bad environment output.
 
 The rollout tests drive the real titan backend and the real tiny model in this process; only Monarch's
@@ -14,20 +14,20 @@ from typing import Any
 import pytest
 import torch
 
+from rlexp.algorithm.grpo import grpo_loss, policy_token_mask
+from rlexp.algorithm.rollouts import MultiTurn
 from rlexp.config.environment import EnvConfig
 from rlexp.config.model import ModelConfig
+from rlexp.core.seeding import request_seed
+from rlexp.core.services import Service, Services
 from rlexp.envs.base import Environment
 from rlexp.envs.guard import EnvOutputError, GuardedSteps
 from rlexp.envs.guess import Guess, reply
 from rlexp.envs.registry import build_env
-from rlexp.grpo import grpo_loss, policy_token_mask
 from rlexp.models.backends import TitanBackend
 from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.models.tokenizer import load_tokenizer
-from rlexp.rollouts import MultiTurn
-from rlexp.seeding import request_seed
-from rlexp.services import Service, Services
 from rlexp.types import Episode, Problem, Sample, TrainBatch
 
 MODEL = ModelConfig()

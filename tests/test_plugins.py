@@ -1,5 +1,5 @@
 """A user's own environment, reward and rule, named by import path or listed in `plugins`, from outside the
-package (rlexp.registry, rlexp.plugins): refused before anything spawns when they cannot be used, recorded with
+package (rlexp.registry, rlexp.core.plugins): refused before anything spawns when they cannot be used, recorded with
 hashes, and checked again by `rlexp reproduce`. The end-to-end run of examples/my_task is tests/test_my_task.py."""
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from rlexp.config.overrides import OverrideError
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
 from rlexp.config.validate import ConfigError
-from rlexp.plugins import describe_config_dirs, describe_plugins, recorded_changes
-from rlexp.prepare import check_config
+from rlexp.core.plugins import describe_config_dirs, describe_plugins, recorded_changes
 from rlexp.registry import IMPORTED, PluginError, Registry
+from rlexp.run.prepare import check_config
 from rlexp.tracking import reproduce
 from rlexp.tracking.manifest import Manifest
 from rlexp.train import with_config_path
@@ -87,7 +87,8 @@ def test_wrong_kind_refused(project: Path) -> None:
     with pytest.raises(PluginError, match=r"environment mytask.tasks:NearMiss: NearMiss is .* not a subclass of "
                                           r"rlexp.envs.base.Environment"):
         check_config(composed(project, "environment=count_a", "environment.name=mytask.tasks:NearMiss"))
-    with pytest.raises(PluginError, match=r"loss mytask\.tasks:NearMiss: .* not a subclass of rlexp\.grpo\.PolicyLoss"):
+    with pytest.raises(PluginError,
+                       match=r"loss mytask\.tasks:NearMiss: .* not a subclass of rlexp\.algorithm\.grpo\.PolicyLoss"):
         check_config(composed(project, "environment=count_a", "algorithm.loss=mytask.tasks:NearMiss"))
     from rlexp.rewards.verifiers.registry import build_rule
 

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from rlexp.cluster import plan_cli
 from rlexp.cluster.plan_cli import compose_run_config
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
-from rlexp.phases import Phases
+from rlexp.run.phases import Phases
 
 SIZES = ["qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_14b", "qwen3_32b"]
 NODES = {"qwen3_14b": 3, "qwen3_32b": 4}  # documented in model/*.yaml; the others one node

@@ -1,6 +1,6 @@
 """No process and no socket folder outlives a run on simulated hosts (`cluster=process`), whenever its controller
 dies: `kill -9` at start-up (the first host just spawned), while the engines load, mid-run and during teardown,
-and a double Ctrl-C, which ends in one line (exit 130), not a traceback. The reaper itself (rlexp/reaper.py)
+and a double Ctrl-C, which ends in one line (exit 130), not a traceback. The reaper itself (rlexp/cluster/reaper.py)
 is first checked on plain processes: a host that appears after its controller died is killed too.
 
 Every process of a test run carries RLEXP_TEST_TAG (tests/conftest.py), the reaper included, and the run gets
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rlexp import reaper
+from rlexp.cluster import reaper
 from tests.conftest import REPO, tagged_env, tagged_pids, wait_no_orphans
 
 LAYOUT = ["cluster=process", "generator.replicas=2", "cluster.hosts_per_role.generator=2", "cluster.hosts=4",
@@ -42,7 +42,7 @@ def wait_clean(tag: str, tmp: Path, since: float) -> tuple[list[int], list[str],
 # --- the reaper on plain processes (seconds, no Monarch) --------------------------------------------------
 FAKE_CONTROLLER = textwrap.dedent("""
     import os, subprocess, sys, time
-    from rlexp import reaper
+    from rlexp.cluster import reaper
     folder = sys.argv[1]
     owner = reaper.owner_id()
     reaper.start(owner)

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlexp import checkpoints
-from rlexp.checkpoints import ResumeError
 from rlexp.errors import friendly_errors
-from rlexp.runlock import LOCK_FILE, RunFolderBusy, hold
+from rlexp.run import checkpoints
+from rlexp.run.checkpoints import ResumeError
+from rlexp.run.runlock import LOCK_FILE, RunFolderBusy, hold
 from rlexp.tracking import files
 from rlexp.tracking.base import JsonlTracker, Trackers
 from rlexp.tracking.files import atomic_write_text
@@ -32,7 +32,7 @@ TINY = ["eval.every_n_steps=0", "algorithm.prompts_per_step=8", "checkpoint.ever
 
 # --------------------------------------------------------------------------------------------- the lock
 def test_a_held_run_folder_is_refused_naming_pid_and_host(tmp_path: Path) -> None:
-    code = (f"import sys, time; from pathlib import Path; from rlexp.runlock import hold\n"
+    code = (f"import sys, time; from pathlib import Path; from rlexp.run.runlock import hold\n"
             f"with hold(Path({str(tmp_path)!r})):\n    print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
@@ -116,7 +116,7 @@ def test_a_corrupt_meta_json_names_its_path_and_is_skipped(tmp_path: Path) -> No
 
 
 def test_hashing_the_tiny_checkpoint_is_cheap(tmp_path: Path) -> None:
-    """The cost noted in rlexp/checkpoints.py: streaming sha256 of a 4 MB trainer state."""
+    """The cost noted in rlexp/run/checkpoints.py: streaming sha256 of a 4 MB trainer state."""
     f = tmp_path / "trainer.pt"
     f.write_bytes(os.urandom(4 << 20))
     t = time.perf_counter()

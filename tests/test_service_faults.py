@@ -11,7 +11,7 @@ import monarch.actor
 import pytest
 from monarch.actor import this_host
 
-from rlexp.services import Service, ServiceDown
+from rlexp.core.services import Service, ServiceDown
 from tests.conftest import REPO
 from tests.service_actors import Versioned
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # each kill waits for Monarch's supervision (~10 
 def spawned():
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     hook = monarch.actor.unhandled_fault_hook
-    monarch.actor.unhandled_fault_hook = lambda failure: None  # as rlexp.launcher does: callers see the error
+    monarch.actor.unhandled_fault_hook = lambda failure: None  # as rlexp.run.launcher does: callers see the error
     meshes = []
 
     def spawn(i: int):

@@ -7,7 +7,7 @@ import os
 import pytest
 from monarch.actor import this_host
 
-from rlexp.services import Collective, Service, shard_bounds
+from rlexp.core.services import Collective, Service, shard_bounds
 from tests.conftest import REPO
 from tests.service_actors import Echo
 

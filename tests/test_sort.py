@@ -71,7 +71,7 @@ def test_train_environment_sort_three_steps(tmp_path: Path) -> None:
 def test_a_generation_budget_shorter_than_the_answer_is_refused_before_start():
     from rlexp.cluster.plan_cli import compose_run_config
     from rlexp.config.validate import ConfigError
-    from rlexp.prepare import prepare
+    from rlexp.run.prepare import prepare
 
     with pytest.raises(ConfigError, match=r"right answer is 10 tokens long.*algorithm.max_tokens=10"):
         prepare(compose_run_config(["environment=sort", "+environment.options.length=10"]))

@@ -181,7 +181,7 @@ def test_wandb_multirun_jobs_are_separate_runs_in_one_process(tmp_path: Path) ->
 
 
 def test_truncate_metrics_for_resume(tmp_path: Path) -> None:
-    from rlexp.checkpoints import truncate_metrics
+    from rlexp.run.checkpoints import truncate_metrics
 
     run = tmp_path / "r"
     with Trackers([JsonlTracker()], {}, run, {}, manage_manifest=False) as tr:
@@ -334,7 +334,7 @@ def test_wandb_as_users_expect(tmp_path: Path) -> None:
 
 def test_resumed_run_continues_its_clock(tmp_path: Path) -> None:
     """A resumed run appends to metrics.jsonl; its `time/wall_s` goes on from the last logged value."""
-    from rlexp.checkpoints import truncate_metrics
+    from rlexp.run.checkpoints import truncate_metrics
 
     run = tmp_path / "r"
     with Trackers([JsonlTracker()], {}, run, {}, manage_manifest=False) as tr:

@@ -18,9 +18,9 @@ import torch
 
 from rlexp.actors.settings import TrainerSettings
 from rlexp.actors.trainer import Trainer
+from rlexp.algorithm.grpo import grpo_loss
 from rlexp.config.model import ArchConfig, ModelConfig
 from rlexp.config.schema import AlgorithmConfig, TrainerConfig
-from rlexp.grpo import grpo_loss
 from rlexp.models.parallel import PolicySettings, Ranks, apply_activation_checkpointing
 from rlexp.models.policy import load_policy, sequence_logprobs
 from rlexp.models.tiny import ensure_tiny_checkpoint

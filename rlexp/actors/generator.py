@@ -13,10 +13,10 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from rlexp.actors.settings import GeneratorSettings
+from rlexp.core.plugins import activate_from_env
+from rlexp.core.seeding import apply_process_determinism
 from rlexp.models.backends import GeneratorBackend, build_backend
 from rlexp.models.tokenizer import load_tokenizer
-from rlexp.plugins import activate_from_env
-from rlexp.seeding import apply_process_determinism
 from rlexp.transport import TransportError, TransportSpec, build_receiver
 from rlexp.types import Completion
 

@@ -12,13 +12,13 @@ from monarch.actor import Actor, endpoint
 
 from rlexp.actors.settings import RewardSettings
 from rlexp.actors.verifier import served_scorer
+from rlexp.core.plugins import activate_from_env
+from rlexp.core.services import Service
 from rlexp.envs.registry import build_env
 from rlexp.models.tokenizer import load_tokenizer
-from rlexp.plugins import activate_from_env
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.lm_judge import LMJudgeVerifier
-from rlexp.services import Service
 from rlexp.types import RewardOutput, Sample
 
 

@@ -1,7 +1,7 @@
 """What each actor of the graph is built from: one typed settings object per actor class.
 
 An actor takes its settings plus keyword-only arguments for what only the launcher knows once processes exist
-(a weight transport, a rendezvous port). The wiring table (`rlexp.wiring.roles`) fills these from the run's
+(a weight transport, a rendezvous port). The wiring table (`rlexp.run.wiring.roles`) fills these from the run's
 config once, for the actor graph and for its in-process twin alike, so an argument can be neither forgotten in
 one of them nor passed in the wrong position.
 """

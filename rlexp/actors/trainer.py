@@ -2,7 +2,7 @@
 
 One rank (the default) is a plain module in one process, no process group. With
 `trainer_fsdp * trainer_tp > 1` the launcher spawns one Trainer per rank on a proc mesh; every
-endpoint is then collective (`rlexp.services.Collective` calls it on the whole mesh and keeps rank 0's answer).
+endpoint is then collective (`rlexp.core.services.Collective` calls it on the whole mesh and keeps rank 0's answer).
 How each rank builds and shards its copy (TP + FSDP2, TorchTitan's way) is `rlexp.models.parallel`.
 The ranks of one TP group train on the same rows; the
 fsdp ranks split every batch into contiguous slices. Losses are weighted by each micro-batch's share
@@ -22,14 +22,14 @@ import torch
 from monarch.actor import Actor, current_rank, endpoint
 
 from rlexp.actors.settings import PolicySettings, TrainerSettings
-from rlexp.checkpoints import safe_load
-from rlexp.grpo import LOSSES, policy_token_mask
+from rlexp.algorithm.grpo import LOSSES, policy_token_mask
+from rlexp.core.plugins import activate_from_env
+from rlexp.core.seeding import apply_process_determinism
+from rlexp.core.weights import safe_load
 from rlexp.models.hf import save_titan_as_hf, titan_full_hf_state_dict
 from rlexp.models.parallel import build_policy, claim_device, full_tensor, loss_parallel_if
 from rlexp.models.policy import sequence_logprobs
 from rlexp.models.titan import hf_state_dict
-from rlexp.plugins import activate_from_env
-from rlexp.seeding import apply_process_determinism
 from rlexp.transport import TransportSpec, WeightTransport, build_publisher
 from rlexp.types import TrainBatch
 

@@ -15,11 +15,11 @@ import torch
 from monarch.actor import Actor, current_rank, endpoint
 
 from rlexp.actors.settings import VerifierSettings
+from rlexp.core.plugins import activate_from_env
+from rlexp.core.seeding import apply_process_determinism
+from rlexp.core.services import Pending, Service
 from rlexp.envs.registry import build_env
-from rlexp.plugins import activate_from_env
 from rlexp.rewards.verifiers.registry import build_verifier
-from rlexp.seeding import apply_process_determinism
-from rlexp.services import Pending, Service
 from rlexp.types import Problem
 
 

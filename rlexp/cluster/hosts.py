@@ -7,7 +7,7 @@ own; its replicas or ranks are spread over them, and a role not listed runs on t
 Monarch host mesh per role, named after the role, so a host's label (`generator_1`) is the name the job gives it.
 
 A kind may need a process armed before the first host exists (`JobBackend.arm`): the process job starts a reaper
-(rlexp/reaper.py) there, so no run leaves processes behind, whenever it is killed.
+(rlexp/cluster/reaper.py) there, so no run leaves processes behind, whenever it is killed.
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class AlgorithmConfig:
     # token_mean: every token weighs the same; seq_mean_token_mean: every sequence; seq_mean_token_sum_norm:
     # Dr.GRPO's constant normaliser (no length bias).
     loss_agg: LossAgg = LossAgg.token_mean
-    loss: str = "grpo"  # rlexp.grpo.LOSSES: a built-in name or a user's package.module:Class (a PolicyLoss)
+    loss: str = "grpo"  # rlexp.algorithm.grpo.LOSSES: a built-in name or a user's package.module:Class (a PolicyLoss)
     # Drop groups whose rewards are all equal (zero advantage carries no gradient, only noise in the mean).
     filter_zero_adv_groups: bool = False
 
@@ -64,7 +64,7 @@ class GeneratorConfig:
     tp: int = II("model.parallelism.generator_tp")  # vLLM tensor parallelism per replica
     # Slices of each step's prompts, each with a seed of its own. Samples depend on the shards, never on how many
     # replicas serve them: with shards above replicas, replicas can be added mid-run (elastic, see
-    # rlexp/launcher.py Elastic) or lost to faults without changing a sample.
+    # rlexp/run/launcher.py Elastic) or lost to faults without changing a sample.
     shards: int = II("generator.replicas")
     kv_cache_gb: float = 0.25  # vLLM on CPU reserves this much for the KV cache
     gpu_memory_utilization: float = 0.85
@@ -141,7 +141,7 @@ class KubernetesConfig:
 
 @dataclass
 class FaultConfig:
-    """What happens when a replica's process dies (rlexp/services.py recovers it)."""
+    """What happens when a replica's process dies (rlexp/core/services.py recovers it)."""
 
     # A replica that has failed more than this many times is retired, with the reason logged; the run goes on
     # with the others. The trainer is not a replica: a dead rank stops the run (resume=auto continues it).
@@ -229,7 +229,7 @@ class TrainConfig:
     force_resume: bool = False
     tags: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
-    # A user's own code and configs (rlexp.plugins): modules imported in every process before anything is built,
+    # A user's own code and configs (rlexp.core.plugins): modules imported in every process before anything is built,
     # and config folders searched beside the shipped presets (`rlexp train config_path=[DIR,...]`, absolute here).
     plugins: list[str] = field(default_factory=list)
     config_path: list[str] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """Builds environments by name. It imports every built-in environment so that `@register_env` has run
 before a name is looked up; `base` cannot do this without importing its own subclasses. A user's environment
-is named by import path or listed in `plugins` (`rlexp.plugins`), not added here."""
+is named by import path or listed in `plugins` (`rlexp.core.plugins`), not added here."""
 from __future__ import annotations
 
 from rlexp.config.environment import EnvConfig

@@ -182,7 +182,7 @@ def run_heldout(run_dir: Path) -> dict[str, Any]:
 def model_dir_of(cfg: DictConfig, config_dir: str | Path = DEFAULT_CONF) -> tuple[Path, str]:
     """The HF-format folder to evaluate and a short label for it."""
     if cfg.run_dir:
-        from rlexp.checkpoints import final_dir  # here: it imports torch, which `--help` must not wait for
+        from rlexp.config.paths import final_dir
 
         final = final_dir(Path(cfg.run_dir).expanduser())
         if not (final / "config.json").exists():

@@ -22,7 +22,7 @@ to score the picks, to measure each verifier's TPR/FPR, and to make the oracle `
 
 Verifiers come from a verifier set (rlexp/conf/verifier_set/<name>.yaml; by default the benchmark's
 environment name, like `optional verifier_set: ${environment}` in train.yaml), built in this process
-(`served=False`); model verifiers' checkpoints are resolved with `rlexp.prepare.verifier_checkpoint`, and a
+(`served=False`); model verifiers' checkpoints are resolved with `rlexp.run.prepare.verifier_checkpoint`, and a
 policy LM judge (`options.policy: true`) is given the evaluated model (`attach_policy`). The verifiers are
 scored once: the mean and vote rewards share the label-model reward's scores.
 """

@@ -22,13 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from rlexp.config.model import ModelConfig
-from rlexp.models.hf import model_config_from_dir
-from rlexp.models.kv_decode import KVDecoder
-from rlexp.models.policy import load_policy, pad_sequences, sequence_logprobs
-from rlexp.models.titan import hf_state_dict as titan_hf_state_dict, load_hf_state_dict
-from rlexp.models.tokenizer import Tokenizer, load_tokenizer
-from rlexp.types import Completion
-from rlexp.weights import (
+from rlexp.core.weights import (
     TransportError,
     WeightSpec,
     check_weights,
@@ -38,6 +32,12 @@ from rlexp.weights import (
     staging_root,
     write_hf_state_dict,
 )
+from rlexp.models.hf import model_config_from_dir
+from rlexp.models.kv_decode import KVDecoder
+from rlexp.models.policy import load_policy, pad_sequences, sequence_logprobs
+from rlexp.models.titan import hf_state_dict as titan_hf_state_dict, load_hf_state_dict
+from rlexp.models.tokenizer import Tokenizer, load_tokenizer
+from rlexp.types import Completion
 
 
 class GeneratorBackend(Protocol):

@@ -20,9 +20,7 @@ import torch
 import torch.nn as nn
 
 from rlexp.config.model import ArchConfig, ModelConfig
-from rlexp.models.tiny import ensure_tiny_checkpoint, hf_config_dict
-from rlexp.models.titan import hf_to_titan, load_hf_state_dict, titan_to_hf
-from rlexp.weights import (  # re-exported: the safetensors I/O moved to the neutral rlexp.weights
+from rlexp.core.weights import (  # re-exported: the safetensors I/O moved to the neutral rlexp.core.weights
     IGNORED_SUFFIXES,
     INDEX_FILE,
     CheckpointError,
@@ -30,6 +28,8 @@ from rlexp.weights import (  # re-exported: the safetensors I/O moved to the neu
     weight_files,
     write_hf_state_dict,
 )
+from rlexp.models.tiny import ensure_tiny_checkpoint, hf_config_dict
+from rlexp.models.titan import hf_to_titan, load_hf_state_dict, titan_to_hf
 
 QWEN3_ARCHITECTURE = "Qwen3ForCausalLM"
 # Files that make a saved folder loadable on its own (tokenizer, chat template, generation defaults).

@@ -137,7 +137,7 @@ def init_parallel(rank: int, world: int, tp: int, master_port: int | str, device
     import torch.testing._internal.distributed.fake_pg  # noqa: F401
     import torchtitan.distributed.parallel_dims as titan_dims
 
-    # `master_port` is a port on this host, or "host:port" when rank 0 runs on another host (rlexp/launcher.py).
+    # `master_port` is a port on this host, or "host:port" when rank 0 runs on another host (rlexp/run/launcher.py).
     addr, _, port = str(master_port).rpartition(":")
     os.environ.update(MASTER_ADDR=addr or "127.0.0.1", MASTER_PORT=port)
     if device.type == "cpu":

@@ -1,7 +1,7 @@
 """Imports every built-in reward so that `@register_reward` runs, and builds one from its config.
 
 A user's reward is a `Reward` subclass in their own module, named in config as `package.module:Class` or
-registered with `@register_reward("name")` in a module listed in `plugins` (see `rlexp.plugins`,
+registered with `@register_reward("name")` in a module listed in `plugins` (see `rlexp.core.plugins`,
 examples/my_task); only built-ins are imported here.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ The re-run is `python -m rlexp train <same overrides> hydra.run.dir=<RUN_DIR's p
 picks a config folder), started from the original working directory, which is not put on the module path (`-P`).
 A manifest is data someone else may have written: its overrides pass `rlexp.config.overrides.check_overrides`
 (schema keys only; no Hydra callbacks, `_target_` or resolvers) before anything runs. A run's own code and
-configs (`plugins`, `config_path`: rlexp.plugins) are used again only as recorded: every folder and plug-in
+configs (`plugins`, `config_path`: rlexp.core.plugins) are used again only as recorded: every folder and plug-in
 source must hash as it did, else the re-run is refused (`--allow-changed-plugins`: warned).
 Exit codes: 0 identical metrics, 1 first differing step/metric printed, 2 the re-run itself failed or could
 not be built (a refused override, or one redacted as a secret: pass it again after `--`).
@@ -39,7 +39,7 @@ from typing import Any
 
 from rlexp.config.overrides import RUN_DIR_KEYS, OverrideError, check_config_name, check_overrides
 from rlexp.config.paths import CONF_DIR
-from rlexp.plugins import recorded_changes
+from rlexp.core.plugins import recorded_changes
 
 from .base import METRICS_FILE
 from .manifest import Manifest, ManifestError, read_manifest

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from rlexp.weights import TransportError, WeightSpec, check_weights, spec_of
+from rlexp.core.weights import TransportError, WeightSpec, check_weights, spec_of
 
 __all__ = ["TRANSPORTS", "TransportError", "TransportSpec", "WeightReceiver", "WeightSink", "WeightSpec",
            "WeightTransport", "check_weights", "register_transport", "spec_of"]

@@ -15,7 +15,7 @@ dtypes, shapes, byte offsets, a publish id), pulls the chunks with a bounded num
 flat buffer, and returns views of it. Every chunk reply carries the version and publish id it came from;
 a chunk of another publish (the version was re-published, or dropped past `keep`) fails the fetch with a
 clear error, so a generator never loads torn weights. Compatibility with the generator's own parameters
-is checked by the backend (`rlexp.weights.check_weights`).
+is checked by the backend (`rlexp.core.weights.check_weights`).
 
 Why not Monarch RDMA buffers (`monarch.rdma.RDMABuffer`): they import and work on this CPU build, but
 without ibverbs hardware `get_rdma_backend()` is "tcp", a TCP fallback Monarch itself warns is slow. On

@@ -24,7 +24,7 @@ def choices() -> list[str]:
 
 def resolve(name: str) -> type[WeightTransport]:
     """The transport class `name` stands for: a registered name, or `package.module:Class` (imported here; found
-    like any plug-in, `rlexp.plugins`: on sys.path, in the working folder or beside a `config_path` folder)."""
+    like any plug-in, `rlexp.core.plugins`: on sys.path, in the working folder or beside a `config_path` folder)."""
     if ":" in name:
         mod, _, attr = name.partition(":")
         try:  # the same import (and error: module, cause, sys.path) as every other plug-in (rlexp.registry)

@@ -40,8 +40,7 @@ from typing import Any
 
 import torch
 
-from rlexp.transport.base import WeightReceiver, WeightSink, WeightTransport, register_transport
-from rlexp.weights import (
+from rlexp.core.weights import (
     ST_DTYPES,
     ST_NAMES,
     TransportError,
@@ -50,6 +49,7 @@ from rlexp.weights import (
     staging_root,
     write_hf_state_dict,
 )
+from rlexp.transport.base import WeightReceiver, WeightSink, WeightTransport, register_transport
 
 LATEST = "LATEST"
 _VERSION_DIR = re.compile(r"^v(\d+)$")

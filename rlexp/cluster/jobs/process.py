@@ -2,14 +2,14 @@
 use to rehearse several hosts on one machine.
 
 A simulated host is a process that Monarch starts in a session of its own, so it outlives a controller killed
-with `kill -9`: the job is marked and a reaper (rlexp/reaper.py) started before the first host exists, which ends
-every process of the job once the controller is gone."""
+with `kill -9`: the job is marked and a reaper (rlexp/cluster/reaper.py) started before the first host exists,
+which ends every process of the job once the controller is gone."""
 from __future__ import annotations
 
 import subprocess
 from typing import Any
 
-from rlexp import reaper
+from rlexp.cluster import reaper
 from rlexp.cluster.registry import JobBackend, register_job
 
 

@@ -72,7 +72,7 @@ class ServedVerifier(Verifier):
     def start(self, problems: list[Problem], texts: list[str]) -> Any:
         if self.remote is None:
             raise RuntimeError(f"{self.kind} verifier {self.name!r} is served by its own service, and none is "
-                               f"attached: build the reward inside rlexp's actor graph (rlexp.launcher)")
+                               f"attached: build the reward inside rlexp's actor graph (rlexp.run.launcher)")
         return self.remote(problems, texts)
 
     def score(self, problems: list[Problem], texts: list[str]) -> np.ndarray:

@@ -162,7 +162,7 @@ def start(owner: str) -> subprocess.Popen:
     """The reaper for `owner`'s job, in a session of its own so that the signals that end the controller
     (a terminal's Ctrl-C, `kill -9` of its process group) do not end it too."""
     env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
-    return subprocess.Popen([sys.executable, "-m", "rlexp.reaper", owner], env=env, start_new_session=True,
+    return subprocess.Popen([sys.executable, "-m", "rlexp.cluster.reaper", owner], env=env, start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import json
-import pickle
 import shutil
 import sys
 from collections.abc import Callable
@@ -26,6 +25,9 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlexp.config.paths import CHECKPOINTS, checkpoint_root
+from rlexp.core import weights
+from rlexp.core.weights import CheckpointError
 from rlexp.errors import disk_full
 from rlexp.tracking.base import METRICS_FILE
 from rlexp.tracking.files import atomic_write_text, sha256_file
@@ -33,8 +35,6 @@ from rlexp.tracking.manifest import MANIFEST_NAME, read_manifest
 from rlexp.tracking.metrics_file import read_metrics
 from rlexp.tracking.runconfig import config_hash
 
-CHECKPOINTS = "checkpoints"
-FINAL = "final"
 COMPLETE = "COMPLETE"
 # Keys that may change across a resume without changing what the run computes.
 RESUMABLE_KEYS = ("resume", "force_resume", "steps")
@@ -46,39 +46,19 @@ class ResumeError(ValueError):
     """A checkpoint that cannot (or must not) be resumed; the message says what to do instead."""
 
 
-def checkpoint_root(run_dir: Path) -> Path:
-    return Path(run_dir) / CHECKPOINTS
-
-
-def final_dir(run_dir: Path) -> Path:
-    """Where a finished run's policy is exported in Hugging Face format (what `rlexp eval run_dir=` loads)."""
-    return checkpoint_root(run_dir) / FINAL
-
-
 def check_safe(path: Path) -> None:
-    """Refuse a file that is not a `torch.save` archive of tensors and plain values, without loading its
-    tensors (cheap even for a large trainer state, so resume checks it before spawning anything)."""
+    """`rlexp.core.weights.check_safe`, refused as a `ResumeError` (resume's own error, with what to do instead)."""
     try:
-        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-    except (ValueError, RuntimeError, OSError) as e:
-        raise ResumeError(f"refusing to load {path}: it is not a checkpoint written by torch.save ({e}); "
-                          f"resume from a folder rlexp wrote, or start again with resume=never") from None
-    if unsafe:
-        shown = ", ".join(unsafe[:5]) + (", ..." if len(unsafe) > 5 else "")
-        raise ResumeError(
-            f"refusing to load {path}: it references Python objects ({shown}), not only tensors and plain values, "
-            f"and loading it could run code. rlexp's checkpoints hold tensors and plain values only; if an older "
-            f"rlexp wrote this one (its controller.pt held dataclasses), resume it with that version (its git "
-            f"commit is in the run's manifest.json), or start again with resume=never")
+        weights.check_safe(path)
+    except CheckpointError as e:
+        raise ResumeError(str(e)) from None
 
 
 def safe_load(path: Path) -> Any:
-    """`torch.load` of tensors and plain values only: nothing in the file can run code."""
-    check_safe(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:  # check_safe passed, so this is a damaged file
-        raise ResumeError(f"refusing to load {path}: {str(e).splitlines()[0]}") from None
+        return weights.safe_load(path)
+    except CheckpointError as e:
+        raise ResumeError(str(e)) from None
 
 
 def check_resumable(ckpt: Path) -> None:

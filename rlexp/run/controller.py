@@ -9,12 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlexp import checkpoints, loop
+from rlexp.algorithm import loop
 from rlexp.config.eval import EvalConfig
+from rlexp.config.paths import final_dir
+from rlexp.core.services import Services
 from rlexp.evals.runner import evaluate
 from rlexp.models.tokenizer import load_tokenizer
-from rlexp.prepare import Prepared
-from rlexp.services import Services
+from rlexp.run import checkpoints
+from rlexp.run.prepare import Prepared
 from rlexp.tracking.base import Trackers
 from rlexp.tracking.runlog import announce
 from rlexp.types import Completion
@@ -54,7 +56,7 @@ class Controller:
             self.trackers.log(ev, self.state.step)
             final.update(ev)
         if c.checkpoint.save_final:
-            out = checkpoints.final_dir(self.run_dir)
+            out = final_dir(self.run_dir)
             shutil.rmtree(out, ignore_errors=True)
             self.svc.trainer.export_hf.call(str(out))
             self.trackers.log_artifact(out, kind="checkpoint")

@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlexp.algorithm.grpo import LOSSES
 from rlexp.cluster.hosts import check_cluster, weight_hosts
 from rlexp.cluster.layout import check_hosts_fit
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
@@ -22,17 +23,16 @@ from rlexp.config.overrides import check_composed_keys
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError, validate
+from rlexp.core.plugins import activate, describe_config_dirs, describe_plugins, search_paths, used_modules
+from rlexp.core.seeding import DETERMINISM_ENV, apply_process_determinism, component_seeds
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env, check_env_options
 from rlexp.evals.benchmarks import load_benchmarks
-from rlexp.grpo import LOSSES
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.tiny import ensure_tiny_checkpoint
-from rlexp.plugins import activate, describe_config_dirs, describe_plugins, search_paths, used_modules
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
-from rlexp.seeding import DETERMINISM_ENV, apply_process_determinism, component_seeds
 from rlexp.tracking.files import fingerprint_examples, hash_files
 from rlexp.transport import check_transport
 

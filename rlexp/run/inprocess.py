@@ -12,13 +12,13 @@ import asyncio
 import random
 from typing import Any
 
-from rlexp import loop
 from rlexp.actors.buffer import ReplayBuffer
+from rlexp.algorithm import loop
+from rlexp.core.services import Collective, Local, Service, Services
 from rlexp.models.tokenizer import load_tokenizer
-from rlexp.prepare import Prepared
-from rlexp.services import Collective, Local, Service, Services
+from rlexp.run.prepare import Prepared
+from rlexp.run.wiring import Role, wiring
 from rlexp.transport.registry import transport_spec
-from rlexp.wiring import Role, wiring
 
 
 def check_inprocess(p: Prepared) -> None:

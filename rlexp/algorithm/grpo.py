@@ -120,7 +120,7 @@ class PolicyLoss:
         raise NotImplementedError
 
 
-LOSSES: Registry[type[PolicyLoss]] = Registry("loss", PolicyLoss, "a subclass of rlexp.grpo.PolicyLoss")
+LOSSES: Registry[type[PolicyLoss]] = Registry("loss", PolicyLoss, "a subclass of rlexp.algorithm.grpo.PolicyLoss")
 
 
 @LOSSES.register("grpo")

@@ -20,7 +20,7 @@ an episode's turns can span versions (the first turn is issued a step ahead, the
 collects it), so they keep their per-turn logprobs, and the episode's `policy_version` is its oldest turn's,
 which is what the replay buffer judges staleness by.
 
-Single-turn environments never come here: `rlexp.loop.generate_groups` serves them unchanged.
+Single-turn environments never come here: `rlexp.algorithm.loop.generate_groups` serves them unchanged.
 """
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlexp.config.schema import TrainConfig
+from rlexp.core.seeding import request_seed
+from rlexp.core.services import Pending, Services
 from rlexp.envs.base import Environment
 from rlexp.envs.guard import Encode, GuardedSteps, Reply
-from rlexp.seeding import request_seed
-from rlexp.services import Pending, Services
 from rlexp.types import Completion, RewardOutput, Sample
 
 POLICY, ENV, PROMPT = "policy", "environment", "prompt"

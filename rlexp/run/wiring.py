@@ -1,9 +1,9 @@
 """The actor graph's roles, declared once: who, how many, on which hosts, with what settings.
 
-`rlexp.launcher.build_graph` spawns these roles into processes on the run's hosts; `rlexp.inprocess.build_inprocess`
-builds the very same settings as plain objects in one process. What only exists once processes do (the weight
-transport of each trainer->generator pair, the trainer's rendezvous port) is passed by the launcher as keyword
-arguments; everything else an actor is built from is here.
+`rlexp.run.launcher.build_graph` spawns these roles into processes on the run's hosts;
+`rlexp.run.inprocess.build_inprocess` builds the very same settings as plain objects in one process. What only
+exists once processes do (the weight transport of each trainer->generator pair, the trainer's rendezvous port)
+is passed by the launcher as keyword arguments; everything else an actor is built from is here.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from rlexp.actors.verifier import VerifierService
 from rlexp.cluster.layout import assign_gpus
 from rlexp.models.parallel import PolicySettings, Ranks
 from rlexp.models.tokenizer import load_tokenizer
-from rlexp.prepare import Prepared
+from rlexp.run.prepare import Prepared
 
 
 @dataclass(frozen=True)

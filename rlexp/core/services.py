@@ -329,7 +329,7 @@ class _LocalEndpoint:
 class Local:
     """An actor class instantiated in this process, reached through the same endpoint names as an actor handle:
     for light state the loop reads every step (the replay buffer), where a message each way costs more than
-    the work, and for `rlexp.inprocess`. Calls run when made."""
+    the work, and for `rlexp.run.inprocess`. Calls run when made."""
 
     def __init__(self, cls: type, *args: Any, events: asyncio.AbstractEventLoop | None = None, **kwargs: Any) -> None:
         # Async endpoints run on `events` (shared by the Locals of one process, as an actor process has one loop).

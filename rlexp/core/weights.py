@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -176,3 +178,29 @@ def staging_root() -> Path:
     """/dev/shm when the host has one (Linux), else the temp dir (still correct, slower): where weights that
     must become files on this host (shm versions, vLLM's reload folders) are written."""
     return SHM if SHM.is_dir() and os.access(SHM, os.W_OK) else Path(tempfile.gettempdir())
+
+
+def check_safe(path: Path) -> None:
+    """Refuse a file that is not a `torch.save` archive of tensors and plain values, without loading its
+    tensors (cheap even for a large trainer state, so resume checks it before spawning anything)."""
+    try:
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except (ValueError, RuntimeError, OSError) as e:
+        raise CheckpointError(f"refusing to load {path}: it is not a checkpoint written by torch.save ({e}); "
+                          f"resume from a folder rlexp wrote, or start again with resume=never") from None
+    if unsafe:
+        shown = ", ".join(unsafe[:5]) + (", ..." if len(unsafe) > 5 else "")
+        raise CheckpointError(
+            f"refusing to load {path}: it references Python objects ({shown}), not only tensors and plain values, "
+            f"and loading it could run code. rlexp's checkpoints hold tensors and plain values only; if an older "
+            f"rlexp wrote this one (its controller.pt held dataclasses), resume it with that version (its git "
+            f"commit is in the run's manifest.json), or start again with resume=never")
+
+
+def safe_load(path: Path) -> Any:
+    """`torch.load` of tensors and plain values only: nothing in the file can run code."""
+    check_safe(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # check_safe passed, so this is a damaged file
+        raise CheckpointError(f"refusing to load {path}: {str(e).splitlines()[0]}") from None

@@ -21,24 +21,24 @@ from hydra.core.hydra_config import HydraConfig
 from monarch._src.actor import config as monarch_config  # the switch has no public home in Monarch 0.7
 from omegaconf import DictConfig
 
-from rlexp import checkpoints
 from rlexp.actors.buffer import ReplayBuffer
 from rlexp.actors.probe import Probe
 from rlexp.cluster.hosts import LOCAL, ROLES, Host, Hosts
 from rlexp.cluster.layout import assign_gpus
 from rlexp.cluster.registry import job_backend
 from rlexp.config.schema import TrainConfig
-from rlexp.controller import Controller
+from rlexp.core.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.errors import RunStopped
-from rlexp.phases import Phases
-from rlexp.prepare import Prepared, prepare
-from rlexp.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
+from rlexp.run import checkpoints
+from rlexp.run.controller import Controller
+from rlexp.run.phases import Phases
+from rlexp.run.prepare import Prepared, prepare
+from rlexp.run.wiring import Role, generator_role, reward_role, wiring, with_master_port
 from rlexp.tracking import runlog
 from rlexp.tracking.manifest import read_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
 from rlexp.transport import TransportSpec
 from rlexp.transport.registry import pair_transports, resolve, transport_spec
-from rlexp.wiring import Role, generator_role, reward_role, wiring, with_master_port
 
 
 def role_of(name: str) -> str:
@@ -204,7 +204,7 @@ def rendezvous_port(g: Graph, c: TrainConfig, trainer_mesh: Any, world: int) -> 
 
 
 def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Path | None = None) -> Graph:
-    """Spawn the roles of `rlexp.wiring.wiring` on their hosts (into `g`, so a failure half-way still stops what
+    """Spawn the roles of `rlexp.run.wiring.wiring` on their hosts (into `g`, so a failure half-way still stops what
     started), set them up and wire them into `Services`, with a `Recovery` for each replica."""
     c = p.cfg
     g = g if g is not None else Graph(Hosts(c.cluster))
@@ -323,9 +323,9 @@ def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: lis
         lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
     lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
                  f"{c.cluster.transport})")
-    lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/loop.py), data order, replay "
-                 f"buffer (max_policy_age={c.sync.policy_age}), evaluation, checkpoints; replica faults: respawn up to "
-                 f"{c.cluster.fault.max_restarts}x, then retire")
+    lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/algorithm/loop.py), data order, "
+                 f"replay buffer (max_policy_age={c.sync.policy_age}), evaluation, checkpoints; replica faults: "
+                 f"respawn up to {c.cluster.fault.max_restarts}x, then retire")
     return lines
 
 
@@ -405,7 +405,7 @@ def stop_message(e: BaseException, step: int, last: Path | None) -> str:
 def report_fault(failure: Any) -> None:
     """Monarch's hook for a process failure nobody supervises: by default it exits the controller. Here it
     only reports; the call that was waiting on the process raises, and its service respawns or retires the
-    replica (rlexp/services.py), or, for a trainer rank, the run stops with its checkpoint intact."""
+    replica (rlexp/core/services.py), or, for a trainer rank, the run stops with its checkpoint intact."""
     print(f"[rlexp] process failure: {_last_line(failure)}", file=sys.stderr, flush=True)
 
 

@@ -3,7 +3,7 @@
     for each step:
         samples      = environment.sample_batch(prompts_per_step)           # seeded data order
         groups       = generators.generate(prompts, n=group_size)           # vLLM or TorchTitan replicas
-                       (multi-turn environments: episodes of turns and replies, rlexp/rollouts.py)
+                       (multi-turn environments: episodes of turns and replies, rlexp/algorithm/rollouts.py)
         rewards      = rewards.score(samples, groups)                       # verifier replicas (rule, RM, Weaver)
         advantages   = group_normalise(rewards)                             # GRPO
         buffer.add(groups); batch = buffer.sample(current_version)          # drops samples that are too stale
@@ -13,7 +13,7 @@
 `sync.mode=on_policy` runs these in order. `sync.mode=async` keeps up to `sync.max_policy_age` rollouts
 in flight while the trainer works, so generation and training overlap; what arrives too stale is dropped
 (and counted). Message order to each actor is fixed, so both modes are deterministic for a given seed.
-Which replica serves what is the services' business (rlexp/services.py), not the algorithm's.
+Which replica serves what is the services' business (rlexp/core/services.py), not the algorithm's.
 """
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
+from rlexp.algorithm.grpo import group_advantages
+from rlexp.algorithm.rollouts import MultiTurn, episode_metrics, episode_rewards, transcript_row
 from rlexp.config.schema import TrainConfig
+from rlexp.core.seeding import request_seed
+from rlexp.core.services import Pending, Services
 from rlexp.envs.base import Environment
-from rlexp.grpo import group_advantages
-from rlexp.rollouts import MultiTurn, episode_metrics, episode_rewards, transcript_row
-from rlexp.seeding import request_seed
-from rlexp.services import Pending, Services
 from rlexp.types import Completion, Episode, RewardOutput, Sample, TrainBatch
 
 Encode = Callable[[str], list[int]]
