@@ -6,6 +6,7 @@ from typing import Any
 
 from rlexp.cluster.registry import job_backend
 from rlexp.config.reward import VerifierConfig, chosen_verifiers, is_served
+from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError
 
 
@@ -39,7 +40,7 @@ def _verifier(v: Any) -> VerifierConfig:
                           memory_gb=float(v.get("memory_gb", 0.0)))
 
 
-def reward_verifiers(c: Any) -> list[VerifierConfig]:
+def reward_verifiers(c: TrainConfig) -> list[VerifierConfig]:
     """The served model verifiers the configured reward scores with (`chosen_verifiers` over `reward.verifiers`,
     or else the members of `verifier_set`). A choice the reward would refuse serves nothing here and fails with
     the reward's own message in `prepare`."""
@@ -54,7 +55,7 @@ def reward_verifiers(c: Any) -> list[VerifierConfig]:
     return [v for v in chosen if is_served(v)]
 
 
-def own_hosts(c: Any) -> dict[str, int]:
+def own_hosts(c: TrainConfig) -> dict[str, int]:
     """Roles with hosts of their own (`cluster.hosts_per_role`, with a job kind that gives any: not local)."""
     cl = c.cluster
     if not job_backend(str(_field(cl, "job", "local"))).own_hosts:
@@ -64,7 +65,7 @@ def own_hosts(c: Any) -> dict[str, int]:
     return {str(r): int(n) for r, n in per_role.items() if int(n) > 0}
 
 
-def gpu_layout(c: Any) -> tuple[dict[str, list[str]], dict[str, int]]:
+def gpu_layout(c: TrainConfig) -> tuple[dict[str, list[str]], dict[str, int]]:
     """CUDA_VISIBLE_DEVICES per role and rank, and the GPUs each host uses (by the job's host label).
 
     On the controller's host ("local") the roles without hosts of their own take GPUs in order: trainer
@@ -99,21 +100,21 @@ def gpu_layout(c: Any) -> tuple[dict[str, list[str]], dict[str, int]]:
     return out, used
 
 
-def assign_gpus(c: Any) -> dict[str, list[str]]:
+def assign_gpus(c: TrainConfig) -> dict[str, list[str]]:
     return gpu_layout(c)[0]
 
 
-def verifier_gpus(c: Any) -> int:
+def verifier_gpus(c: TrainConfig) -> int:
     """GPUs the served model verifiers take: one per replica."""
     return sum(v.replicas for v in reward_verifiers(c))
 
 
-def gpus_needed(c: Any) -> int:
+def gpus_needed(c: TrainConfig) -> int:
     return (c.model.parallelism.trainer_world + c.generator.replicas * c.generator.gpus_per_replica
             + verifier_gpus(c))
 
 
-def check_hosts_fit(c: Any) -> None:
+def check_hosts_fit(c: TrainConfig) -> None:
     """Every host's roles fit its GPUs, and no tensor-parallel group spans hosts."""
     par, per_host = c.model.parallelism, c.cluster.gpus_per_host
     own = own_hosts(c)

@@ -11,6 +11,7 @@ from typing import Any
 import rlexp.transport.monarch
 import rlexp.transport.shm
 import rlexp.transport.torchstore  # noqa: F401 - the built-ins register themselves on import
+from rlexp.config.schema import TrainConfig
 from rlexp.registry import IMPORTED, PluginError, import_module
 from rlexp.transport.base import TRANSPORTS, TransportError, TransportSpec, WeightReceiver, WeightTransport
 
@@ -59,7 +60,8 @@ def pair_transport(choice: str, trainer_host: str, generator_host: str) -> str:
     return cls.name
 
 
-def pair_transports(choice: str, trainer_host: str, generator_hosts: Sequence[str], cfg: Any = None) -> list[str]:
+def pair_transports(choice: str, trainer_host: str, generator_hosts: Sequence[str],
+                    cfg: TrainConfig | None = None) -> list[str]:
     """`pair_transport` for every generator replica, checked (each distinct transport once, with its settings
     from `cfg` when given) before spawning."""
     out = [pair_transport(choice, trainer_host, h) for h in generator_hosts]
@@ -68,7 +70,7 @@ def pair_transports(choice: str, trainer_host: str, generator_hosts: Sequence[st
     return out
 
 
-def check_transport(name: str, *, hosts: int = 1, cfg: Any = None) -> None:
+def check_transport(name: str, *, hosts: int = 1, cfg: TrainConfig | None = None) -> None:
     """Raise `TransportError` now if `name` cannot work here (an unknown name lists the known ones), with what to do
     instead. `hosts` is the number of hosts the trainer and generators span; `cfg`, when given, supplies the
     transport's settings, which are checked too."""
@@ -78,7 +80,7 @@ def check_transport(name: str, *, hosts: int = 1, cfg: Any = None) -> None:
     cls.check(cls.settings(cfg) if cfg is not None else {}, hosts=hosts)
 
 
-def transport_spec(name: str, run_name: str, cfg: Any) -> TransportSpec:
+def transport_spec(name: str, run_name: str, cfg: TrainConfig) -> TransportSpec:
     """What the trainer and a generator get for transport `name` (a resolved pair's, not `auto`)."""
     cls = resolve(name)
     return TransportSpec(cls.name, cls.__module__, run_name, cls.settings(cfg))
