@@ -31,13 +31,12 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker, safe_name
+from .files import file_lock
 from .hydra_run import group_tags, name_from_overrides
 from .manifest import Identity, Manifest
 from .redact import redact, redact_text
@@ -64,18 +64,6 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 # The parent run's metrics: these few per configuration (mean/std/n), held-out accuracy first; every metric's
 # aggregate stays in the aggregates.json artifact. Hundreds of metrics in the parent bury the answer.
 PARENT_METRICS = ("eval/accuracy", "reward/mean", "time/wall_s")
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Cross-process mutual exclusion (flock); in-process sequential use is trivially safe."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def default_runs_root(run_dir: Path, manifest: Manifest) -> Path:
