@@ -101,7 +101,11 @@ def test_mlflow_sweep_reads_as_an_answer(tmp_path: Path, offline_trackers: None,
     rows = json.loads(Path(client.download_artifacts(parent.info.run_id, "aggregates.json", str(tmp_path)))
                       .read_text())
     assert {r["metric"] for r in rows} >= {"loss", "extra/m19", "eval/accuracy"}  # the full set, as a file
+    capsys.readouterr()
     res = summarise(sweep)
+    printed = capsys.readouterr().out  # the parent's link, opening MLflow 3.17's UI on runs rather than GenAI
+    assert (f"MLflow sweep run: http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}"
+            "?workflowType=machine_learning\n") in printed
     note = client.get_run(parent.info.run_id).data.tags["mlflow.note.content"]
     assert note.startswith(res["verdict"].sentence) and "Best configuration by eval/accuracy" in note
     assert note.endswith(parent.data.tags["mlflow.note.content"])  # the sweep's own note kept after it

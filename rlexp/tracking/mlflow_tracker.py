@@ -61,6 +61,10 @@ AGGREGATES_FILE = "aggregates.json"
 # MLflow 3 opens an experiment without this tag on its GenAI traces page; the tag and value are the ones its
 # UI reads (mlflow/server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT), so the UI opens on the runs table.
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# MLflow 3.17's UI has a global GenAI / Model training switch (default GenAI, kept in the browser's storage)
+# that wins over the tag: seen in headless Chromium, the tagged experiment opened on GenAI's Overview. The
+# switch also reads this query, so the links rlexp records open on the runs and set it for the next visit.
+UI_VIEW = "?workflowType=machine_learning"
 # The parent run's metrics: these few per configuration (mean/std/n), held-out accuracy first; every metric's
 # aggregate stays in the aggregates.json artifact. Hundreds of metrics in the parent bury the answer.
 PARENT_METRICS = ("eval/accuracy", "reward/mean", "time/wall_s")
@@ -161,7 +165,7 @@ class MlflowTracker(Tracker):
         if self.run_id is None:
             return {}
         uri = redact_text(self.uri or "")
-        path = f"#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        path = f"#/experiments/{self.experiment_id}/runs/{self.run_id}{UI_VIEW}"
         remote = uri.startswith(("http://", "https://"))
         return {"run_id": self.run_id, "experiment_id": self.experiment_id, "experiment": self.experiment,
                 "parent_run_id": self.parent_id, "tracking_uri": uri,
