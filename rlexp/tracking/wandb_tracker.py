@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import os
 import sys
@@ -50,6 +51,7 @@ from .redact import redact, redact_argv, redact_text
 from .runs import NUISANCE_KEYS, find_run_dirs, load_runs
 from .verdict import answer, build_table, unique_names
 
+log = logging.getLogger(__name__)
 _EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
 
@@ -248,8 +250,12 @@ class WandbTracker(Tracker):
         if self._result:
             run.summary["result/eval_accuracy_final"] = self._result[-1]
             run.summary["result/eval_accuracy_best"] = max(self._result)
-        if self._sweep_dir is not None and last_of_sweep(self._sweep_dir, run.id):
-            self._log_sweep_answer(run, self._sweep_dir)
+        if self._sweep_dir is not None:
+            try:
+                if last_of_sweep(self._sweep_dir, run.id):
+                    self._log_sweep_answer(run, self._sweep_dir)
+            except Exception as e:  # the run must still finish; the sweep summary files hold the answer too
+                log.warning("W&B: the sweep's compare table was not logged: %s", e)
         run.finish(exit_code=_EXIT_CODES.get(status, 1))
         import wandb
 
@@ -297,10 +303,12 @@ def last_of_sweep(sweep_dir: Path, run_id: str) -> bool:
 
 def _number(cell: str) -> Any:
     """A table cell as W&B should sort it: numbers as numbers, the rest as text."""
-    try:
-        return float(cell) if cell.strip() else None
-    except ValueError:
-        return cell
+    for kind in (int, float):
+        try:
+            return kind(cell) if cell.strip() else None
+        except ValueError:
+            continue
+    return cell
 
 
 @contextlib.contextmanager
