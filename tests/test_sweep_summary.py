@@ -89,6 +89,10 @@ def test_mlflow_sweep_reads_as_an_answer(tmp_path: Path, offline_trackers: None,
     children = [r for r in runs if r.data.tags.get("rlexp.role") == "child"]
     assert sorted(c.info.run_name for c in children) == ["reward=rule,seed=0", "reward=rule,seed=1",
                                                          "reward=weaver,seed=0", "reward=weaver,seed=1"]
+    # MLflow's compare view plots the first 3 params that differ (sorted): the swept keys, not derived seeds
+    keys = sorted(set().union(*(c.data.params for c in children)))
+    assert [k for k in keys if len({c.data.params.get(k) for c in children}) > 1] == ["reward.name", "seed"]
+    assert json.loads(children[0].data.tags["rlexp.seeds"]) == {"global": int(children[0].data.params["seed"])}
     from rlexp.tracking.runs import load_runs  # the full name stays the one every source reads back
 
     assert sorted(r.name for r in load_runs("mlflow:sw", local_store_uri(tmp_path / "runs"))) == [

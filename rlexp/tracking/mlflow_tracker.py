@@ -292,11 +292,13 @@ class MlflowTracker(Tracker):
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         params = [Param(k[:250], _param_str(v)) for k, v in flatten(manifest.config).items()]
-        params += [Param(f"seed.{k}", str(v)) for k, v in manifest.seeds.items()]
         for i in range(0, len(params), 100):  # MLflow caps a batch at 100 params
             self.client.log_batch(self.run_id, params=params[i : i + 100])
-        overrides = _param_str(manifest.overrides)
-        self.client.log_batch(self.run_id, tags=[RunTag("rlexp.overrides", overrides)])
+        # The per-component seeds derived from `seed` are a tag, not params: they differ between every two
+        # seeds, and MLflow's compare view plots the first three differing params (sorted), which buried the
+        # swept learning rate under seed.buffer, seed.data... (seen on a real sweep).
+        self.client.log_batch(self.run_id, tags=[RunTag("rlexp.overrides", _param_str(manifest.overrides)),
+                                                 RunTag("rlexp.seeds", _param_str(manifest.seeds))])
         self._log_datasets(manifest.datasets)
         if self.system_metrics:
             self._start_system_metrics()
