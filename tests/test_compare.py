@@ -123,7 +123,8 @@ def test_reproduce_reruns_with_same_overrides(tmp_path: Path) -> None:
 
 
 def test_ranking_follows_declared_direction_and_one_run_read_twice_is_not_two_seeds(tmp_path: Path) -> None:
-    from rlexp.tracking.compare import compare, direction
+    from rlexp.tracking.compare import compare
+    from rlexp.tracking.verdict import direction
 
     assert [direction(m) for m in ("eval/accuracy", "reward/mean", "loss", "eval/unparseable", "time/wall_s",
                                    "policy/version")] == ["max", "max", "min", "min", "min", None]
@@ -296,3 +297,13 @@ def test_a_tie_says_so_and_the_next_headline_orders_it(tmp_path: Path) -> None:
     assert [c.label for c in v.ranked] == ["reward.name=rule", "reward.name=weaver"]
     assert "Tied on this metric; ordered by eval/accuracy auc, reward/mean final, time/wall_s final." in v.sentence
     assert "not distinguishable" in v.sentence
+
+
+def test_band_stays_within_what_the_metric_can_take() -> None:
+    """Seen on a real 2-seed sweep: the t-interval of held-out accuracy spanned [-0.9, 1.2] and the band hid
+    the curves. A fraction's band is cut to [0, 1]; a reward (any range) keeps its whole interval."""
+    from rlexp.tracking.compare import band
+
+    assert band("eval/accuracy", [0.1, 0.9], [0.5, 0.3]) == ([0.0, pytest.approx(0.6)], [pytest.approx(0.6), 1.0])
+    assert band("reward/mean", [0.1], [0.5]) == ([pytest.approx(-0.4)], [pytest.approx(0.6)])
+    assert band("eval/accuracy", [0.5], [None]) == ([0.5], [0.5])  # n=1 at a step: no band

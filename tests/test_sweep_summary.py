@@ -89,6 +89,10 @@ def test_mlflow_sweep_reads_as_an_answer(tmp_path: Path, offline_trackers: None,
     children = [r for r in runs if r.data.tags.get("rlexp.role") == "child"]
     assert sorted(c.info.run_name for c in children) == ["reward=rule,seed=0", "reward=rule,seed=1",
                                                          "reward=weaver,seed=0", "reward=weaver,seed=1"]
+    # MLflow's compare view plots the first 3 params that differ (sorted): the swept keys, not derived seeds
+    keys = sorted(set().union(*(c.data.params for c in children)))
+    assert [k for k in keys if len({c.data.params.get(k) for c in children}) > 1] == ["reward.name", "seed"]
+    assert json.loads(children[0].data.tags["rlexp.seeds"]) == {"global": int(children[0].data.params["seed"])}
     from rlexp.tracking.runs import load_runs  # the full name stays the one every source reads back
 
     assert sorted(r.name for r in load_runs("mlflow:sw", local_store_uri(tmp_path / "runs"))) == [
@@ -101,7 +105,11 @@ def test_mlflow_sweep_reads_as_an_answer(tmp_path: Path, offline_trackers: None,
     rows = json.loads(Path(client.download_artifacts(parent.info.run_id, "aggregates.json", str(tmp_path)))
                       .read_text())
     assert {r["metric"] for r in rows} >= {"loss", "extra/m19", "eval/accuracy"}  # the full set, as a file
+    capsys.readouterr()
     res = summarise(sweep)
+    printed = capsys.readouterr().out  # the parent's link, opening MLflow 3.17's UI on runs rather than GenAI
+    assert (f"MLflow sweep run: http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}"
+            "?workflowType=machine_learning\n") in printed
     note = client.get_run(parent.info.run_id).data.tags["mlflow.note.content"]
     assert note.startswith(res["verdict"].sentence) and "Best configuration by eval/accuracy" in note
     assert note.endswith(parent.data.tags["mlflow.note.content"])  # the sweep's own note kept after it
@@ -140,3 +148,51 @@ def test_wandb_groups_by_configuration_and_declares_the_result(tmp_path: Path, o
     assert meta["summary"]["result/eval_accuracy_final"] == 0.4 and meta["summary"]["result/eval_accuracy_best"] == 0.5
     assert recs[1].manifest["wandb"]["summary"]["result/eval_accuracy_best"] == 0.35
     assert recs[0].series("eval/accuracy") == ([0.0, 1.0, 2.0], [0.2, 0.5, 0.4])  # history unchanged by `step`
+
+
+def test_last_wandb_run_of_a_sweep_holds_its_compare_table(tmp_path: Path, offline_trackers: None) -> None:
+    """The job that finishes last logs the whole sweep's ranked table (W&B cannot append to a finished offline
+    run, so it must be a job's own run); read back from the offline files, it says what `rlexp compare` says."""
+    from omegaconf import OmegaConf
+
+    from rlexp.tracking.compare import compare
+    from rlexp.tracking.manifest import Identity, write_start_manifest
+    from rlexp.tracking.registry import build_trackers
+    from rlexp.tracking.runs import load_wandb_dir
+
+    sweep = tmp_path / "multirun"
+    sweep.mkdir()
+    (sweep / "multirun.yaml").write_text(  # what Hydra writes before the first job: a basic grid of 2
+        "hydra:\n  sweeper:\n    _target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n"
+        "    params: null\n  overrides:\n    task:\n    - reward=rule,weaver\n    - seed=0\n")
+    jobs = [("rule", 0, [0.2, 0.3]), ("weaver", 0, [0.4, 0.6])]  # two W&B runs keep it a unit test
+    for job, (reward, seed, accs) in enumerate(jobs):
+        cfg = OmegaConf.create({"seed": seed, "reward": {"name": reward},
+                                "logger": {"wandb": {"enabled": True, "mode": "offline", "project": "p",
+                                                     "entity": None, "system_metrics": False},
+                                           "mlflow": {"enabled": False}, "log_every_n_steps": 1,
+                                           "rollout_samples": 0, "runs_root": None}})
+        run = sweep / str(job)
+        m = write_start_manifest(run, cfg, ["rlexp", "train"], {"global": seed}, {}, repo_dir=tmp_path)
+        m.overrides = [f"reward={reward}", f"seed={seed}"]
+        m.identity = Identity(run_name=f"reward={reward},seed={seed}", group="sw", sweep_id="sw",
+                              sweep_dir=str(sweep), job_num=job, swept={"reward": "rule,weaver"})
+        with build_trackers(cfg.logger, cfg, run, m) as tr:
+            for step, acc in enumerate(accs):
+                tr.log({"reward/mean": acc / 2, "eval/accuracy": acc, "time/wall_s": float(step)}, step)
+    recs = load_wandb_dir(sweep)
+    assert [bool(r.manifest["wandb"]["tables"]) for r in recs] == [False, True]  # the last only
+    last = recs[-1]
+    table = json.loads((Path(last.source).parent / "files" / last.manifest["wandb"]["tables"]["sweep/compare"])
+                       .read_text())
+    cols = table["columns"]
+    assert cols[:4] == ["rank", "configuration", "reward.name", "n"]
+    rows = [dict(zip(cols, r)) for r in table["data"]]
+    assert [(r["rank"], r["configuration"], r["n"]) for r in rows] == [(1, "reward.name=weaver", 1),
+                                                                        (2, "reward.name=rule", 1)]
+    assert rows[0]["eval/accuracy final mean"] == pytest.approx(0.6)  # a number W&B can sort, not text
+    res = compare([str(sweep)], tmp_path / "cmp")
+    assert last.manifest["wandb"]["summary"]["sweep/winner"] == res["verdict"].sentence
+    assert last.manifest["wandb"]["summary"]["sweep/best_configuration"] == "reward.name=weaver"
+    assert last.series("eval/accuracy") == ([0.0, 1.0], [0.4, 0.6])  # the table adds no history row
+    assert (sweep / ".wandb_sweep_answer").read_text().strip() == last.manifest["wandb"]["id"]

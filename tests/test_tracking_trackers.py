@@ -282,7 +282,8 @@ def test_mlflow_as_users_expect(tmp_path: Path, mlflow_root: Path) -> None:
     steps = [row[table["columns"].index("step")] for row in table["data"]]
     assert steps == [1, 2]  # appended per call, each row with its step
     ref = json.loads((run / "manifest.json").read_text())["trackers"]["mlflow"]
-    assert ref["url"].endswith(f"#/experiments/{r.info.experiment_id}/runs/{r.info.run_id}")
+    assert ref["url"].endswith(f"#/experiments/{r.info.experiment_id}/runs/{r.info.run_id}"
+                               "?workflowType=machine_learning")  # MLflow 3.17's UI would open on GenAI
     assert ref["open"] == f"mlflow ui --backend-store-uri {ml.uri}"
 
 

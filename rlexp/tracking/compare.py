@@ -1,16 +1,7 @@
 """`rlexp compare PATH... [--out DIR] [--tracking-uri URI] [--metrics METRIC[:final|best|auc] ...]`
 
-Answers "which configuration won, and can the seeds tell?". Runs that differ only in a nuisance key
-(`NUISANCE_KEYS`: the seed) are one *configuration*; per configuration and headline metric the table gives
-the mean over seeds, its 95% t-interval (rlexp.tracking.stats; n=1: no interval) and n. The table is sorted
-by the first headline, names the best configuration and compares it with the runner-up: paired over the
-seeds both ran (difference of the per-seed values, t-interval on those differences); with fewer than two
-shared seeds, or an interval covering zero, it says "not distinguishable".
-
-Headlines are declared (`Headline`: metric, statistic, direction), default `DEFAULT_HEADLINES`: held-out
-accuracy (final and AUC), reward/mean (final) and wall time; never the raw loss first. AUC is the
-trapezoid area under the curve over steps divided by the step span, i.e. the curve's mean height: runs of
-one length compare on it directly. "best" follows each metric's declared direction (`DIRECTIONS`).
+Answers "which configuration won, and can the seeds tell?" (rlexp.tracking.verdict: configurations,
+declared headlines, the ranked table and the winner against the runner-up) and draws it.
 
 PATH is a run folder, a sweep folder (multirun dir with job subdirs) or any folder holding run folders,
 `mlflow:EXPERIMENT` or `wandb:DIR` (see rlexp.tracking.runs). Outputs in --out (default ./compare):
@@ -22,49 +13,26 @@ from __future__ import annotations
 
 import argparse
 import csv
-import itertools
-import json
 import math
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .runs import NUISANCE_KEYS, RunRecord, load_runs
-from .stats import METHOD, Estimate, estimate
+from .stats import METHOD, estimate
+from .verdict import Configuration, Headline, answer, build_run_table, build_table, markdown_table, unique_names
 
 PLOT_METRICS = ("eval/accuracy", "reward/mean")
-# Which way is better, per metric name, first match wins. Declared, not guessed from the value: a metric
-# matching none has no "best" (its column stays empty and the notes say so).
-DIRECTIONS: tuple[tuple[str, str], ...] = (
-    (r"(^|/)time/|_s$|(^|/)eta", "min"),
-    (r"unparseable|truncat|skipped|stale", "min"),
-    (r"loss|error|(^|/)kl|perplexity|ppl|regret|logprob_diff|fpr", "min"),
-    (r"accuracy|reward|pass@|auc|tpr|correct|selection|gap_closed", "max"),
-)
-STATISTICS = ("final", "best", "auc")
 UNITS: tuple[tuple[str, str], ...] = (
     (r"accuracy|pass@|correct|unparseable|truncat|fpr|tpr", "fraction of prompts"),
     (r"(^|/)time/|_s$", "s"),
     (r"reward", "reward per sample"),
 )
-_MISSING = object()
+BOUNDS = {"fraction of prompts": (0.0, 1.0)}  # unit -> the range a value of it can take
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 FIGSIZE, DPI = (10.0, 6.0), 120
-
-
-def direction(metric: str) -> str | None:
-    """"max", "min" or None (not declared) for a metric name."""
-    for pattern, d in DIRECTIONS:
-        if re.search(pattern, metric, re.I):
-            return d
-    return None
-
-
-def lower_is_better(metric: str) -> bool:
-    return direction(metric) == "min"
 
 
 def unit(metric: str) -> str | None:
@@ -72,264 +40,6 @@ def unit(metric: str) -> str | None:
         if re.search(pattern, metric, re.I):
             return u
     return None
-
-
-@dataclass(frozen=True)
-class Headline:
-    """One column of the verdict: which metric, which statistic of each run's curve, which way is better."""
-    metric: str
-    stat: str = "final"
-    direction: str | None = None
-
-    @classmethod
-    def parse(cls, spec: str) -> Headline:
-        """`eval/accuracy`, `eval/accuracy:auc`, `loss:best:min`."""
-        parts = spec.split(":")
-        metric, stat = parts[0], (parts[1] if len(parts) > 1 else "final")
-        d = parts[2] if len(parts) > 2 else direction(metric)
-        if stat not in STATISTICS:
-            raise ValueError(f"--metrics {spec}: statistic {stat!r} is not one of {', '.join(STATISTICS)}")
-        if d not in ("max", "min", None):
-            raise ValueError(f"--metrics {spec}: direction {d!r} is not max or min")
-        return cls(metric, stat, d)
-
-    @property
-    def label(self) -> str:
-        return f"{self.metric} {self.stat}"
-
-    def of(self, run: RunRecord) -> float | None:
-        """This headline's value for one run: its last, best or mean-height (AUC) value of the curve."""
-        xs, ys = run.series(self.metric)
-        pts = [(x, y) for x, y in zip(xs, ys) if not math.isnan(y)]
-        if not pts:
-            return None
-        if self.stat == "final":
-            return pts[-1][1]
-        if self.stat == "best":
-            if self.direction is None:
-                return None
-            return (min if self.direction == "min" else max)(y for _, y in pts)
-        if len(pts) == 1 or pts[-1][0] == pts[0][0]:
-            return pts[0][1]
-        area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in itertools.pairwise(pts))
-        return area / (pts[-1][0] - pts[0][0])
-
-
-DEFAULT_HEADLINES = (Headline("eval/accuracy", "final", "max"), Headline("eval/accuracy", "auc", "max"),
-                     Headline("reward/mean", "final", "max"), Headline("time/wall_s", "final", "min"))
-
-
-@dataclass
-class Configuration:
-    """Runs that differ only in nuisance keys (the seed): one row of the verdict."""
-    label: str
-    values: dict[str, Any]  # the varying, non-nuisance config keys -> this configuration's value
-    runs: list[RunRecord] = field(default_factory=list)
-    colour: str = "C0"
-
-    def seeds(self) -> list[Any]:
-        return [seed_of(r) for r in self.runs]
-
-    def per_seed(self, h: Headline) -> dict[Any, float]:
-        return {seed_of(r): v for r in self.runs if (v := h.of(r)) is not None}
-
-    def estimate(self, h: Headline) -> Estimate | None:
-        return estimate(list(self.per_seed(h).values()) if self._seeds_unique() else
-                        [v for r in self.runs if (v := h.of(r)) is not None])
-
-    def _seeds_unique(self) -> bool:
-        s = [json.dumps(x, default=repr) for x in self.seeds()]
-        return len(set(s)) == len(s)
-
-
-def seed_of(run: RunRecord) -> Any:
-    vals = tuple(run.config.get(k) for k in NUISANCE_KEYS)
-    return vals[0] if len(vals) == 1 else vals
-
-
-def config_diff(runs: Sequence[RunRecord]) -> list[str]:
-    """Keys whose values are not identical across all runs (a key missing in some run counts as different)."""
-    keys = sorted({k for r in runs for k in r.config})
-    diff = []
-    for k in keys:
-        vals = [json.dumps(r.config.get(k, _MISSING), sort_keys=True, default=repr) for r in runs]
-        if len(set(vals)) > 1:
-            diff.append(k)
-    return diff
-
-
-def _fmt(v: Any) -> str:
-    if v is None or v is _MISSING:
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, sort_keys=True)
-    return str(v)
-
-
-def group_configurations(runs: Sequence[RunRecord], origins: Sequence[int] | None = None) -> list[Configuration]:
-    """Configurations in order of first appearance. Two runs with the same configuration *and* the same seed
-    are not two seeds (one sweep read twice, or two sweeps): they stay apart, told by where they came from."""
-    diff = [k for k in config_diff(runs) if k not in NUISANCE_KEYS]
-    origins = list(origins) if origins is not None else [0] * len(runs)
-    keyed: dict[str, list[tuple[int, RunRecord]]] = {}
-    for o, r in zip(origins, runs):
-        key = json.dumps([r.config.get(k, None) for k in diff], sort_keys=True, default=repr)
-        keyed.setdefault(key, []).append((o, r))
-    out: list[Configuration] = []
-    for members in keyed.values():
-        first = members[0][1]
-        values = {k: first.config.get(k, _MISSING) for k in diff}
-        label = ",".join(f"{k}={_fmt(v)}" for k, v in values.items()) or "all runs"
-        seeds = [json.dumps(seed_of(r), default=repr) for _, r in members]
-        if len(set(seeds)) == len(seeds):
-            out.append(Configuration(label, values, [r for _, r in members]))
-            continue
-        by_origin: dict[int, list[RunRecord]] = {}
-        for o, r in members:
-            by_origin.setdefault(o, []).append(r)
-        for rs in by_origin.values():
-            out.append(Configuration(f"{label} [{rs[0].source}]" if len(by_origin) > 1 else label, values, rs))
-    for i, c in enumerate(out):  # by first appearance, so a colour stays with its configuration across figures
-        c.colour = f"C{i % 10}"
-    return out
-
-
-@dataclass
-class Verdict:
-    headline: Headline
-    ranked: list[Configuration]
-    sentence: str
-    difference: Estimate | None = None
-    paired_seeds: list[Any] = field(default_factory=list)
-    distinguishable: bool = False
-
-    @property
-    def best(self) -> Configuration | None:
-        return self.ranked[0] if self.ranked else None
-
-
-def _key(c: Configuration, h: Headline) -> float:
-    e = c.estimate(h)
-    if e is None or h.direction is None:
-        return math.inf
-    return -e.mean if h.direction == "max" else e.mean
-
-
-def rank(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[Headline] = ()) -> list[Configuration]:
-    """Best first by the headline's direction, equal means ordered by the next headlines; configurations
-    without a value last, in their own order."""
-    have = [c for c in configs if c.estimate(h) is not None]
-    lacking = [c for c in configs if c.estimate(h) is None]
-    if h.direction is not None:
-        have.sort(key=lambda c: tuple(_key(c, x) for x in (h, *tie_breaks)))
-    return have + lacking
-
-
-def verdict(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[Headline] = ()) -> Verdict:
-    ranked = rank(configs, h, tie_breaks)
-    valued = [c for c in ranked if c.estimate(h) is not None]
-    what = f"{h.metric} ({h.stat}, {'higher' if h.direction == 'max' else 'lower'} is better)"
-    if not valued or h.direction is None:
-        why = "no configuration has it" if not valued else "its direction is not declared"
-        return Verdict(h, ranked, f"No winner by {h.metric} {h.stat}: {why}.")
-    best = valued[0]
-    e = best.estimate(h)
-    assert e is not None
-    head = f"Best configuration by {what}: {best.label} — {e.text()}."
-    if len(valued) == 1:
-        return Verdict(h, ranked, head + " It is the only configuration with this metric.")
-    second = valued[1]
-    e2 = second.estimate(h)
-    assert e2 is not None
-    head += f" Runner-up: {second.label} — {e2.text()}."
-    if e2.mean == e.mean:
-        head += (" Tied on this metric" + (f"; ordered by {', '.join(x.label for x in tie_breaks)}."
-                                           if tie_breaks else "."))
-    a, b = best.per_seed(h), second.per_seed(h)
-    common = [s for s in a if s in b]
-    if not (best._seeds_unique() and second._seeds_unique()) or len(common) < 2:
-        why = ("they share fewer than 2 seeds, so no paired comparison" if len(common) < 2
-               else "seeds repeat within a configuration, so no paired comparison")
-        return Verdict(h, ranked, head + f" Not distinguishable: {why}.", paired_seeds=common)
-    d = estimate([a[s] - b[s] for s in common])
-    assert d is not None and d.half is not None
-    dist = not d.covers_zero()
-    tail = (f" Paired difference over seeds {', '.join(_fmt(s) for s in common)}: {d.mean:+.4g} "
-            f"[{d.low:+.4g}, {d.high:+.4g}] ({METHOD.replace('over seeds', 'on paired differences')}): "
-            + ("distinguishable." if dist else "not distinguishable (the interval covers zero)."))
-    return Verdict(h, ranked, head + tail, d, common, dist)
-
-
-def build_table(configs: Sequence[Configuration], headlines: Sequence[Headline]
-                ) -> tuple[list[str], list[list[str]]]:
-    keys = list(configs[0].values) if configs else []
-    header = ["rank", "configuration", *keys, "n", "seeds"]
-    for h in headlines:
-        header += [f"{h.label} mean", f"{h.label} ±95%"]
-    header += ["status"]
-    rows = []
-    for i, c in enumerate(configs, 1):
-        row = [str(i), c.label, *(_fmt(c.values.get(k)) for k in keys), str(len(c.runs)),
-               " ".join(_fmt(s) for s in c.seeds())]
-        for h in headlines:
-            e = c.estimate(h)
-            row += ["", ""] if e is None else [_fmt(e.mean), "" if e.half is None else _fmt(e.half)]
-        st = sorted({r.status or "unknown" for r in c.runs})
-        row.append(",".join(st))
-        rows.append(row)
-    return header, rows
-
-
-def markdown_table(configs: Sequence[Configuration], headlines: Sequence[Headline]) -> str:
-    """The table people read: one cell `mean ± half-width` per headline, the configuration named once."""
-    arrow = {"max": "↑", "min": "↓", None: "?"}
-    header = ["rank", "configuration", "n", *(f"{h.label} ({arrow[h.direction]})" for h in headlines)]
-    rows = []
-    for i, c in enumerate(configs, 1):
-        cells = []
-        for h in headlines:
-            e = c.estimate(h)
-            cells.append("" if e is None else _fmt(e.mean) + ("" if e.half is None else f" ± {_fmt(e.half)}"))
-        rows.append([str(i), c.label, str(len(c.runs)), *cells])
-    return to_markdown(header, rows)
-
-
-def build_run_table(runs: Sequence[RunRecord], headlines: Sequence[Headline]) -> tuple[list[str], list[list[str]]]:
-    diff = config_diff(runs)
-    header = ["run", "status", *diff, *(h.label for h in headlines), "steps", "wall_s"]
-    rows = []
-    for r in runs:
-        steps = [h["step"] for h in r.history if "step" in h]
-        walls = [h["_wall_s"] for h in r.history if "_wall_s" in h]
-        rows.append([r.name, r.status or "", *(_fmt(r.config.get(k, _MISSING)) for k in diff),
-                     *(_fmt(h.of(r)) for h in headlines),
-                     str(max(steps)) if steps else "", _fmt(max(walls)) if walls else ""])
-    return header, rows
-
-
-def unique_names(runs: Sequence[RunRecord]) -> None:
-    """Runs of the same name (two sweeps with the same overrides, one run read from two sources) get their
-    source appended, so no row stands for two runs."""
-    counts: dict[str, int] = {}
-    for r in runs:
-        counts[r.name] = counts.get(r.name, 0) + 1
-    for r in runs:
-        if counts[r.name] > 1:
-            r.name = f"{r.name} [{r.source}]"
-    seen: dict[str, int] = {}
-    for r in runs:  # the very same source given twice
-        seen[r.name] = seen.get(r.name, 0) + 1
-        if seen[r.name] > 1:
-            r.name = f"{r.name} #{seen[r.name]}"
-
-
-def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    esc = [[c.replace("|", "\\|") for c in r] for r in [header, *rows]]
-    lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
-    return "\n".join(lines)
 
 
 def mean_curve(c: Configuration, metric: str, x: str) -> tuple[list[float], list[float], list[float | None]]:
@@ -353,6 +63,16 @@ def mean_curve(c: Configuration, metric: str, x: str) -> tuple[list[float], list
         ys.append(e.mean)
         halves.append(e.half)
     return xs, ys, halves
+
+
+def band(metric: str, ys: Sequence[float], halves: Sequence[float | None]) -> tuple[list[float], list[float]]:
+    """The interval drawn around a mean curve, cut to the values the metric can take: with 2 seeds the
+    t-interval of an accuracy easily spans [-1, 2], and a band below 0 or above 1 (all prompts) only hides
+    the curves. The table keeps the interval uncut."""
+    bounds = BOUNDS.get(unit(metric) or "", (-math.inf, math.inf))
+    lo = [max(bounds[0], y - (h or 0.0)) for y, h in zip(ys, halves)]
+    hi = [min(bounds[1], y + (h or 0.0)) for y, h in zip(ys, halves)]
+    return lo, hi
 
 
 def axis_label(metric: str) -> str:
@@ -389,12 +109,12 @@ def plot(configs: Sequence[Configuration], metric: str, x: str, path: Path) -> b
                     marker=_MARKERS[i % len(_MARKERS)], markevery=max(1, len(xs) // 15), markersize=5,
                     label=label)
             if any(h is not None for h in halves):
-                lo = [y - (h or 0.0) for y, h in zip(ys, halves)]
-                hi = [y + (h or 0.0) for y, h in zip(ys, halves)]
+                lo, hi = band(metric, ys, halves)
                 ax.fill_between(xs, lo, hi, color=c.colour, alpha=0.18, linewidth=0)
         ax.set_xlabel("training step (optimizer steps)" if x == "step" else "wall time since run start (s)")
         ax.set_ylabel(axis_label(metric))
-        ax.set_title(f"{metric}: mean over seeds per configuration, band = {METHOD} (faint lines: seeds)")
+        cut = f", cut to [{BOUNDS[u][0]:g}, {BOUNDS[u][1]:g}]" if (u := unit(metric)) in BOUNDS else ""
+        ax.set_title(f"{metric}: mean over seeds per configuration, band = {METHOD}{cut} (faint lines: seeds)")
         ax.grid(alpha=0.3)
         if x == "step":
             from matplotlib.ticker import MaxNLocator
@@ -412,15 +132,12 @@ def _slug(metric: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_")
 
 
-def default_headlines(runs: Sequence[RunRecord]) -> list[Headline]:
-    present = {k for r in runs for row in r.history for k in row}
-    return [h for h in DEFAULT_HEADLINES if h.metric in present]
-
-
 def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = None,
             tracking_uri: str | None = None, report: str = "compare.md") -> dict[str, Any]:
     """Library entry point (the CLI and the multirun summary are thin wrappers): the verdict, tables, files."""
-    headlines = [Headline.parse(m) for m in metrics] if metrics else None
+    if metrics:  # a bad spec stops before any run is read
+        for m in metrics:
+            Headline.parse(m)
     runs: list[RunRecord] = []
     origins: list[int] = []
     for i, s in enumerate(specs):
@@ -428,11 +145,8 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
         runs.extend(got)
         origins += [i] * len(got)
     unique_names(runs)
-    if headlines is None:
-        headlines = default_headlines(runs)
-    configs = group_configurations(runs, origins)
-    v = verdict(configs, headlines[0], headlines[1:]) if headlines else Verdict(Headline(""), list(configs),
-                                                                  "No headline metric in these runs.")
+    ans = answer(runs, metrics, origins)
+    headlines, configs, v = ans.headlines, ans.configurations, ans.verdict
     header, rows = build_table(v.ranked, headlines)
     run_header, run_rows = build_run_table(runs, headlines)
     out.mkdir(parents=True, exist_ok=True)

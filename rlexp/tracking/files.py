@@ -3,10 +3,11 @@ never half of a new one) and content hashes (manifest fields, artifact and check
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,14 @@ def hash_files(directory: str | os.PathLike[str]) -> str:
         h.update(p.relative_to(root).as_posix().encode() + b"\0" + sha256_file(p).encode() + b"\n")
     return h.hexdigest()
 
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Cross-process mutual exclusion (flock); in-process sequential use is trivially safe."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)

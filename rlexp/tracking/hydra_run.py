@@ -105,6 +105,31 @@ def sweep_params(sweep_dir: Path) -> dict[str, str]:
     return {k: v for k, v in out.items() if not k.startswith("hydra.")}
 
 
+def sweep_size(sweep_dir: Path) -> int | None:
+    """How many jobs the sweep launches, from its `multirun.yaml`: the grid's product for Hydra's basic sweeper
+    (`seed=0,1 lr=range(1,4)`: 6), `n_trials` for a sweeper that has one (Optuna); None when it cannot be told
+    (another sweeper, an unreadable file). What lets a job know it is the sweep's last one."""
+    path = Path(sweep_dir) / "multirun.yaml"
+    try:
+        sweeper = OmegaConf.load(path).hydra.sweeper
+    except Exception:
+        return None
+    if OmegaConf.select(sweeper, "n_trials") is not None:
+        return int(OmegaConf.select(sweeper, "n_trials"))
+    if "BasicSweeper" not in str(OmegaConf.select(sweeper, "_target_") or ""):
+        return None
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    size = 1
+    try:
+        for o in OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in sweep_params(sweep_dir).items()]):
+            if o.is_sweep_override():
+                size *= len(list(o.sweep_string_iterator()))
+    except Exception:  # a value Hydra's grammar does not read here: the size is unknown, not guessed
+        return None
+    return size
+
+
 # Overrides that say where or how a run is recorded, not what it computes: left out of run names.
 _NAME_SKIP_PREFIXES = ("hydra.", "logger", "sweeps", "resume", "force_resume")
 

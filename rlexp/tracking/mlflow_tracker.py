@@ -31,13 +31,12 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker, safe_name
+from .files import file_lock
 from .hydra_run import group_tags, name_from_overrides
 from .manifest import Identity, Manifest
 from .redact import redact, redact_text
@@ -61,21 +61,13 @@ AGGREGATES_FILE = "aggregates.json"
 # MLflow 3 opens an experiment without this tag on its GenAI traces page; the tag and value are the ones its
 # UI reads (mlflow/server/js: ExperimentKind.CUSTOM_MODEL_DEVELOPMENT), so the UI opens on the runs table.
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# MLflow 3.17's UI has a global GenAI / Model training switch (default GenAI, kept in the browser's storage)
+# that wins over the tag: seen in headless Chromium, the tagged experiment opened on GenAI's Overview. The
+# switch also reads this query, so the links rlexp records open on the runs and set it for the next visit.
+UI_VIEW = "?workflowType=machine_learning"
 # The parent run's metrics: these few per configuration (mean/std/n), held-out accuracy first; every metric's
 # aggregate stays in the aggregates.json artifact. Hundreds of metrics in the parent bury the answer.
 PARENT_METRICS = ("eval/accuracy", "reward/mean", "time/wall_s")
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Cross-process mutual exclusion (flock); in-process sequential use is trivially safe."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def default_runs_root(run_dir: Path, manifest: Manifest) -> Path:
@@ -173,7 +165,7 @@ class MlflowTracker(Tracker):
         if self.run_id is None:
             return {}
         uri = redact_text(self.uri or "")
-        path = f"#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        path = f"#/experiments/{self.experiment_id}/runs/{self.run_id}{UI_VIEW}"
         remote = uri.startswith(("http://", "https://"))
         return {"run_id": self.run_id, "experiment_id": self.experiment_id, "experiment": self.experiment,
                 "parent_run_id": self.parent_id, "tracking_uri": uri,
@@ -300,11 +292,13 @@ class MlflowTracker(Tracker):
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         params = [Param(k[:250], _param_str(v)) for k, v in flatten(manifest.config).items()]
-        params += [Param(f"seed.{k}", str(v)) for k, v in manifest.seeds.items()]
         for i in range(0, len(params), 100):  # MLflow caps a batch at 100 params
             self.client.log_batch(self.run_id, params=params[i : i + 100])
-        overrides = _param_str(manifest.overrides)
-        self.client.log_batch(self.run_id, tags=[RunTag("rlexp.overrides", overrides)])
+        # The per-component seeds derived from `seed` are a tag, not params: they differ between every two
+        # seeds, and MLflow's compare view plots the first three differing params (sorted), which buried the
+        # swept learning rate under seed.buffer, seed.data... (seen on a real sweep).
+        self.client.log_batch(self.run_id, tags=[RunTag("rlexp.overrides", _param_str(manifest.overrides)),
+                                                 RunTag("rlexp.seeds", _param_str(manifest.seeds))])
         self._log_datasets(manifest.datasets)
         if self.system_metrics:
             self._start_system_metrics()

@@ -277,6 +277,7 @@ def load_wandb_file(path: Path) -> RunRecord:
     stats: set[str] = set()
     summary: dict[str, Any] = {}
     defined: dict[str, dict[str, Any]] = {}
+    tables: dict[str, str] = {}  # history key -> the table's JSON file, relative to the run's files/ folder
     for blob in wandb_records(path):
         rec = pb.Record()
         rec.ParseFromString(blob)
@@ -293,14 +294,17 @@ def load_wandb_file(path: Path) -> RunRecord:
                 config[_item_key(u)] = json.loads(u.value_json)
         elif kind == "history":
             row: dict[str, Any] = {}
+            media: dict[str, dict[str, Any]] = {}  # a table arrives as one item per field: nested_key [name, field]
             for it in rec.history.item:
-                k = _item_key(it)
                 try:
                     v = json.loads(it.value_json)
                 except ValueError:
                     continue
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    row[k] = v
+                if len(it.nested_key) > 1:
+                    media.setdefault("/".join(it.nested_key[:-1]), {})[it.nested_key[-1]] = v
+                elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                    row[_item_key(it)] = v
+            tables.update({k: str(m["path"]) for k, m in media.items() if m.get("_type") == "table-file"})
             if "_step" in row and any(not k.startswith("_") for k in row):  # not a row of tables only
                 row["step"] = int(row.pop("_step"))
                 history.append(row)
@@ -330,7 +334,7 @@ def load_wandb_file(path: Path) -> RunRecord:
             r["_wall_s"] = r["_runtime"]
         elif ts and "_timestamp" in r:
             r["_wall_s"] = r["_timestamp"] - ts[0]
-    meta.update(artifacts=artifacts, stats=sorted(stats), summary=summary, defined_metrics=defined)
+    meta.update(artifacts=artifacts, stats=sorted(stats), summary=summary, defined_metrics=defined, tables=tables)
     return RunRecord(name=name, source=str(path), config=strip_run_local(flatten(config)), history=history,
                      status=status, manifest={"wandb": meta})
 

@@ -46,6 +46,10 @@ def note_mlflow_parent(res: dict[str, Any]) -> None:
     if len(refs) != 1:
         return
     (parent, uri), = refs
+    child = next((m for r in res["runs"] if (m := (r.manifest.get("trackers") or {}).get("mlflow") or {}).get("url")
+                  and m.get("run_id")), None)
+    if child:  # the child's link (it opens the UI on runs, rlexp.tracking.mlflow_tracker.UI_VIEW), for the parent
+        print(f"MLflow sweep run: {child['url'].replace(child['run_id'], parent)}", flush=True)
     try:
         from mlflow.tracking import MlflowClient
 

@@ -12,6 +12,11 @@
 - The result is declared, not left to W&B's guess: `define_metric` puts `eval/*` on the `step` axis and keeps
   `eval/accuracy`'s best and last value in the summary (`eval/accuracy.max`, `.last`), and `finish` writes
   `result/eval_accuracy_final` and `result/eval_accuracy_best` into the summary for the runs table.
+- A sweep ends with its answer in W&B too: the job that finishes last (`last_of_sweep`: every job of the
+  sweep's grid, `hydra_run.sweep_size`, has a finished manifest) logs the compare table of the whole sweep
+  (`sweep/compare`, rlexp.tracking.verdict, ranked, numbers as numbers) and puts the winner sentence in its
+  summary (`sweep/winner`, `sweep/best_configuration`). On the last run because W&B cannot append to an
+  offline run once it has finished, and a run of its own would sit in the runs table as a fake run.
 - The W&B folder lives in the run folder (`<run_dir>/wandb/offline-run-*`), next to the rest of the run;
   `wandb sync runs/multirun/<time>/*/wandb/offline-run-*` uploads a whole sweep.
 - W&B's own panels: system metrics (its sampler, `logger.wandb.system_metrics`, every
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import os
 import sys
@@ -38,11 +44,14 @@ from typing import Any
 from omegaconf import DictConfig
 
 from .base import Tracker
-from .hydra_run import group_tags, name_from_overrides, override_key
-from .manifest import Manifest
+from .files import file_lock
+from .hydra_run import group_tags, name_from_overrides, override_key, sweep_size
+from .manifest import Manifest, read_manifest
 from .redact import redact, redact_argv, redact_text
-from .runs import NUISANCE_KEYS
+from .runs import NUISANCE_KEYS, find_run_dirs, load_runs
+from .verdict import answer, build_table, unique_names
 
+log = logging.getLogger(__name__)
 _EXIT_CODES = {"completed": 0, "failed": 1, "interrupted": 130}
 
 
@@ -84,6 +93,8 @@ ARTIFACTS = {"checkpoint": ("checkpoint", "model"), "manifest": ("manifest", "ma
 
 RESULT_METRIC = "eval/accuracy"
 GROUP_MAX = 128  # W&B's limit on a group name
+SWEEP_TABLE = "sweep/compare"
+_ANSWERED = ".wandb_sweep_answer"  # in the sweep folder: which run holds the sweep's table (one only)
 
 
 def configuration_group(manifest: Manifest) -> str:
@@ -111,6 +122,8 @@ class WandbTracker(Tracker):
         self._pending: dict[str, list[Path]] = {}
         self._defined = False
         self._result: list[float] = []
+        self._sweep_dir: Path | None = None
+        self._last_step: int | None = None
 
     @classmethod
     def from_config(cls, c: Any, stats_interval_s: float | None = None) -> WandbTracker:
@@ -135,6 +148,7 @@ class WandbTracker(Tracker):
             return
         import wandb
 
+        self._sweep_dir = Path(manifest.identity.sweep_dir) if manifest.identity.sweep_dir else None
         # redacted already when built by write_start_manifest: belt and braces
         manifest = Manifest.from_dict(redact(manifest.to_dict()))
         ident = manifest.identity
@@ -185,6 +199,7 @@ class WandbTracker(Tracker):
             if isinstance(value, (int, float)) and not math.isnan(value):
                 self._result.append(float(value))
             self.run.log({**metrics, "step": int(step)}, step=int(step))
+            self._last_step = int(step)
 
     def log_artifact(self, path: str | os.PathLike[str], kind: str = "result") -> None:
         """Checkpoints go up at once; the other kinds are collected and logged at finish as one version each
@@ -235,6 +250,12 @@ class WandbTracker(Tracker):
         if self._result:
             run.summary["result/eval_accuracy_final"] = self._result[-1]
             run.summary["result/eval_accuracy_best"] = max(self._result)
+        if self._sweep_dir is not None:
+            try:
+                if last_of_sweep(self._sweep_dir, run.id):
+                    self._log_sweep_answer(run, self._sweep_dir)
+            except Exception as e:  # the run must still finish; the sweep summary files hold the answer too
+                log.warning("W&B: the sweep's compare table was not logged: %s", e)
         run.finish(exit_code=_EXIT_CODES.get(status, 1))
         import wandb
 
@@ -242,6 +263,52 @@ class WandbTracker(Tracker):
         # a reader right after the run (compare, the next job, a test) then sees an empty run. teardown() waits
         # for the flush, and the next multirun job starts from a clean service (about a second).
         wandb.teardown()
+
+
+    def _log_sweep_answer(self, run: Any, sweep_dir: Path) -> None:
+        """The whole sweep's compare table on this (its last) run, at its last step, and the winner sentence."""
+        import wandb
+
+        runs = load_runs(str(sweep_dir))
+        unique_names(runs)
+        ans = answer(runs)
+        header, rows = build_table(ans.verdict.ranked, ans.headlines)
+        run.log({SWEEP_TABLE: wandb.Table(columns=header, data=[[_number(c) for c in r] for r in rows])},
+                step=self._last_step)
+        run.summary["sweep/winner"] = ans.verdict.sentence
+        if ans.verdict.best is not None:
+            run.summary["sweep/best_configuration"] = ans.verdict.best.label
+
+
+def last_of_sweep(sweep_dir: Path, run_id: str) -> bool:
+    """True for exactly one job of a sweep: the first to finish (its manifest final) after every other job of
+    the grid has. Decided under a lock in the sweep folder and recorded there, so parallel jobs finishing
+    together do not both answer. A sweep whose size cannot be told (rlexp.tracking.hydra_run.sweep_size) has
+    no last job."""
+    total = sweep_size(sweep_dir)
+    if total is None:
+        return False
+    with file_lock(sweep_dir / f"{_ANSWERED}.lock"):
+        if (sweep_dir / _ANSWERED).exists():
+            return False
+        done = 0
+        for d in find_run_dirs(sweep_dir):
+            with contextlib.suppress(OSError, ValueError):
+                done += read_manifest(d).status not in (None, "running")
+        if done < total:
+            return False
+        (sweep_dir / _ANSWERED).write_text(run_id + "\n", encoding="utf-8")
+        return True
+
+
+def _number(cell: str) -> Any:
+    """A table cell as W&B should sort it: numbers as numbers, the rest as text."""
+    for kind in (int, float):
+        try:
+            return kind(cell) if cell.strip() else None
+        except ValueError:
+            continue
+    return cell
 
 
 @contextlib.contextmanager
