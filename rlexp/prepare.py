@@ -28,7 +28,14 @@ from rlexp.evals.benchmarks import load_benchmarks
 from rlexp.grpo import LOSSES
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.tiny import ensure_tiny_checkpoint
-from rlexp.plugins import activate, describe_config_dirs, describe_plugins, search_paths, used_modules
+from rlexp.plugins import (
+    activate,
+    describe_config_dirs,
+    describe_plugins,
+    export_used,
+    search_paths,
+    used_modules,
+)
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
@@ -134,6 +141,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
+    export_used(t.plugins, t.config_path)  # the actors import what the lookups above used
     extra["plugins"] = describe_plugins(used_modules(t.plugins))  # what `rlexp reproduce` checks before a re-run
     extra["config_path"] = describe_config_dirs(t.config_path)
     return Prepared(t, env, model_dir, seeds, extra, benchmarks, served)

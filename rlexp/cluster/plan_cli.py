@@ -5,6 +5,8 @@ Counts every mesh the run spawns on GPUs: the trainer, the generators, and the m
 serves (reward=weaver / verifier_mean / verifier_vote: every reward_model and lm_judge of `verifier_set`;
 single_rm: the one it picks), one GPU per verifier replica at the set's `memory_gb`.
 
+User config folders (`config_path=DIR` or `config_path=[DIR,...]`) are searched as `rlexp train` searches them.
+
 Exit codes: 0 fits, 1 does not fit (the table ends with what to change), 2 config error.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rlexp.cluster.layout import check_hosts_fit, gpu_layout
 from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, plan_memory
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.validate import ConfigError
+from rlexp.plugins import with_config_path  # `config_path=DIR`: a user's own config folders, as in `rlexp train`
 
 
 def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config_name: str = "train") -> Any:
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-name", default="train")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = compose_run_config(args.overrides, args.config_dir, args.config_name)
+        cfg = compose_run_config(with_config_path(args.overrides), args.config_dir, args.config_name)
         report = plan_memory(cfg, args.headroom)
     except PlanError as e:
         print(f"rlexp plan: {e}", file=sys.stderr)

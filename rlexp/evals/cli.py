@@ -167,16 +167,24 @@ def compose(overrides: list[str], config_dir: str | Path = DEFAULT_CONF) -> Dict
 
 def run_heldout(run_dir: Path) -> dict[str, Any]:
     """The `benchmark` node that scores a run's own task: its environment's held-out split (`eval_split`), at the
-    run's answer length, as evaluation during training does. Read from the run's manifest (resolved config)."""
+    run's answer length, as evaluation during training does. Read from the run's manifest (resolved config). A
+    run of a user's own task brings back its plug-ins from where the manifest recorded them (so this works from
+    any folder), with a warning when their source changed since; the benchmark is named by the config option
+    (`count_a_heldout`), not by an import path."""
+    from rlexp.plugins import activate_recorded
     from rlexp.tracking.manifest import MANIFEST_NAME, read_manifest
 
     path = run_dir.expanduser() / MANIFEST_NAME
     if not path.exists():
         raise FileNotFoundError(f"run={run_dir}: no manifest.json (not an rlexp run folder?); or name a benchmark, "
                                 f"e.g. benchmark=gsm8k")
-    c = read_manifest(path.parent).config
+    m = read_manifest(path.parent)
+    for change in activate_recorded(m.extra.get("plugins"), m.extra.get("config_path"), m.hydra.runtime_cwd):
+        log.warning("%s: the held-out split is built by today's code, not the run's", change)
+    c = m.config
     env = c["environment"]
-    return {f"{env['name']}_heldout": {"environment": env, "max_tokens": c["algorithm"]["max_tokens"]}}
+    name = str(m.choices.get("environment") or env["name"]) if ":" in str(env["name"]) else str(env["name"])
+    return {f"{name}_heldout": {"environment": env, "max_tokens": c["algorithm"]["max_tokens"]}}
 
 
 def model_dir_of(cfg: DictConfig, config_dir: str | Path = DEFAULT_CONF) -> tuple[Path, str]:
