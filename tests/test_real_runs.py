@@ -71,6 +71,13 @@ def test_plan_exits_nonzero_without_a_cluster_argument(capsys):
     assert "80 GiB" in out and "s per step" in out and "h for 300 steps" in out
 
 
+def test_plan_refuses_a_real_model_on_a_cpu_cluster(capsys):
+    """`cluster=local` is CPU-only: a GPU plan with no memory limit used to print "3 GPU(s)" and exit 0."""
+    assert plan_cli.main(["model=qwen3_8b", "cluster=local"]) == 1
+    assert "needs GPUs, but cluster=local is CPU-only" in capsys.readouterr().err
+    assert plan_cli.main([]) == 0  # the tiny CPU demo plans on CPU
+
+
 def test_time_estimate_follows_mfu_and_peak():
     c = compose_run_config(["model=qwen3_8b", "cluster.mfu=0.4"])
     t1 = plan_memory(c).time.step_s

@@ -7,7 +7,8 @@ single_rm: the one it picks), one GPU per verifier replica at the set's `memory_
 
 User config folders (`config_path=DIR` or `config_path=[DIR,...]`) are searched as `rlexp train` searches them.
 
-Exit codes: 0 fits, 1 does not fit (the table ends with what to change), 2 config error.
+Exit codes: 0 fits, 1 does not fit (the table ends with what to change; also a real model on a CPU-only
+cluster), 2 config error.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from omegaconf import OmegaConf
 from rlexp.cluster.layout import check_hosts_fit, gpu_layout
 from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, plan_memory
 from rlexp.config.paths import CONF_DIR
-from rlexp.config.validate import ConfigError
+from rlexp.config.validate import ConfigError, too_big_for_cpu
 from rlexp.plugins import with_config_path  # `config_path=DIR`: a user's own config folders, as in `rlexp train`
 
 
@@ -76,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlexp plan: cannot compose the run config: {e}", file=sys.stderr)
         return 2
     print(report.table())
+    if too_big_for_cpu(cfg):
+        print(f"\nrefused: model={cfg.model.name} needs GPUs, but cluster={cfg.cluster.name} is CPU-only "
+              f"(cluster.device=cpu), so rlexp train would refuse it. Leave cluster= out (the model brings its GPU "
+              f"cluster) or name one with GPUs: cluster=gpu_node, cluster=slurm", file=sys.stderr)
+        return 1
     hosts_ok = print_hosts(cfg)
     if not report.ok or not hosts_ok:
         print("\nrefused: the layout does not fit (see 'fix:' lines)", file=sys.stderr)
