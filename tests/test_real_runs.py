@@ -115,11 +115,15 @@ def test_eval_offline_fails_fast_with_the_fix(tmp_path):
     env["HF_HOME"] = str(tmp_path / "hf")  # an empty cache; no network in the sandbox
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # never the real hub from a test: a closed local port
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rlexp", "eval", "benchmark=math500"], capture_output=True,
-                          text=True, timeout=120, env=env, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "rlexp", "eval", "benchmark=math500"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     took = time.perf_counter() - t
     assert proc.returncode == 2 and "huggingface-cli download HuggingFaceH4/MATH-500" in proc.stderr
     assert took < 10, took
+    # The message waits for no torch import (8 s of a loaded 2-core machine: the exception handler used to import
+    # rlexp.models.hf to name the checkpoint error it also catches).
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert "torch" not in imported and "rlexp.models.hf" not in imported
 
 
 def test_eval_run_defaults_to_its_heldout_split(tmp_path):

@@ -335,13 +335,12 @@ def run(cfg: DictConfig, argv: list[str], config_dir: str | Path = DEFAULT_CONF)
     return results
 
 
-def _checkpoint_error() -> type[Exception]:
-    try:
-        from rlexp.models.hf import CheckpointError
-
-        return CheckpointError
-    except ImportError:  # pragma: no cover
-        return FileNotFoundError
+def _is_checkpoint_error(e: BaseException) -> bool:
+    """A missing or bad model checkpoint (`rlexp.models.hf.CheckpointError`), asked without importing that module:
+    it imports torch (seconds), which a missing-dataset message must not wait for; a CheckpointError can only
+    exist once its module was imported."""
+    hf = sys.modules.get("rlexp.models.hf")
+    return hf is not None and isinstance(e, hf.CheckpointError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.run_dir and not any(o.lstrip("+~").split("=")[0] == "benchmark" for o in overrides):
             cfg.benchmark = run_heldout(Path(cfg.run_dir))  # a run without benchmark=: its own task's held-out split
         run(cfg, argv, args.config_dir)
-    except (DatasetMissing, FileNotFoundError, SelectionError, _checkpoint_error()) as e:
+    except Exception as e:
+        if not (isinstance(e, (DatasetMissing, FileNotFoundError, SelectionError)) or _is_checkpoint_error(e)):
+            raise
         print(f"rlexp eval: {e}", file=sys.stderr)
         return 2
     return 0
