@@ -107,10 +107,12 @@ class Graph:
         self.hosts.close()
 
 
-def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Path | None = None) -> Graph:
+def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Path | None = None,
+                phase: Callable[[str], object] | None = None) -> Graph:
     """Spawn every role on its hosts (into `g`, so a failure half-way still stops what started) and wire them
     into `Services`, with a respawn for each replica. Each trainer->generator pair gets its weight transport
-    from the hosts they turned out to run on (`pair_transports`: shm on one machine, monarch across)."""
+    from the hosts they turned out to run on (`pair_transports`: shm on one machine, monarch across). `phase`
+    is told when the processes are up and again when weights are loaded: the two long waits of start-up."""
     c = p.cfg
     g = g if g is not None else Graph(Hosts(c.cluster))
     hosts = g.hosts
@@ -192,6 +194,9 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
                  for k, v in enumerate(p.served_verifiers)}
     rewards = [g.spawn(f"reward{i}", RewardService, c.reward, c.environment, host=hosts.host("reward", i))
                for i in range(c.reward.replicas)]
+    if phase is not None:
+        procs = sum(len(w) for w in g.where.values())
+        phase(f"processes spawned ({procs} in {len(g.meshes)} meshes: {', '.join(g.meshes)})")
     verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}  # load while the policy loads
     setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
     times = [f.get() for f in setup]
@@ -341,8 +346,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
         with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
             graph = Graph(Hosts(p.cfg.cluster))
             phases.done(f"hosts up (cluster={p.cfg.cluster.name})")
-            build_graph(p, run_name, graph, run_dir)
-            phases.done("actors spawned, weights loaded, engines ready")
+            build_graph(p, run_name, graph, run_dir, phase=phases.done)
+            phases.done("weights loaded, engines ready")
             runlog.announce("\n".join([*graph.placement, *runlog.tracker_lines(trackers.manifest, run_dir)]))
             assert graph.services is not None
             elastic = Elastic(graph, run_dir)

@@ -20,8 +20,11 @@ def test_my_task_outside_the_package(tmp_path: Path, tag: str) -> None:
     project = tmp_path / "my_task"
     shutil.copytree(REPO / "examples" / "my_task", project, ignore=shutil.ignore_patterns("__pycache__"))
     run = tmp_path / "run"
-    rlexp("train", "config_path=conf", "environment=count_a", "reward=near_miss", "steps=2", *TINY,
-          f"hydra.run.dir={run}", cwd=project, tag=tag)
+    p = rlexp("train", "config_path=conf", "environment=count_a", "reward=near_miss", "steps=2", *TINY,
+              f"hydra.run.dir={run}", cwd=project, tag=tag)
+    phases = [line.split(" (")[0] for line in p.stderr.splitlines() if line.startswith("[rlexp] ")]
+    assert phases[:5] == ["[rlexp] started, config composed", "[rlexp] checks done", "[rlexp] hosts up",
+                          "[rlexp] processes spawned", "[rlexp] weights loaded, engines ready"], p.stderr[-3000:]
     rows = metrics(run)
     assert [r["step"] for r in rows if "reward/mean" in r] == [1, 2]  # scored by NearMiss in the reward actor
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2]  # CountA's held-out check
@@ -45,4 +48,40 @@ def test_my_task_outside_the_package(tmp_path: Path, tag: str) -> None:
     # From elsewhere: the manifest alone brings back the config folder and the plug-in (hash-checked).
     p = rlexp("reproduce", str(run), cwd=tmp_path, tag=tag)
     assert "reproduced bit for bit" in p.stdout and "plug-in mytask.tasks" in p.stdout, p.stdout[-3000:]
+    assert wait_no_orphans(tag) == []
+
+
+WRAPPER = """import sys
+import wraptasks  # registers count_w; a module beside this script, not listed in plugins
+from rlexp.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_wrapper_script_route(tmp_path: Path, tag: str) -> None:
+    """The route the issue saw die in the reward actor 73 s in: a script imports its own module (which registers a
+    name) and calls `rlexp.cli.main`, run from another folder. The actors import that module too."""
+    import subprocess
+    import sys
+
+    from tests.conftest import tagged_env
+
+    project = tmp_path / "my_task"
+    shutil.copytree(REPO / "examples" / "my_task", project, ignore=shutil.ignore_patterns("__pycache__"))
+    (project / "wraptasks.py").write_text("from mytask.tasks import CountA\nfrom rlexp.envs.base import register_env"
+                                          "\n\n\n@register_env('count_w')\nclass CountW(CountA):\n    pass\n")
+    (project / "run.py").write_text(WRAPPER)
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    p = subprocess.run([sys.executable, str(project / "run.py"), "train", f"config_path={project / 'conf'}",
+                        "environment=count_a", "environment.name=count_w", "reward=near_miss", "steps=1", *TINY,
+                        f"hydra.run.dir={run}"], cwd=elsewhere, env=tagged_env(tag), capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    assert [r["step"] for r in metrics(run) if "reward/mean" in r] == [1]
+    m = json.loads((run / "manifest.json").read_text())
+    assert {"module": "wraptasks", "by_name": True}.items() <= next(
+        e for e in m["plugins"] if e["module"] == "wraptasks").items()
     assert wait_no_orphans(tag) == []
