@@ -1,6 +1,7 @@
 """A user's own environment, reward and rule, named by import path or listed in `plugins`, from outside the
 package (rlexp.registry, rlexp.plugins): refused before anything spawns when they cannot be used, recorded with
-hashes, and checked again by `rlexp reproduce`. The end-to-end run of examples/my_task is tests/test_my_task.py."""
+hashes, and checked again by `rlexp reproduce`.
+End-to-end runs of examples/my_task: tests/test_install.py (the wheel) and tests/test_my_task.py (a script)."""
 from __future__ import annotations
 
 import json
@@ -327,3 +328,23 @@ def test_plan_takes_the_users_config_folders(project: Path, capsys: pytest.Captu
     assert "memory plan for model=qwen3_8b" in out and "s per step" in out
     assert plan_cli.main(["config_path=nowhere", "environment=count_a"]) == 2
     assert "config_path: nowhere is not a folder" in capsys.readouterr().err
+
+
+def test_described_plugin_names_its_git_commit_and_package_version(project: Path) -> None:
+    """What the manifest records to find the code again: the commit of a project under git (dirty when edited) and
+    the version of an installed distribution."""
+    from importlib import metadata
+
+    import omegaconf
+
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "task"], cwd=project, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
+    check_config(composed(project, "environment=count_a", "plugins=[mytask.tasks]"))
+    entry = describe_plugins(["mytask.tasks"])[0]
+    assert (entry["git_commit"], entry["git_dirty"], entry["version"]) == (head, False, None)
+    (project / "mytask" / "tasks.py").write_text((project / "mytask" / "tasks.py").read_text() + "# edit\n")
+    assert describe_plugins(["mytask.tasks"])[0]["git_dirty"] is True
+    assert describe_plugins([omegaconf.__name__])[0]["version"] == metadata.version("omegaconf")
