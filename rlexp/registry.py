@@ -18,12 +18,31 @@ from rlexp.config.validate import ConfigError
 
 T = TypeVar("T", bound=type)
 
-# Modules imported through a `module:Class` name in this process, in import order: what the manifest describes.
+# Modules outside rlexp whose classes a lookup in this process returned (a `module:Class` name, or a name such a
+# module registered), in lookup order: what the manifest describes and every actor imports.
 IMPORTED: dict[str, None] = {}
+# Of those, the modules found by a registered name rather than by import path: a re-run must list them in `plugins`.
+BY_NAME: dict[str, None] = {}
 
 
 class PluginError(ConfigError):
     """A plug-in named in config cannot be used: its module does not import, or it is not of the right kind."""
+
+
+def _used(cls: type, kind: str, name: str, by_name: bool) -> None:
+    """Record a class outside rlexp as used. One defined in the script that was run (`__main__`) is refused: the
+    actor processes run another `__main__`, so they could never find it (the run would die in its first actor)."""
+    module = cls.__module__
+    if module == "__main__":
+        file = getattr(sys.modules.get("__main__"), "__file__", None) or "the interactive session"
+        raise PluginError(f"{kind} {name}: {cls.__qualname__} is defined in the script being run ({file}); rlexp's "
+                          f"actor processes cannot import a script's own classes. Move it into a module beside the "
+                          f"script (e.g. tasks.py) and name it as tasks:{cls.__qualname__}, or import that module "
+                          f"(plugins=[tasks])")
+    if module != "rlexp" and not module.startswith("rlexp."):
+        IMPORTED[module] = None
+        if by_name:
+            BY_NAME[module] = None
 
 
 def is_path(name: str) -> bool:
@@ -80,9 +99,11 @@ class Registry(Generic[T]):
             if not (isinstance(cls, type) and issubclass(cls, self.base)):
                 raise PluginError(f"{self.kind} {name}: {attr} is {cls!r}, not a subclass of "
                                   f"{self.base.__module__}.{self.base.__qualname__}")
-            IMPORTED[module] = None  # only code that is used: what the manifest records and reproduce checks
+            _used(cls, self.kind, name, by_name=False)  # only code that is used: what the manifest records
             return cls  # type: ignore[return-value]
         if name not in self._classes:
             raise PluginError(f"unknown {self.kind} {name!r}; choose one of {self.names()}, or name your own "
                               f"class as package.module:Class ({self.hint})")
-        return self._classes[name]
+        cls = self._classes[name]
+        _used(cls, self.kind, repr(name), by_name=True)  # a user's module registered it: the actors need it too
+        return cls

@@ -149,18 +149,20 @@ def test_check_exit_code_follows_focus(toy: Path, tmp_path: Path):
 
 
 def _layered(tmp_path: Path, extra: dict[str, str]) -> Path:
-    """A tree whose modules sit in the real layers: types < components (models, transport) < orchestration
-    (launcher) < entry points (cli), every import pointing down or sideways."""
+    """A tree whose modules sit in the real layers: types < core (weights) < components (models, transport) <
+    orchestration (run.launcher) < entry points (cli), every import pointing down or sideways."""
     return write_pkg(tmp_path, {
         "rlexp/__init__.py": "",
         "rlexp/types.py": "X = 1\n",
-        "rlexp/weights.py": "from rlexp.types import X\n",
+        "rlexp/core/__init__.py": "",
+        "rlexp/core/weights.py": "from rlexp.types import X\n",
         "rlexp/models/__init__.py": "",
-        "rlexp/models/hf.py": "from rlexp.weights import X\n",
+        "rlexp/models/hf.py": "from rlexp.core.weights import X\n",
         "rlexp/transport/__init__.py": "",
-        "rlexp/transport/shm.py": "from rlexp.weights import X\nfrom rlexp.models import hf\n",
-        "rlexp/launcher.py": "from rlexp.transport import shm\n",
-        "rlexp/cli.py": "def main():\n    from rlexp import launcher\n",
+        "rlexp/transport/shm.py": "from rlexp.core.weights import X\nfrom rlexp.models import hf\n",
+        "rlexp/run/__init__.py": "",
+        "rlexp/run/launcher.py": "from rlexp.transport import shm\n",
+        "rlexp/cli.py": "def main():\n    from rlexp.run import launcher\n",
         **extra,
     })
 
@@ -182,7 +184,7 @@ def test_check_fails_on_a_package_cycle_even_without_a_module_cycle(tmp_path: Pa
     assert "- module cycles (SCCs > 1): 0" in bad.stdout
 
 
-def test_check_fails_on_an_upward_import_not_allowed(tmp_path: Path):
+def test_check_fails_on_an_upward_import_not_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     root = _layered(tmp_path, {"rlexp/bench.py": "X = 1\n",  # an entry point importing nothing: no cycle
                                "rlexp/models/tokenizer.py": "def f():\n    from rlexp.bench import X\n"})
     bad = run_script("--root", str(root), "--check")
@@ -191,13 +193,19 @@ def test_check_fails_on_an_upward_import_not_allowed(tmp_path: Path):
                                   "rlexp.bench (entry points)")
     assert "rlexp.models.tokenizer (components) -> rlexp.bench (entry points), function line 2: NOT ALLOWED" \
         in bad.stdout
-    # An allow-listed upward import (today's `actors.trainer -> checkpoints`) passes, named as allowed.
-    root = _layered(tmp_path / "b", {"rlexp/actors/__init__.py": "", "rlexp/checkpoints.py": "",
-                                     "rlexp/actors/trainer.py": "from rlexp.checkpoints import safe_load\n"})
-    ok = run_script("--root", str(root), "--check")
-    assert ok.returncode == 0, ok.stderr
-    assert "rlexp.actors.trainer (components) -> rlexp.checkpoints (orchestration), top line 1: allowed" in ok.stdout
-    assert ig.layer_of("rlexp.cluster.plan_cli") == 3 and ig.layer_of("rlexp.models.hf") == 1
+    # An allow-listed upward import passes, named as allowed (the real list is empty: no upward import is left).
+    root = _layered(tmp_path / "b", {"rlexp/actors/__init__.py": "", "rlexp/run/checkpoints.py": "",
+                                     "rlexp/actors/trainer.py": "from rlexp.run.checkpoints import safe_load\n"})
+    edge = ("rlexp.actors.trainer", "rlexp.run.checkpoints")
+    text, failures = ig.report(ig.build_graph(root), ig.DEFAULT_FOCUS, root)
+    assert failures and "upward import" in failures[0]
+    monkeypatch.setitem(ig.ALLOWED_UPWARD, edge, "a test's exception")
+    text, failures = ig.report(ig.build_graph(root), ig.DEFAULT_FOCUS, root)
+    assert failures == [], failures
+    assert ("rlexp.actors.trainer (components) -> rlexp.run.checkpoints (orchestration), top line 1: allowed"
+            in text)
+    assert ig.layer_of("rlexp.cluster.plan_cli") == 4 and ig.layer_of("rlexp.models.hf") == 2
+    assert ig.layer_of("rlexp.core.services") == 1 and ig.layer_of("rlexp.run.wiring") == 3
     assert ig.layer_of("rlexp") is None
 
 

@@ -1,5 +1,6 @@
 """A non-editable `pip install .` into a new venv finds its configs (they ship inside the package) and
-`rlexp train` runs from another directory.
+`rlexp train` runs from another directory; examples/my_task, copied out of the repository, runs its README route
+against that wheel (train, sweep, compare, reproduce), with the start-up phase lines of a real run.
 
 The new venv sees the test venv's dependencies through a .pth line (no network here, and torch/vLLM
 wheels are large); rlexp itself is built and installed from a copy of the tracked files, not linked.
@@ -51,14 +52,31 @@ def test_wheel_install_trains_from_another_directory(tmp_path: Path) -> None:
     assert "[rlexp] done: 5 steps" in out.stdout
     assert (tmp_path / "run" / "metrics.jsonl").exists()
 
-    # A user's project outside the package (examples/my_task) against the installed wheel: its own environment
-    # and reward, found through its config folder and plug-in list, in the controller and the actors.
+    # A user's project outside the package (examples/my_task) against the installed wheel, as its README runs it
+    # from its own folder: train, a two-seed sweep from its own preset, compare, and a reproduce from elsewhere
+    # that finds the project's code again through the manifest alone (hash-checked), bit for bit.
     project = elsewhere / "my_task"
     shutil.copytree(REPO / "examples" / "my_task", project, ignore=shutil.ignore_patterns("__pycache__"))
-    out = subprocess.run([str(venv / "bin" / "rlexp"), "train", "config_path=conf", "environment=count_a",
-                          "reward=near_miss", "steps=2", "algorithm.prompts_per_step=8", "algorithm.group_size=4",
-                          "eval.every_n_steps=2", f"hydra.run.dir={tmp_path / 'my_run'}"],
-                         cwd=project, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = [line for line in (tmp_path / "my_run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    small = ["environment=count_a", "reward=near_miss", "steps=2", "algorithm.prompts_per_step=8",
+             "algorithm.group_size=4", "eval.every_n_steps=2"]
+
+    def rlexp(*args: str, cwd: Path = project) -> subprocess.CompletedProcess:
+        p = subprocess.run([str(venv / "bin" / "rlexp"), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, f"rlexp {' '.join(args)}\n" + p.stdout[-3000:] + p.stderr[-3000:]
+        return p
+
+    run = tmp_path / "my_run"
+    p = rlexp("train", "config_path=conf", *small, f"hydra.run.dir={run}")
+    rows = [line for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(rows) >= 2 and '"reward/mean"' in rows[-1]
+    phases = [line.split(" (")[0] for line in p.stderr.splitlines() if line.startswith("[rlexp] ")]
+    assert phases[:5] == ["[rlexp] started, config composed", "[rlexp] checks done", "[rlexp] hosts up",
+                          "[rlexp] processes spawned", "[rlexp] weights loaded, engines ready"], p.stderr[-3000:]
+    sweep = tmp_path / "my_sweep"
+    rlexp("train", "-m", "config_path=conf", "+sweeps=two_seeds", *small, f"hydra.sweep.dir={sweep}")
+    assert sorted(d.name for d in sweep.iterdir() if (d / "metrics.jsonl").is_file()) == ["0", "1"]
+    p = rlexp("compare", str(sweep), "--out", str(tmp_path / "my_compare"))
+    assert "seed" in p.stdout and (tmp_path / "my_compare" / "compare.md").is_file()
+    p = rlexp("reproduce", str(run), cwd=tmp_path)
+    assert "reproduced bit for bit" in p.stdout and "plug-in mytask.tasks" in p.stdout, p.stdout[-3000:]

@@ -1,6 +1,7 @@
 """A user's own environment, reward and rule, named by import path or listed in `plugins`, from outside the
 package (rlexp.registry, rlexp.core.plugins): refused before anything spawns when they cannot be used, recorded with
-hashes, and checked again by `rlexp reproduce`. The end-to-end run of examples/my_task is tests/test_my_task.py."""
+hashes, and checked again by `rlexp reproduce`.
+End-to-end runs of examples/my_task: tests/test_install.py (the wheel) and tests/test_my_task.py (a script)."""
 from __future__ import annotations
 
 import json
@@ -17,12 +18,17 @@ from rlexp.config.overrides import OverrideError
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
 from rlexp.config.validate import ConfigError
-from rlexp.core.plugins import describe_config_dirs, describe_plugins, recorded_changes
+from rlexp.core.plugins import (
+    describe_config_dirs,
+    describe_plugins,
+    recorded_changes,
+    recorded_folders,
+    with_config_path,
+)
 from rlexp.registry import IMPORTED, PluginError, Registry
 from rlexp.run.prepare import check_config
 from rlexp.tracking import reproduce
 from rlexp.tracking.manifest import Manifest
-from rlexp.train import with_config_path
 from tests.conftest import REPO, tagged_env
 
 EXAMPLE = REPO / "examples" / "my_task"
@@ -210,3 +216,142 @@ def test_a_refused_import_path_is_not_recorded_as_a_plugin() -> None:
     with pytest.raises(PluginError, match="not a subclass"):
         ENVIRONMENTS.get("builtins:dict")
     assert "builtins" not in IMPORTED
+
+
+WRAPPED = '''"""A module a user's own script imports before calling rlexp (not listed in `plugins`)."""
+from mytask.tasks import CountA
+from rlexp.envs.base import register_env
+
+
+@register_env("count_w")
+class CountW(CountA):
+    pass
+'''
+
+
+@pytest.fixture
+def wrapped(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """`wraptasks` in a folder of its own (neither the working folder nor a config folder's parent), imported the
+    way a wrapper script imports it; what it registers is removed again afterwards."""
+    from rlexp.envs.base import ENVIRONMENTS
+    from rlexp.registry import BY_NAME
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "wraptasks.py").write_text(WRAPPED)
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.syspath_prepend(str(project))
+    import wraptasks  # noqa: F401  (registers count_w)
+
+    yield lib
+    ENVIRONMENTS._classes.pop("count_w", None)
+    for record in (IMPORTED, BY_NAME):
+        record.pop("wraptasks", None)
+    sys.modules.pop("wraptasks", None)
+
+
+def test_a_name_a_wrapper_script_registered_reaches_every_process(project: Path, wrapped: Path,
+                                                                   tmp_path: Path) -> None:
+    """The route the issue saw fail 73 s in: a script imports its module and calls rlexp. `prepare` hands that
+    module and its folder to the actors, and a fresh process (an actor's start, run from another folder) finds
+    the name. Before, the reward actor died with `unknown environment`."""
+    import os
+
+    from rlexp.core.plugins import PLUGINS_ENV
+    from rlexp.run.prepare import prepare
+
+    p = prepare(composed(project, "environment=count_a", "reward=near_miss", "environment.name=count_w"))
+    spec = json.loads(os.environ[PLUGINS_ENV])
+    assert "wraptasks" in spec["modules"] and str(wrapped) in spec["paths"]
+    entry = next(e for e in p.extra["plugins"] if e["module"] == "wraptasks")
+    assert entry["by_name"] is True and entry["file"] == str(wrapped / "wraptasks.py")
+    code = ("from rlexp.core.plugins import activate_from_env; activate_from_env(); "
+            "from rlexp.envs.registry import env_class; print(env_class('count_w').__module__)")
+    out = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "wraptasks", out.stderr[-2000:]
+
+    m = Manifest.from_dict({"overrides": ["environment=count_a", "reward=near_miss", "environment.name=count_w",
+                                          f"config_path=['{project / 'conf'}']"],
+                            "config": {"plugins": []}, "plugins": p.extra["plugins"],
+                            "config_path": p.extra["config_path"],
+                            "hydra": {"config_name": "train", "runtime_cwd": str(project)}})
+    cmd = reproduce.build_command(m, tmp_path / "new")
+    assert "plugins=[wraptasks]" in cmd  # the re-run imports it itself, found in its recorded folder
+    folders = recorded_folders(m.extra["plugins"])
+    assert str(wrapped) in folders and str(project) in folders
+
+
+def test_a_class_defined_in_the_script_being_run_is_refused() -> None:
+    """Actor processes run another `__main__`: a class defined there could never be found by them."""
+    from rlexp.envs.base import Environment
+
+    reg: Registry[type[Environment]] = Registry("environment", Environment, "a subclass of Environment")
+    reg.register("in_script")(type("InScript", (Environment,), {"__module__": "__main__"}))
+    with pytest.raises(PluginError, match=r"environment 'in_script': InScript is defined in the script being run"):
+        reg.get("in_script")
+
+
+def test_eval_of_a_plugin_run_from_another_folder(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlexp eval run=DIR` scores the run's own task (a user's plug-in) from any folder: the manifest says where
+    the plug-in was. Before, it failed with `cannot import module 'mytask.tasks'` outside the project folder."""
+    from omegaconf import OmegaConf
+
+    from rlexp.config.model import ModelConfig
+    from rlexp.evals.cli import main
+    from rlexp.models.tiny import ensure_tiny_checkpoint
+
+    cfg = composed(project, "environment=count_a", "reward=near_miss")
+    run = tmp_path / "run"
+    ensure_tiny_checkpoint(ModelConfig(), run / "checkpoints" / "final")
+    from rlexp.envs.registry import env_class
+
+    env_class(check_config(cfg).environment.name)  # imported as the run did: described with its file and hash
+
+    (run / "manifest.json").write_text(json.dumps({
+        "config": OmegaConf.to_container(cfg, resolve=True), "choices": {"environment": "count_a"},
+        "plugins": describe_plugins(["mytask.tasks"]), "config_path": describe_config_dirs([str(project / "conf")]),
+        "hydra": {"runtime_cwd": str(project)}}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(project))])
+    for name in [m for m in sys.modules if m == "mytask" or m.startswith("mytask.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert main([f"run={run}", "max_samples=4", "batch_size=4", "--out", str(tmp_path / "out")]) == 0
+    rows = (tmp_path / "out" / "samples_count_a_heldout.jsonl").read_text().splitlines()
+    assert len(rows) == 4 and sys.modules["mytask.tasks"].__file__ == str(project / "mytask" / "tasks.py")
+    assert "count_a_heldout" in capsys.readouterr().out
+
+
+def test_plan_takes_the_users_config_folders(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlexp plan` sizes a user's own task for a real model as `rlexp train` would compose it (it used to stop
+    at `Could not find 'reward/near_miss'`)."""
+    from rlexp.cluster import plan_cli
+
+    assert plan_cli.main(["config_path=conf", "environment=count_a", "reward=near_miss", "model=qwen3_8b"]) == 0
+    out = capsys.readouterr().out
+    assert "memory plan for model=qwen3_8b" in out and "s per step" in out
+    assert plan_cli.main(["config_path=nowhere", "environment=count_a"]) == 2
+    assert "config_path: nowhere is not a folder" in capsys.readouterr().err
+
+
+def test_described_plugin_names_its_git_commit_and_package_version(project: Path) -> None:
+    """What the manifest records to find the code again: the commit of a project under git (dirty when edited) and
+    the version of an installed distribution."""
+    from importlib import metadata
+
+    import omegaconf
+
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=project, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-qm", "task"], cwd=project, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
+    check_config(composed(project, "environment=count_a", "plugins=[mytask.tasks]"))
+    entry = describe_plugins(["mytask.tasks"])[0]
+    assert (entry["git_commit"], entry["git_dirty"], entry["version"]) == (head, False, None)
+    (project / "mytask" / "tasks.py").write_text((project / "mytask" / "tasks.py").read_text() + "# edit\n")
+    assert describe_plugins(["mytask.tasks"])[0]["git_dirty"] is True
+    assert describe_plugins([omegaconf.__name__])[0]["version"] == metadata.version("omegaconf")

@@ -71,6 +71,13 @@ def test_plan_exits_nonzero_without_a_cluster_argument(capsys):
     assert "80 GiB" in out and "s per step" in out and "h for 300 steps" in out
 
 
+def test_plan_refuses_a_real_model_on_a_cpu_cluster(capsys):
+    """`cluster=local` is CPU-only: a GPU plan with no memory limit used to print "3 GPU(s)" and exit 0."""
+    assert plan_cli.main(["model=qwen3_8b", "cluster=local"]) == 1
+    assert "needs GPUs, but cluster=local is CPU-only" in capsys.readouterr().err
+    assert plan_cli.main([]) == 0  # the tiny CPU demo plans on CPU
+
+
 def test_time_estimate_follows_mfu_and_peak():
     c = compose_run_config(["model=qwen3_8b", "cluster.mfu=0.4"])
     t1 = plan_memory(c).time.step_s
@@ -108,11 +115,15 @@ def test_eval_offline_fails_fast_with_the_fix(tmp_path):
     env["HF_HOME"] = str(tmp_path / "hf")  # an empty cache; no network in the sandbox
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # never the real hub from a test: a closed local port
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "rlexp", "eval", "benchmark=math500"], capture_output=True,
-                          text=True, timeout=120, env=env, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "rlexp", "eval", "benchmark=math500"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     took = time.perf_counter() - t
     assert proc.returncode == 2 and "huggingface-cli download HuggingFaceH4/MATH-500" in proc.stderr
     assert took < 10, took
+    # The message waits for no torch import (8 s of a loaded 2-core machine: the exception handler used to import
+    # rlexp.models.hf to name the checkpoint error it also catches).
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time")}
+    assert "torch" not in imported and "rlexp.models.hf" not in imported
 
 
 def test_eval_run_defaults_to_its_heldout_split(tmp_path):

@@ -5,7 +5,10 @@ Counts every mesh the run spawns on GPUs: the trainer, the generators, and the m
 serves (reward=weaver / verifier_mean / verifier_vote: every reward_model and lm_judge of `verifier_set`;
 single_rm: the one it picks), one GPU per verifier replica at the set's `memory_gb`.
 
-Exit codes: 0 fits, 1 does not fit (the table ends with what to change), 2 config error.
+User config folders (`config_path=DIR` or `config_path=[DIR,...]`) are searched as `rlexp train` searches them.
+
+Exit codes: 0 fits, 1 does not fit (the table ends with what to change; also a real model on a CPU-only
+cluster), 2 config error.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ from omegaconf import OmegaConf
 from rlexp.cluster.layout import check_hosts_fit, gpu_layout
 from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, plan_memory
 from rlexp.config.paths import CONF_DIR
-from rlexp.config.validate import ConfigError
+from rlexp.config.validate import ConfigError, too_big_for_cpu
+from rlexp.core.plugins import with_config_path  # `config_path=DIR`: a user's own config folders, as in `rlexp train`
 
 
 def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config_name: str = "train") -> Any:
@@ -64,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-name", default="train")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = compose_run_config(args.overrides, args.config_dir, args.config_name)
+        cfg = compose_run_config(with_config_path(args.overrides), args.config_dir, args.config_name)
         report = plan_memory(cfg, args.headroom)
     except PlanError as e:
         print(f"rlexp plan: {e}", file=sys.stderr)
@@ -73,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlexp plan: cannot compose the run config: {e}", file=sys.stderr)
         return 2
     print(report.table())
+    if too_big_for_cpu(cfg):
+        print(f"\nrefused: model={cfg.model.name} needs GPUs, but cluster={cfg.cluster.name} is CPU-only "
+              f"(cluster.device=cpu), so rlexp train would refuse it. Leave cluster= out (the model brings its GPU "
+              f"cluster) or name one with GPUs: cluster=gpu_node, cluster=slurm", file=sys.stderr)
+        return 1
     hosts_ok = print_hosts(cfg)
     if not report.ok or not hosts_ok:
         print("\nrefused: the layout does not fit (see 'fix:' lines)", file=sys.stderr)

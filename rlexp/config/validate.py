@@ -157,7 +157,7 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
             f"reloads the input embedding but not its tied output copy, so the generator would sample from a "
             f"mix of policies (measured: logprob differences up to 1.7 nats). Use generator=titan, an untied "
             f"model, or a GPU (cluster=gpu_node)")
-    if c.model.flavor != "tiny" and c.cluster.device == "cpu" and c.model.arch.dim >= 1024:
+    if too_big_for_cpu(c):
         missing = [f"a GPU: cluster={c.cluster.name} is CPU-only; run on a GPU node with cluster=gpu_node (or slurm)"]
         try:
             if check_weights is not None:
@@ -171,6 +171,12 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
     if c.eval.every_n_steps < 0:
         raise ConfigError("eval.every_n_steps must be >= 0 (0 = only at the start and the end)")
     _check_trainer_layout(c)
+
+
+def too_big_for_cpu(c: Any) -> bool:
+    """A billion-parameter model on a CPU-only cluster: `rlexp train` refuses it, and `rlexp plan` says so too
+    (a GPU memory plan for a cluster without GPUs would read as a plan that fits)."""
+    return bool(c.model.flavor != "tiny" and c.cluster.device == "cpu" and c.model.arch.dim >= 1024)
 
 
 def _check_trainer_layout(c: Any) -> None:

@@ -23,7 +23,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from rlexp.registry import IMPORTED, PluginError, import_module
+from rlexp.config.validate import ConfigError
+from rlexp.registry import BY_NAME, IMPORTED, PluginError, import_module
 
 PLUGINS_ENV = "RLEXP_PLUGINS"  # JSON {"modules": [...], "paths": [...]}, set by the controller, read by actors
 
@@ -55,8 +56,21 @@ def activate_from_env() -> None:
 
 
 def used_modules(modules: Sequence[str]) -> list[str]:
-    """`modules`, then every module a `module:Class` name imported in this process, each once."""
+    """`modules`, then every module outside rlexp whose class a lookup returned in this process, each once."""
     return list(dict.fromkeys([*modules, *IMPORTED]))
+
+
+def module_folders(modules: Sequence[str]) -> list[str]:
+    """The folder holding each module's top-level package (or single-file module): where another process finds it,
+    also when it was imported by a script run from elsewhere rather than found through `config_path`."""
+    return list(dict.fromkeys(str(source_root(m)[1].parent) for m in modules))
+
+
+def export_used(modules: Sequence[str], config_path: Sequence[str]) -> None:
+    """After every lookup of `prepare`: the modules the run uses (`used_modules`: also one that a wrapper script
+    imported and whose registered names the config uses) and their folders, for every actor started later."""
+    used = used_modules(modules)
+    activate(used, [*search_paths(config_path), *module_folders(used)])
 
 
 def _sha256_files(files: Iterable[Path], root: Path) -> str:
@@ -92,7 +106,9 @@ def _git(folder: Path, *args: str) -> str | None:
 
 
 def describe_plugins(modules: Sequence[str]) -> list[dict[str, Any]]:
-    """One manifest entry per plug-in module: import path, file, source sha256, distribution version, git."""
+    """One manifest entry per plug-in module: import path, file, source sha256, distribution version, git, and
+    `by_name` when the config used a name it registered (so a re-run lists it in `plugins`: it may have been
+    imported by a wrapper script rather than by rlexp)."""
     dists = metadata.packages_distributions()
     out = []
     for m in modules:
@@ -108,7 +124,7 @@ def describe_plugins(modules: Sequence[str]) -> list[dict[str, Any]]:
         commit = _git(folder, "rev-parse", "HEAD")
         dirty = bool(_git(folder, "status", "--porcelain", "--", ".")) if commit else None
         out.append({"module": m, "file": str(file), "sha256": source_hash(m), "version": version,
-                    "git_commit": commit, "git_dirty": dirty})
+                    "git_commit": commit, "git_dirty": dirty, "by_name": m in BY_NAME})
     return out
 
 
@@ -120,6 +136,30 @@ def config_dir_hash(folder: str | os.PathLike[str]) -> str:
 def describe_config_dirs(dirs: Sequence[str]) -> list[dict[str, str]]:
     """One manifest entry per user config folder: its absolute path and a hash of its YAML files."""
     return [{"path": str(Path(d).resolve()), "sha256": config_dir_hash(d)} for d in dirs]
+
+
+def recorded_folders(plugins: Any) -> list[str]:
+    """The folder above each recorded plug-in's top-level package (`a.b` in /x/a/b.py: /x), from a manifest's
+    `plugins` entries: where another process finds them again, whichever folder the run started in."""
+    out = []
+    for p in plugins or []:
+        if isinstance(p, dict) and isinstance(p.get("file"), str) and isinstance(p.get("module"), str):
+            file, depth = Path(p["file"]), len(p["module"].split("."))
+            up = depth - 1 + (file.name == "__init__.py")
+            if 0 <= up < len(file.parents):
+                out.append(str(file.parents[up]))
+    return list(dict.fromkeys(out))
+
+
+def activate_recorded(plugins: Any, config_dirs: Any, cwd: str | None) -> list[str]:
+    """In a process that reads a finished run (`rlexp eval run=DIR`): import the run's plug-ins from where the
+    manifest says they were, so its environment resolves from any folder. Returns `recorded_changes` (a caller
+    warns: the code is no longer what the run used)."""
+    dirs = [str(d["path"]) for d in config_dirs or [] if isinstance(d, dict) and isinstance(d.get("path"), str)]
+    modules = [str(p["module"]) for p in plugins or [] if isinstance(p, dict) and isinstance(p.get("module"), str)]
+    paths = [*search_paths(dirs, cwd if cwd and Path(cwd).is_dir() else None), *recorded_folders(plugins)]
+    activate(modules, paths)
+    return recorded_changes(plugins, config_dirs)
 
 
 def recorded_changes(plugins: Any, config_dirs: Any) -> list[str]:
@@ -148,3 +188,36 @@ def recorded_changes(plugins: Any, config_dirs: Any) -> list[str]:
         if now != p.get("sha256"):
             out.append(f"plug-in {p['module']} ({file}): its source changed since the run")
     return out
+
+
+def with_config_path(argv: list[str]) -> list[str]:
+    """`config_path=DIR` or `config_path=[DIR,...]` (user config folders beside the shipped presets) made absolute,
+    checked to exist, and put on Hydra's search path (`hydra.searchpath`, derived here, so a recorded run replays
+    `config_path` alone). A `hydra.searchpath=[file://DIR]` typed by hand is taken as `config_path` (so it is
+    recorded too); other search-path schemes are refused. A folder that is not there is refused before Hydra
+    composes anything."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out, dirs = [], []
+    for a in argv:
+        key = a.split("=", 1)[0].lstrip("+")
+        if key not in ("config_path", "hydra.searchpath"):
+            out.append(a)
+            continue
+        value = OverridesParser.create().parse_override(a).value()
+        for d in (value if isinstance(value, list) else [value]):
+            if key == "hydra.searchpath":
+                if not str(d).startswith("file://"):
+                    raise ConfigError(f"hydra.searchpath: {d} is not a file:// folder; give user config folders as "
+                                      f"config_path=[DIR,...]")
+                d = str(d)[len("file://"):]
+            path = Path(str(d)).expanduser().resolve()
+            if not path.is_dir():
+                raise ConfigError(f"config_path: {d} is not a folder (resolved: {path}); give folders holding "
+                                  f"config groups such as environment/, reward/, sweeps/")
+            dirs.append(str(path))
+    if not dirs:
+        return out
+    quoted = ",".join("'" + d.replace("'", "\\'") + "'" for d in dirs)
+    files = ",".join("'file://" + d.replace("'", "\\'") + "'" for d in dirs)
+    return [*out, f"config_path=[{quoted}]", f"hydra.searchpath=[{files}]"]

@@ -167,16 +167,24 @@ def compose(overrides: list[str], config_dir: str | Path = DEFAULT_CONF) -> Dict
 
 def run_heldout(run_dir: Path) -> dict[str, Any]:
     """The `benchmark` node that scores a run's own task: its environment's held-out split (`eval_split`), at the
-    run's answer length, as evaluation during training does. Read from the run's manifest (resolved config)."""
+    run's answer length, as evaluation during training does. Read from the run's manifest (resolved config). A
+    run of a user's own task brings back its plug-ins from where the manifest recorded them (so this works from
+    any folder), with a warning when their source changed since; the benchmark is named by the config option
+    (`count_a_heldout`), not by an import path."""
+    from rlexp.core.plugins import activate_recorded
     from rlexp.tracking.manifest import MANIFEST_NAME, read_manifest
 
     path = run_dir.expanduser() / MANIFEST_NAME
     if not path.exists():
         raise FileNotFoundError(f"run={run_dir}: no manifest.json (not an rlexp run folder?); or name a benchmark, "
                                 f"e.g. benchmark=gsm8k")
-    c = read_manifest(path.parent).config
+    m = read_manifest(path.parent)
+    for change in activate_recorded(m.extra.get("plugins"), m.extra.get("config_path"), m.hydra.runtime_cwd):
+        log.warning("%s: the held-out split is built by today's code, not the run's", change)
+    c = m.config
     env = c["environment"]
-    return {f"{env['name']}_heldout": {"environment": env, "max_tokens": c["algorithm"]["max_tokens"]}}
+    name = str(m.choices.get("environment") or env["name"]) if ":" in str(env["name"]) else str(env["name"])
+    return {f"{name}_heldout": {"environment": env, "max_tokens": c["algorithm"]["max_tokens"]}}
 
 
 def model_dir_of(cfg: DictConfig, config_dir: str | Path = DEFAULT_CONF) -> tuple[Path, str]:
@@ -327,13 +335,12 @@ def run(cfg: DictConfig, argv: list[str], config_dir: str | Path = DEFAULT_CONF)
     return results
 
 
-def _checkpoint_error() -> type[Exception]:
-    try:
-        from rlexp.models.hf import CheckpointError
-
-        return CheckpointError
-    except ImportError:  # pragma: no cover
-        return FileNotFoundError
+def _is_checkpoint_error(e: BaseException) -> bool:
+    """A missing or bad model checkpoint (`rlexp.models.hf.CheckpointError`), asked without importing that module:
+    it imports torch (seconds), which a missing-dataset message must not wait for; a CheckpointError can only
+    exist once its module was imported."""
+    hf = sys.modules.get("rlexp.models.hf")
+    return hf is not None and isinstance(e, hf.CheckpointError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,7 +371,9 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.run_dir and not any(o.lstrip("+~").split("=")[0] == "benchmark" for o in overrides):
             cfg.benchmark = run_heldout(Path(cfg.run_dir))  # a run without benchmark=: its own task's held-out split
         run(cfg, argv, args.config_dir)
-    except (DatasetMissing, FileNotFoundError, SelectionError, _checkpoint_error()) as e:
+    except Exception as e:
+        if not (isinstance(e, (DatasetMissing, FileNotFoundError, SelectionError)) or _is_checkpoint_error(e)):
+            raise
         print(f"rlexp eval: {e}", file=sys.stderr)
         return 2
     return 0

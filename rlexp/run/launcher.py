@@ -203,9 +203,11 @@ def rendezvous_port(g: Graph, c: TrainConfig, trainer_mesh: Any, world: int) -> 
     return free_port()
 
 
-def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Path | None = None) -> Graph:
+def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Path | None = None,
+                phase: Callable[[str], object] | None = None) -> Graph:
     """Spawn the roles of `rlexp.run.wiring.wiring` on their hosts (into `g`, so a failure half-way still stops what
-    started), set them up and wire them into `Services`, with a `Recovery` for each replica."""
+    started), set them up and wire them into `Services`, with a `Recovery` for each replica. `phase` is told when
+    the processes are up and again when weights are loaded: the two long waits of start-up."""
     c = p.cfg
     g = g if g is not None else Graph(Hosts(c.cluster))
     w = wiring(p)
@@ -228,6 +230,9 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     reference = g.spawn_role(with_master_port(w.reference, port)) if w.reference is not None else None
     verifiers = {role.settings.verifier.name: g.spawn_role(role) for role in w.verifiers}
     rewards = [g.spawn_role(role) for role in w.rewards]
+    if phase is not None:
+        procs = sum(len(where) for where in g.where.values())
+        phase(f"processes spawned ({procs} in {len(g.meshes)} meshes: {', '.join(g.meshes)})")
     verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}  # load while the policy loads
     setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
     times = [f.get() for f in setup]
@@ -360,8 +365,8 @@ def run(cfg: DictConfig) -> dict[str, float]:
         with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
             graph = Graph(Hosts(p.cfg.cluster))
             phases.done(f"hosts up (cluster={p.cfg.cluster.name})")
-            build_graph(p, run_name, graph, run_dir)
-            phases.done("actors spawned, weights loaded, engines ready")
+            build_graph(p, run_name, graph, run_dir, phase=phases.done)
+            phases.done("weights loaded, engines ready")
             runlog.announce("\n".join([*graph.placement, *runlog.tracker_lines(trackers.manifest, run_dir)]))
             assert graph.services is not None
             elastic = Elastic(graph, run_dir)

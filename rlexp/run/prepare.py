@@ -23,7 +23,14 @@ from rlexp.config.overrides import check_composed_keys
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError, validate
-from rlexp.core.plugins import activate, describe_config_dirs, describe_plugins, search_paths, used_modules
+from rlexp.core.plugins import (
+    activate,
+    describe_config_dirs,
+    describe_plugins,
+    export_used,
+    search_paths,
+    used_modules,
+)
 from rlexp.core.seeding import DETERMINISM_ENV, apply_process_determinism, component_seeds
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env, check_env_options
@@ -134,6 +141,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
+    export_used(t.plugins, t.config_path)  # the actors import what the lookups above used
     extra["plugins"] = describe_plugins(used_modules(t.plugins))  # what `rlexp reproduce` checks before a re-run
     extra["config_path"] = describe_config_dirs(t.config_path)
     return Prepared(t, env, model_dir, seeds, extra, benchmarks, served)

@@ -39,7 +39,7 @@ from typing import Any
 
 from rlexp.config.overrides import RUN_DIR_KEYS, OverrideError, check_config_name, check_overrides
 from rlexp.config.paths import CONF_DIR
-from rlexp.core.plugins import recorded_changes
+from rlexp.core.plugins import recorded_changes, recorded_folders
 
 from .base import METRICS_FILE
 from .manifest import Manifest, ManifestError, read_manifest
@@ -181,6 +181,7 @@ def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
     recorded = check_overrides(manifest.overrides, f"{source} overrides", conf_dirs)
     check_user_code(recorded, user_dirs, manifest, source)
     overrides = [o for o in recorded if _override_key(o) not in RUN_DIR_KEYS]
+    overrides += by_name_plugins(manifest)
     extra_keys = {_override_key(e) for e in extra}
     overrides = [o for o in overrides if _override_key(o) not in extra_keys] + list(extra)
     redacted = [o for o in overrides if REDACTED in o]
@@ -193,6 +194,19 @@ def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
     if name:
         cmd += ["--config-name", name]
     return [*cmd, *overrides, f"hydra.run.dir={_quote_value(str(new_dir))}"]
+
+
+def by_name_plugins(manifest: Manifest) -> list[str]:
+    """A `plugins=[...]` override for the modules whose registered names the run used without listing them in its
+    `plugins` (a wrapper script imported them before calling rlexp): the re-run imports them itself. Empty when
+    there are none."""
+    listed = list(manifest.config.get("plugins") or [])
+    extra = [str(p["module"]) for p in manifest.extra.get("plugins") or []
+             if isinstance(p, dict) and p.get("by_name") is True and p.get("module") not in listed]
+    bad = [m for m in [*map(str, listed), *extra] if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", m)]
+    if bad:
+        raise OverrideError(f"manifest plugins: {bad} are not module names")
+    return [f"plugins=[{','.join([*map(str, listed), *extra])}]"] if extra else []
 
 
 def user_config_dirs(manifest: Manifest, source: str) -> list[Path]:
@@ -231,12 +245,15 @@ def check_user_code(overrides: Sequence[str], user_dirs: Sequence[Path], manifes
                                     f"in the manifest's {key} (with a hash); pass it yourself after `--`")
 
 
-def child_env() -> dict[str, str]:
+def child_env(manifest: Manifest | None = None) -> dict[str, str]:
     """This process's environment, with the folder this rlexp is imported from first on PYTHONPATH: `-P` drops
-    the working directory, which may have been how the original run found rlexp."""
+    the working directory, which may have been how the original run found rlexp. The folders that held the run's
+    plug-ins (recorded with their hashes, checked before this) come last, so a module a wrapper script imported
+    from its own folder is found again."""
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    folders = recorded_folders(manifest.extra.get("plugins")) if manifest is not None else []
+    env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []), *folders])
     return env
 
 
@@ -311,7 +328,7 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     if args.dry_run:
         return 0
     _warn_code_drift(manifest)
-    run = runner or (lambda c, cwd=None: subprocess.run(c, cwd=cwd, env=child_env()).returncode)
+    run = runner or (lambda c, cwd=None: subprocess.run(c, cwd=cwd, env=child_env(manifest)).returncode)
     rc = run(cmd, cwd=cwd)
     if rc != 0:
         print(f"rlexp reproduce: the re-run failed with exit code {rc} ({new_dir})", file=sys.stderr)
