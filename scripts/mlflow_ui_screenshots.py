@@ -6,7 +6,8 @@ starts `mlflow ui` on 127.0.0.1 (a free port) over the sweep's store (`<sweep>/.
 `--tracking-uri`), finds the experiment, the sweep's parent run and one child run through the server's own
 REST API, loads each page in headless Chromium (Debian's `chromium` package, driven over its DevTools
 protocol) until the page shows what it should (the parent's name, the winner sentence, the child's name),
-and saves `<out>/experiment.png`, `parent_run.png`, `child_run.png` with `<out>/pages.json` (URLs, what was
+and saves `<out>/experiment.png`, `parent_run.png`, `child_run.png`, `compare_children.png` (MLflow's
+compare view of the children) with `<out>/pages.json` (URLs, what was
 waited for, seconds). The server and the browser are always stopped; nothing leaves the loopback interface
 (the browser resolves no other host, the server's telemetry is off).
 
@@ -226,7 +227,13 @@ def main(argv: list[str] | None = None) -> int:
                  ("parent_run", f"{base}/#/experiments/{eid}/runs/{parent['info']['run_id']}{UI_VIEW}",
                   winner[:60] or parent["info"]["run_name"]),
                  ("child_run", f"{base}/#/experiments/{eid}/runs/{child['info']['run_id']}{UI_VIEW}",
-                  child["info"]["run_name"])]
+                  child["info"]["run_name"]),
+                 # MLflow's compare view of the children: its parallel-coordinates plot takes the first 3
+                 # differing params and the first metric by default (what a user sees before choosing)
+                 ("compare_children", f"{base}/#/compare-runs?runs="
+                  + urllib.parse.quote(json.dumps([c["info"]["run_id"] for c in children]))
+                  + f"&experiments={urllib.parse.quote(json.dumps([eid]))}&{UI_VIEW[1:]}",
+                  ".00000")]  # a tick label of the drawn plot (5 decimals), not just its heading
         browser = Browser()
         record: dict[str, Any] = {"tracking_uri": uri, "server_start_s": round(started, 1), "pages": []}
         try:

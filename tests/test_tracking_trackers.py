@@ -432,3 +432,25 @@ def test_mlflow_user_sqlite_store_keeps_artifacts_beside_it(tmp_path: Path, monk
     (r,) = client.search_runs([client.get_experiment_by_name("rlexp-test").experiment_id])
     assert r.info.artifact_uri.startswith((store.parent / "artifacts").as_uri())
     assert (store.parent / "artifacts" / "rlexp-test" / r.info.run_id / "artifacts" / "eval_results.json").is_file()
+
+
+def test_mlflow_first_metric_is_the_result_not_system_use(tmp_path: Path, mlflow_root: Path) -> None:
+    """MLflow lists a run's metrics in first-logged order and its compare view plots the first: with the sampler
+    running through the actors' start-up that was system/cpu_utilization_percentage (seen on a real sweep)."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    run = mlflow_root / "runs" / "first_metric"
+    cfg = _cfg(mlflow=True)
+    cfg.logger.system_metrics_interval_s = 0.2
+    with build_trackers(cfg.logger, cfg, run, _manifest(run, cfg)) as tr:
+        time.sleep(1.5)  # start-up: several sampling periods before the first metrics
+        tr.log({"buffer/size": 4.0, "loss": 0.5, "eval/accuracy": 0.25, "reward/mean": 0.1}, 0)
+        run_id = tr.get("mlflow").run_id
+    client = MlflowClient(tracking_uri=f"sqlite:///{mlflow_root / 'runs' / 'mlruns' / 'mlflow.db'}")
+    (got,) = [r for r in client.search_runs([client.get_run(run_id).info.experiment_id])
+              if r.info.run_id == run_id]
+    keys = list(got.data.metrics)
+    assert keys[:2] == ["eval/accuracy", "reward/mean"]
+    assert any(k.startswith("system/") for k in keys)  # still sampled, after the result

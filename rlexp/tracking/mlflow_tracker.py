@@ -150,6 +150,7 @@ class MlflowTracker(Tracker):
         self.uri: str | None = None
         self.experiment_id: str | None = None
         self.monitor: Any = None
+        self._sampler_due = False
         self.model_version: str | None = None
 
     @classmethod
@@ -300,8 +301,10 @@ class MlflowTracker(Tracker):
         self.client.log_batch(self.run_id, tags=[RunTag("rlexp.overrides", _param_str(manifest.overrides)),
                                                  RunTag("rlexp.seeds", _param_str(manifest.seeds))])
         self._log_datasets(manifest.datasets)
-        if self.system_metrics:
-            self._start_system_metrics()
+        # The sampler starts after the first metrics (log): MLflow lists a run's metrics in the order they were
+        # first logged and its compare view plots the first one, which was system/cpu_utilization_percentage
+        # when the sampler ran through the actors' start-up (seen on a real sweep).
+        self._sampler_due = self.system_metrics
 
     def _log_datasets(self, datasets: Mapping[str, Any]) -> None:
         """The manifest's dataset hashes as MLflow datasets (the run page's Datasets column)."""
@@ -338,9 +341,15 @@ class MlflowTracker(Tracker):
         if self.run_id is None:
             return
         ts = int(time.time() * 1000)
-        batch = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()]
+        # the headline metrics first, so the first metric MLflow knows of the run is the result
+        ordered = sorted(metrics.items(), key=lambda kv: PARENT_METRICS.index(kv[0]) if kv[0] in PARENT_METRICS
+                         else len(PARENT_METRICS))
+        batch = [Metric(k, float(v), ts, int(step)) for k, v in ordered]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(self.run_id, metrics=batch[i : i + 1000])
+        if self._sampler_due:
+            self._sampler_due = False
+            self._start_system_metrics()
 
     def log_artifact(self, path: str | os.PathLike[str], kind: str = "result") -> None:
         if self.run_id is None:
