@@ -71,8 +71,15 @@ class Reward:
 
 
 def strip_gold(samples: Sequence[Sample | Problem]) -> list[Problem]:
-    """Return only what a policy may see. Rejects meta that looks like it carries the answer."""
+    """Return only what a policy may see, with `Problem.id` replaced by an opaque one.
+
+    An environment's id can be derived from the gold answer (the guess game's `KQZ/3` ends in the hidden
+    digit) or key something that is (a multiple-choice order), and no label-free verifier needs it: it only
+    tells which responses answer the same problem (`majority` groups on it). So each distinct id becomes
+    `problem<k>`, numbered by first appearance in this batch: equal ids stay equal, nothing else survives.
+    Rejects meta that looks like it carries the answer."""
     problems = []
+    opaque: dict[str, str] = {}
     for s in samples:
         p = s.problem if isinstance(s, Sample) else s
         if not isinstance(p, Problem):
@@ -81,7 +88,7 @@ def strip_gold(samples: Sequence[Sample | Problem]) -> list[Problem]:
         if leaked:
             raise ValueError(f"problem {p.id!r} has gold-like meta keys {sorted(leaked)}; label-free rewards "
                              f"must not see the answer (fix the environment's Problem.meta)")
-        problems.append(p)
+        problems.append(Problem(id=opaque.setdefault(p.id, f"problem{len(opaque)}"), prompt=p.prompt, meta=p.meta))
     return problems
 
 
