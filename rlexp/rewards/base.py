@@ -52,6 +52,7 @@ class Reward:
         if self.needs_gold:
             out = self._score(samples, texts, group_size)
         else:
+            self._hand_over_labels(samples, texts)
             out = self._score(strip_gold(samples), texts, group_size)
         if len(out.rewards) != len(texts):
             raise RuntimeError(f"reward {self.name!r} returned {len(out.rewards)} rewards for {len(texts)} responses")
@@ -59,6 +60,27 @@ class Reward:
 
     def _score(self, items: list[Any], texts: list[str], group_size: int) -> RewardOutput:
         raise NotImplementedError
+
+    # --- a stated budget of gold labels for a label-free reward (Weaver's labelled dev set) --------------
+    def label_request(self, n: int) -> list[int]:
+        """Indices (of this batch's `n` responses) whose gold correctness the reward asks for before scoring.
+        The default asks for none: a label-free reward stays label-free unless its config states a budget."""
+        return []
+
+    def receive_labels(self, labels: dict[int, bool]) -> None:
+        """The gold correctness of the responses `label_request` named, by index in the batch."""
+
+    def _hand_over_labels(self, samples: list[Any], texts: list[str]) -> None:
+        """The one place a label-free reward gets gold: only the correctness (a bool, never the answer) of the
+        responses it asked for, checked by the environment; nothing when the batch carries no gold."""
+        want = self.label_request(len(texts))
+        if not want:
+            return
+        if not all(isinstance(s, Sample) for s in samples) or self.env is None:
+            raise ValueError(f"reward {self.name!r} asks for {len(want)} gold labels (a labelled dev set, "
+                             f"options.dev_labels) but this batch has no gold answers (evaluation-time selection "
+                             f"scores Problems only); set options.class_balance=estimate or prior there")
+        self.receive_labels({i: bool(self.env.check(samples[i], texts[i]).correct) for i in want})
 
     def state_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable state saved with the run checkpoint (stateless rewards return {})."""
