@@ -21,7 +21,23 @@ from rlexp.envs.base import Check
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import Rule, register_rule
 from rlexp.types import Problem, Sample
-from tests.test_weaver import simulate_votes
+
+
+def simulate_votes(y: np.ndarray, rates: list[tuple[float, float]], rng: np.random.Generator) -> np.ndarray:
+    p = np.where(y[:, None], [r[0] for r in rates], [r[1] for r in rates])
+    return (rng.random((len(y), len(rates))) < p).astype(np.float64)
+
+
+@register_rule("paper_vote")
+class VoteFromText(Rule):
+    """Test-only verifier: the synthetic response text carries each verifier's 0/1 vote as a digit."""
+
+    def __init__(self, index: int) -> None:
+        self.index = int(index)
+
+    def check(self, problem: Problem, text: str) -> float:
+        return float(text[self.index])
+
 
 GOOD = [(0.9, 0.1), (0.8, 0.2), (0.75, 0.25), (0.7, 0.3)]
 
@@ -40,7 +56,7 @@ class LastCharEnv:
 
 def cfg(n: int, **options) -> RewardConfig:
     return RewardConfig(name="weaver", options=options, verifiers=[
-        VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "test_vote", "index": i}) for i in range(n)])
+        VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "paper_vote", "index": i}) for i in range(n)])
 
 
 def batch(rng, rates, n_groups, group, prior):
@@ -122,7 +138,7 @@ def test_filters_drop_random_imbalanced_and_duplicate_verifiers(caplog):
     opts = dict(PAPER, fit_thresholds=False, normalise="minmax", min_quality=0.1, max_imbalance=0.4,
                 max_correlation=0.9)
     c = cfg(len(rates), **opts)
-    c.verifiers.append(VerifierConfig(name="v0_again", kind="rule", options={"rule": "test_vote", "index": 0}))
+    c.verifiers.append(VerifierConfig(name="v0_again", kind="rule", options={"rule": "paper_vote", "index": 0}))
     reward = build_reward(c, LastCharEnv())
     s, t, _ = batch(rng, rates, 64, 16, 0.3)
     with caplog.at_level(logging.WARNING, logger="rlexp.rewards.weaver"):
@@ -164,7 +180,8 @@ def test_fit_once_then_bounded_logged_refits(caplog):
 def test_majority_and_format_as_gate_term_or_off():
     rng = np.random.default_rng(6)
     env = LastCharEnv()
-    verifiers = [VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "test_vote", "index": i}) for i in range(4)]
+    verifiers = [VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "paper_vote", "index": i})
+                 for i in range(4)]
     verifiers += [VerifierConfig(name="majority", kind="majority"), VerifierConfig(name="format", kind="format")]
     s, t, _ = batch(rng, GOOD, 16, 8, 0.3)
     t = [x if i % 5 else x[:-1] + "?" for i, x in enumerate(t)]  # every fifth: no readable answer
@@ -234,3 +251,22 @@ def test_dev_labels_without_gold_say_how_to_fix():
 def test_paper_option_errors(options, match):
     with pytest.raises(ValueError, match=match):
         build_reward(cfg(3, **options), LastCharEnv())
+
+
+def test_a_rare_correct_class_keeps_its_verifiers():
+    """A starting policy right 1.5% of the time (a random-init one): with the class balance known, each verifier
+    is thresholded to say yes ~1.5% of the time, which the fixed band (0.02, 0.99) would call "no signal"; the
+    imbalance filter against the class balance is what applies, so the label model keeps them (pilot, issue 23)."""
+    rng = np.random.default_rng(10)
+    y = rng.random(64 * 16) < 0.015
+    scores = [(rng.normal(size=len(y)) + 3.0 * y) for _ in range(4)]
+    t = [",".join(f"{sc[k]:.4f}" for sc in scores) + ("," + ("1" if y[k] else "0")) for k in range(len(y))]
+    s = [Sample(Problem(id=f"p{k // 16}", prompt="q"), answer="1") for k in range(len(y))]
+    c = RewardConfig(name="weaver", options={**PAPER, "drop_band": [0.02, 0.99], "max_imbalance": 0.4},
+                     verifiers=[VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "test_score", "index": i})
+                                for i in range(4)])
+    reward = build_reward(c, LastCharEnv())
+    out = reward.score(s, t, 16)
+    assert reward.active == ["v0", "v1", "v2", "v3"] and out.metrics["weaver/fallback"] == 0.0
+    r = np.array(out.rewards)
+    assert r[y].mean() > r[~y].mean() + 0.3

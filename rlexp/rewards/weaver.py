@@ -55,6 +55,8 @@ class WeaverOptions:
     # the estimated rates within a few points; far more makes the fit lag behind the policy.
     window_groups: int = 128
     # A verifier whose window positive rate is outside this open interval is dropped (Weaver uses (0.1, 0.9)).
+    # Only while the class balance is estimated: a known one replaces the band by `max_imbalance` (a policy
+    # right 1% of the time has verifiers that rightly say yes 1% of the time).
     drop_band: tuple[float, float] = (0.05, 0.95)
     # Threshold on the min-max normalised score for verifiers that do not set options.threshold.
     threshold: float = 0.5
@@ -381,7 +383,7 @@ class WeaverReward(Reward):
                 dropped[name] = f"kept out of the label model ({self.roles[i]})"
             elif np.ptp(win_raw[:, i]) <= 0:
                 dropped[name] = f"constant score {win_raw[0, i]:.4g} over the window (no signal)"
-            elif not band_lo < rate < band_hi:
+            elif prior is None and not band_lo < rate < band_hi:  # a known class balance: imbalance below
                 dropped[name] = (f"positive rate {rate:.3f} outside ({band_lo}, {band_hi}) over "
                                  f"{len(win_votes)} responses (no signal)")
             elif prior is not None and abs(rate - prior) > self.opts.max_imbalance:
