@@ -163,13 +163,18 @@ def static_selection(best: str | None) -> dict[str, dict[str, float]]:
 def analyse(runs: list[dict[str, Any]], selection: dict[str, dict[str, float]] | None) -> dict[str, Any]:
     by: dict[str, dict[int, dict]] = {}
     for r in runs:
+        if r["seed"] in by.get(r["arm"], {}):
+            raise SystemExit(f"two runs of arm {r['arm']} seed {r['seed']}: {by[r['arm']][r['seed']]['job']} and "
+                             f"{r['job']}; pass the sweep folders of one replication only")
         by.setdefault(r["arm"], {})[r["seed"]] = r
     arms = [a for a in ORDER if a in by] + sorted(set(by) - set(ORDER))
     golds = runs[0]["golds"]
     res: dict[str, Any] = {"statistic": "AUC of balanced held-out accuracy (pre-registered)", "arms": {}}
     for a in arms:
         xs = list(by[a].values())
-        res["arms"][a] = {k: dict(zip(("mean", "low", "high"), t_interval([x[k] for x in xs])))
+        # Every statistic is a proportion: interval ends clipped to [0, 1] (a t-interval over few seeds overshoots).
+        res["arms"][a] = {k: dict(zip(("mean", "low", "high"),
+                                      (min(1.0, max(0.0, v)) if v == v else v for v in t_interval([x[k] for x in xs]))))
                           for k in ("auc", "final", "plain_final", "top_share")}
         res["arms"][a]["n_seeds"] = len(xs)
         res["arms"][a]["per_seed"] = {str(s): by[a][s]["auc"] for s in sorted(by[a])}
