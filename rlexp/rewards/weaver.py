@@ -73,7 +73,8 @@ class WeaverOptions:
     tol: float = 1e-7
     # --- the paper's way (issue 23); these defaults are the label-free online model above ---------------------
     # Where the share of correct responses comes from: estimate (EM, from the votes), prior (stated below), or
-    # dev (gold labels of `dev_labels` responses of the reference pool: a stated budget, logged).
+    # dev (gold labels of `dev_labels` responses of the reference pool: a stated budget, logged). Each reward
+    # replica keeps its own pool and fit, so with reward.replicas=R the labels read are R x dev_labels.
     class_balance: str = "estimate"
     prior: float = 0.5
     dev_labels: int = 0
