@@ -25,6 +25,7 @@ from itertools import accumulate
 from math import comb
 from pathlib import Path
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
@@ -96,9 +97,9 @@ def binomial_99(n: int, p: Fraction) -> tuple[int, int]:
     return lo, hi
 
 
-def attack(env, samples: list[Sample], seed: int = CONFIG_SEED) -> dict[str, tuple[int, int, int]]:
-    """Hits of each strategy, run on what a label-free verifier receives (strip_gold), scored by the env."""
-    problems = strip_gold(samples)
+def attack(env, samples: list[Sample], seed: int = CONFIG_SEED, view=strip_gold) -> dict[str, tuple[int, int, int]]:
+    """Hits of each strategy, run on what a label-free verifier receives (`view`: strip_gold), scored by the env."""
+    problems = view(samples)
     assert all(type(p) is Problem for p in problems)
     n_choices = {_n(p) for p in problems}
     assert len(n_choices) == 1, "chance level needs one number of choices"
@@ -210,12 +211,17 @@ def test_verifier_is_at_chance_on_packaged_diamond():
 
 
 def test_attack_catches_the_old_order(synthetic):
-    """Positive control: the same verifier and interval flag the pre-fix order (and the raw source order)."""
+    """Positive control: the same verifier and interval flag the pre-fix order (and the raw source order) when it
+    sees the problems as the pre-fix reward layer passed them (ids included); the id strip alone defeats the
+    old order's attack, which needs the Record ID."""
     env = gpqa(synthetic)  # only its check() is used, which scores by letter here
+    unstripped = lambda samples: [s.problem for s in samples]  # noqa: E731 - the pre-fix view
     for rows in (fixture_rows(), synthetic_rows()):
         old = old_style_samples(rows)
-        hits, _, hi = attack(env, old)["old permutation: letter where source index 0 went"]
+        hits, _, hi = attack(env, old, view=unstripped)["old permutation: letter where source index 0 went"]
         assert hits == len(old) and hits > hi
+        hits, lo, hi = attack(env, old)["old permutation: letter where source index 0 went"]
+        assert lo <= hits <= hi  # what a label-free verifier gets today: no Record ID, no route
         unshuffled = old_style_samples(rows, seed=None)  # source order: the correct answer is always (A)
         hits, _, hi = attack(env, unshuffled)["always (A)"]
         assert hits == len(old) and hits > hi
@@ -383,3 +389,42 @@ def test_mmlu_pro_dataset_order_adds_no_back_door():
         assert env.record(s)["choice_permutation"] == list(range(len(r["options"])))
     assert len({s.answer for s in samples}) == len(samples)  # five questions, five different gold positions
     assert not env.orders_by_text()
+
+
+# --- (d) ids: an environment's id may encode the answer, a label-free verifier never sees it ---------------
+class _Recorder:
+    """A test-only verifier that keeps every Problem it is given."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.kind, self.seen = name, "rule", []
+
+    def score(self, problems, texts):
+        self.seen.extend(problems)
+        return np.zeros(len(texts))
+
+
+def test_ids_are_stripped_before_label_free_verifiers():
+    """The guess game's id is "<game>/<digit>": the hidden digit. Every label-free reward hands its verifiers
+    opaque ids that still group a problem's responses, so majority voting works and nothing else survives."""
+    from rlexp.config.reward import RewardConfig, VerifierConfig
+    from rlexp.rewards.registry import build_reward
+
+    env = env_from_yaml("arithmetic")
+    samples = [Sample(Problem(id=f"KQZ/{d}", prompt="KQZ:"), answer=str(d)) for d in (3, 3, 7, 7)]
+    for name in ("weaver", "verifier_mean", "single_rm"):
+        combine = {"verifier_mean": "mean"}.get(name)
+        cfg = RewardConfig(name="single_rm" if name == "single_rm" else "weaver",
+                           options={"combine": combine} if combine else {},
+                           verifiers=[VerifierConfig(name=f"v{i}", kind="format")
+                                      for i in range(1 if name == "single_rm" else 3)])
+        reward = build_reward(cfg, env)
+        rec = _Recorder("rec")
+        reward.verifiers[0] = rec
+        if hasattr(reward, "verifier"):
+            reward.verifier = rec
+        reward.score(samples, ["3", "3", "7", "1"], 2)
+        assert rec.seen, name
+        ids = [p.id for p in rec.seen]
+        assert ids == ["problem0", "problem0", "problem1", "problem1"], (name, ids)
+        for p in rec.seen:
+            assert not any(str(d) in p.id for d in (3, 7)) and p.prompt == "KQZ:" and p.meta == {}

@@ -94,7 +94,8 @@ def test_gold_smuggled_in_meta_is_refused():
     leaky = Sample(Problem(id="p", prompt="1+2=", meta={"answer": "3"}), answer="3")
     with pytest.raises(ValueError, match="gold-like meta keys"):
         strip_gold([leaky])
-    assert strip_gold([Sample(Problem(id="p", prompt="1+2=", meta={"choices": "ABCD"}), answer="3")])[0].id == "p"
+    kept = strip_gold([Sample(Problem(id="p", prompt="1+2=", meta={"choices": "ABCD"}), answer="3")])[0]
+    assert kept.id == "problem0" and kept.meta == {"choices": "ABCD"}
 
 
 def test_batch_shape_is_validated(env):

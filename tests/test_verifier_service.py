@@ -88,3 +88,36 @@ def test_weaver_label_model_fitted_on_the_learned_verifiers() -> None:
     r = np.array(out.rewards)
     assert abs(out.metrics["weaver/prior"] - y.mean()) < 0.15, (out.metrics["weaver/prior"], y.mean())
     assert r[y].mean() > r[~y].mean() + 0.3
+
+
+def test_paper_weaver_on_the_learned_verifiers_holds_the_labelled_class_balance() -> None:
+    """The same policy and verifiers as above, with reward=weaver_paper's options: the class balance is read from
+    64 labelled responses of the reference pool (a stated budget), so it cannot be misjudged the way the
+    label-free fit above can, and the reward still ranks right answers above wrong ones."""
+    import random
+
+    from omegaconf import OmegaConf
+
+    from rlexp.config.paths import CONF_DIR
+    from rlexp.config.reward import RewardConfig
+    from rlexp.rewards.registry import build_reward
+
+    env = build_env(EnvConfig(name="arithmetic", options={"verifier_frac": 0.25}))
+    listed = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "verifier_set" / "arithmetic.yaml"))["members"]
+    members = [verifier_checkpoint(VerifierConfig(**m)) if m["kind"] in ("reward_model", "lm_judge")
+               else VerifierConfig(**m) for m in listed]
+    options = {**OmegaConf.to_container(OmegaConf.load(CONF_DIR / "reward" / "weaver_paper.yaml"))["options"],
+               "drop_band": [0.02, 0.99], "dev_labels": 64, "reference_groups": 64}
+    weaver = build_reward(RewardConfig(name="weaver", verifiers=members, options=options), env, served=False)
+    rng = random.Random(0)
+    for _ in range(3):
+        samples = [s for s in env.sample_batch(32, rng) for _ in range(8)]
+        texts = [s.answer if rng.random() < 0.4 else str(rng.choice([d for d in range(10) if str(d) != s.answer]))
+                 for s in samples]
+        out = weaver.score(samples, texts, group_size=8)
+    y = np.array([t == s.answer for s, t in zip(samples, texts)])
+    r = np.array(out.rewards)
+    m = out.metrics
+    assert m["weaver/dev_labels"] == 64 and abs(m["weaver/prior"] - 0.4) < 0.13, (m["weaver/prior"], y.mean())
+    assert "majority" not in weaver.active and m["weaver/reference_groups"] == 64
+    assert r[y].mean() > r[~y].mean() + 0.3, (r[y].mean(), r[~y].mean())

@@ -137,7 +137,7 @@ class _Shared:
         self._scores: np.ndarray | None = None
 
     def score(self, problems: list[Problem], texts: list[str]) -> np.ndarray:
-        key = (tuple(p.id for p in problems), tuple(texts))
+        key = (tuple((p.id, p.prompt) for p in problems), tuple(texts))
         if key != self._key or self._scores is None:
             self._scores = np.asarray(self.inner.score(problems, texts), dtype=np.float64)
             self._key = key

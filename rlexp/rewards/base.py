@@ -52,6 +52,7 @@ class Reward:
         if self.needs_gold:
             out = self._score(samples, texts, group_size)
         else:
+            self._hand_over_labels(samples, texts)
             out = self._score(strip_gold(samples), texts, group_size)
         if len(out.rewards) != len(texts):
             raise RuntimeError(f"reward {self.name!r} returned {len(out.rewards)} rewards for {len(texts)} responses")
@@ -59,6 +60,27 @@ class Reward:
 
     def _score(self, items: list[Any], texts: list[str], group_size: int) -> RewardOutput:
         raise NotImplementedError
+
+    # --- a stated budget of gold labels for a label-free reward (Weaver's labelled dev set) --------------
+    def label_request(self, n: int) -> list[int]:
+        """Indices (of this batch's `n` responses) whose gold correctness the reward asks for before scoring.
+        The default asks for none: a label-free reward stays label-free unless its config states a budget."""
+        return []
+
+    def receive_labels(self, labels: dict[int, bool]) -> None:
+        """The gold correctness of the responses `label_request` named, by index in the batch."""
+
+    def _hand_over_labels(self, samples: list[Any], texts: list[str]) -> None:
+        """The one place a label-free reward gets gold: only the correctness (a bool, never the answer) of the
+        responses it asked for, checked by the environment; nothing when the batch carries no gold."""
+        want = self.label_request(len(texts))
+        if not want:
+            return
+        if not all(isinstance(s, Sample) for s in samples) or self.env is None:
+            raise ValueError(f"reward {self.name!r} asks for {len(want)} gold labels (a labelled dev set, "
+                             f"options.dev_labels) but this batch has no gold answers (evaluation-time selection "
+                             f"scores Problems only); set options.class_balance=estimate or prior there")
+        self.receive_labels({i: bool(self.env.check(samples[i], texts[i]).correct) for i in want})
 
     def state_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable state saved with the run checkpoint (stateless rewards return {})."""
@@ -71,8 +93,15 @@ class Reward:
 
 
 def strip_gold(samples: Sequence[Sample | Problem]) -> list[Problem]:
-    """Return only what a policy may see. Rejects meta that looks like it carries the answer."""
+    """Return only what a policy may see, with `Problem.id` replaced by an opaque one.
+
+    An environment's id can be derived from the gold answer (the guess game's `KQZ/3` ends in the hidden
+    digit) or key something that is (a multiple-choice order), and no label-free verifier needs it: it only
+    tells which responses answer the same problem (`majority` groups on it). So each distinct id becomes
+    `problem<k>`, numbered by first appearance in this batch: equal ids stay equal, nothing else survives.
+    Rejects meta that looks like it carries the answer."""
     problems = []
+    opaque: dict[str, str] = {}
     for s in samples:
         p = s.problem if isinstance(s, Sample) else s
         if not isinstance(p, Problem):
@@ -81,7 +110,7 @@ def strip_gold(samples: Sequence[Sample | Problem]) -> list[Problem]:
         if leaked:
             raise ValueError(f"problem {p.id!r} has gold-like meta keys {sorted(leaked)}; label-free rewards "
                              f"must not see the answer (fix the environment's Problem.meta)")
-        problems.append(p)
+        problems.append(Problem(id=opaque.setdefault(p.id, f"problem{len(opaque)}"), prompt=p.prompt, meta=p.meta))
     return problems
 
 

@@ -60,26 +60,33 @@ class BinaryLabelModel:
     prior_grid: int = 49
 
     # --- public ------------------------------------------------------------------------------------
-    def fit(self, votes: np.ndarray, warm: LabelModelParams | None = None) -> LabelModelParams:
-        """Fit on an (n, m) 0/1 vote matrix; `warm` (the previous fit) is tried as a second start."""
+    def fit(self, votes: np.ndarray, warm: LabelModelParams | None = None,
+            prior: float | None = None) -> LabelModelParams:
+        """Fit on an (n, m) 0/1 vote matrix; `warm` (the previous fit) is tried as a second start. `prior`
+        holds the class balance fixed (read from labelled data or stated), which the votes of an optimised
+        policy cannot then move: with it free, a collapsed policy's agreeing verifiers read as "mostly right"."""
         votes = _as_votes(votes)
+        if prior is not None and not 0.0 < prior < 1.0:
+            raise ValueError(f"label model: a fixed class balance must be in (0, 1), got {prior}")
         n, m = votes.shape
         if n == 0 or m == 0:
             raise ValueError("label model: need at least one sample and one verifier, "
                              f"got votes of shape {votes.shape}")
         pats, counts = np.unique(votes, axis=0, return_counts=True)
         counts = counts.astype(np.float64)
-        starts = [("moments", self._moment_init(votes, pats, counts))]
+        starts = [("moments", self._moment_init(votes, pats, counts, prior))]
         if warm is not None and len(warm.tpr) == m:
-            starts.append(("warm", warm))
+            starts.append(("warm", warm if prior is None else LabelModelParams(prior, warm.tpr, warm.fpr)))
         best: LabelModelParams | None = None
         for name, start in starts:
-            p = self._em(pats, counts, start)
+            p = self._em(pats, counts, start, fixed_prior=prior is not None)
             p.init = name
             if best is None or p.loglik > best.loglik + 1e-12:
                 best = p
         assert best is not None
-        return self._orient(best)
+        # With the class balance fixed the two labellings are no longer symmetric (swapping changes the prior),
+        # so the fit stands as EM left it.
+        return self._orient(best) if prior is None else best
 
     def posterior(self, votes: np.ndarray, params: LabelModelParams) -> np.ndarray:
         """P(y=1 | votes) for each row."""
@@ -102,12 +109,14 @@ class BinaryLabelModel:
         l1, l0 = self._joint(pats, p)
         return float((counts * np.logaddexp(l1, l0)).sum() / counts.sum())
 
-    def _moment_init(self, votes: np.ndarray, pats: np.ndarray, counts: np.ndarray) -> LabelModelParams:
+    def _moment_init(self, votes: np.ndarray, pats: np.ndarray, counts: np.ndarray,
+                     fixed: float | None = None) -> LabelModelParams:
         mu = votes.mean(axis=0)
         w = triplet_weights(votes)
         best: LabelModelParams | None = None
         lo, hi = self.prior_bounds
-        for prior in np.linspace(max(lo, 0.02), min(hi, 0.98), self.prior_grid):
+        grid = [fixed] if fixed is not None else np.linspace(max(lo, 0.02), min(hi, 0.98), self.prior_grid)
+        for prior in grid:
             d = w / np.sqrt(prior * (1 - prior))
             fpr = self._clip(mu - prior * d)
             tpr = self._clip(fpr + d)
@@ -118,7 +127,8 @@ class BinaryLabelModel:
         assert best is not None
         return best
 
-    def _em(self, pats: np.ndarray, counts: np.ndarray, start: LabelModelParams) -> LabelModelParams:
+    def _em(self, pats: np.ndarray, counts: np.ndarray, start: LabelModelParams,
+            fixed_prior: bool = False) -> LabelModelParams:
         s = self.smoothing
         n = counts.sum()
         p = LabelModelParams(prior=float(np.clip(start.prior, *self.prior_bounds)),
@@ -131,7 +141,7 @@ class BinaryLabelModel:
             r = counts - q
             n1, n0 = q.sum(), r.sum()
             new = LabelModelParams(
-                prior=float(np.clip((n1 + s) / (n + 2 * s), *self.prior_bounds)),
+                prior=p.prior if fixed_prior else float(np.clip((n1 + s) / (n + 2 * s), *self.prior_bounds)),
                 tpr=self._clip((q @ pats + s) / (n1 + 2 * s)),
                 fpr=self._clip((r @ pats + s) / (n0 + 2 * s)),
             )

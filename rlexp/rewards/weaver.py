@@ -1,18 +1,35 @@
-"""`reward=weaver`: combine several weak verifiers into P(correct | votes) without gold labels.
+"""`reward=weaver`: combine several weak verifiers into P(correct | votes), label-free or the paper's way.
 
-Per step: score the batch with every verifier; add the batch's groups to a sliding window of recent groups;
-min-max normalise each verifier's scores over the window and binarise them at that verifier's threshold;
-drop verifiers whose votes carry no signal (constant, or a positive rate outside the band); refit the
-latent-class label model (rlexp/rewards/label_model.py) on the window's votes; reward each response with
-its posterior. Refitting over a window (rather than once) follows the policy: as it improves, the class
-prior rises and the kinds of mistakes -- hence each verifier's FPR -- change.
+Two regimes, one class (options in `WeaverOptions`; rlexp/conf/reward/weaver.yaml is the label-free one,
+rlexp/conf/reward/weaver_paper.yaml the paper's):
 
-Gold isolation: `needs_gold = False`, so this class receives `Problem`s only (see rlexp/rewards/base.py).
+* label-free online (`reference_groups: 0`, the defaults): per step, add the batch's groups to a sliding
+  window, min-max normalise each verifier over it, binarise at a fixed threshold, drop verifiers without signal,
+  refit the latent-class model (rlexp/rewards/label_model.py) with a free class balance, reward the posterior.
+  It follows the policy, which is also how it fails in RL: the policy's own optimised outputs set the class
+  balance, so a collapsed policy whose answers the verifiers agree on reads as "mostly right"
+  (results/weaver_replication.md).
+* the paper's way (Weaver, Saad-Falcon et al. 2025; `reference_groups > 0`): the first `reference_groups` groups
+  (the starting policy's samples) are a fixed reference pool; the class balance comes from a budget of
+  gold-labelled responses among them (`class_balance: dev`, `dev_labels`, handed over by
+  `rlexp.rewards.base.Reward.receive_labels`, counted and logged) or is stated (`class_balance: prior`);
+  scores are quantile-normalised over the pool and each verifier is thresholded where its positive rate on
+  the pool equals the class balance; verifiers are filtered by estimated quality (TPR - FPR), by imbalance
+  against the class balance and by correlation with a better one; the label model is fit on the pool with the
+  class balance fixed and afterwards refit only every `refit_every` steps, each rate moving at most
+  `max_change` per refit (a larger wanted move is logged).
+
+Either way `majority` and `format` (which reward agreement and readability, not correctness) can be kept out of
+the label model: `majority_as` / `format_as` make them a gate (reward x vote), a separate term, or nothing.
+
+Gold isolation: `needs_gold = False`, so this class receives `Problem`s only (see rlexp/rewards/base.py); the dev
+labels are correctness bits for the responses it asked for, never answers.
 """
 from __future__ import annotations
 
 import logging
-from collections import deque
+import math
+from collections import Counter, deque
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -26,7 +43,10 @@ from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.types import Problem, RewardOutput
 
 log = logging.getLogger(__name__)
-STATE_VERSION = 1
+STATE_VERSION = 2
+ROLES = ("model", "gate", "term", "off")
+# Verifier kinds that measure agreement or readability rather than correctness: the roles they may take.
+SEPARABLE_KINDS = ("majority", "format")
 
 
 @dataclass
@@ -35,6 +55,8 @@ class WeaverOptions:
     # the estimated rates within a few points; far more makes the fit lag behind the policy.
     window_groups: int = 128
     # A verifier whose window positive rate is outside this open interval is dropped (Weaver uses (0.1, 0.9)).
+    # Only while the class balance is estimated: a known one replaces the band by `max_imbalance` (a policy
+    # right 1% of the time has verifiers that rightly say yes 1% of the time).
     drop_band: tuple[float, float] = (0.05, 0.95)
     # Threshold on the min-max normalised score for verifiers that do not set options.threshold.
     threshold: float = 0.5
@@ -49,6 +71,37 @@ class WeaverOptions:
     smoothing: float = 0.5
     max_iter: int = 500
     tol: float = 1e-7
+    # --- the paper's way (issue 23); these defaults are the label-free online model above ---------------------
+    # Where the share of correct responses comes from: estimate (EM, from the votes), prior (stated below), or
+    # dev (gold labels of `dev_labels` responses of the reference pool: a stated budget, logged). Each reward
+    # replica keeps its own pool and fit, so with reward.replicas=R the labels read are R x dev_labels.
+    class_balance: str = "estimate"
+    prior: float = 0.5
+    dev_labels: int = 0
+    # Groups of the reference pool (the first steps' samples: the starting policy's). 0: no pool, the sliding
+    # window above is the fit data every step.
+    reference_groups: int = 0
+    # After the pool: refit on pool + window every K steps (0: never, the paper's fit-once), moving the prior and
+    # each TPR/FPR by at most max_change per refit.
+    refit_every: int = 0
+    max_change: float = 0.05
+    # minmax (over the window, or the pool) or quantile (each score's rank in the pool, in [0, 1]).
+    normalise: str = "minmax"
+    # Threshold each verifier where its positive rate on the pool equals the class balance (not `threshold`).
+    fit_thresholds: bool = False
+    # Filters, applied to the label model's verifiers at each fit: estimated TPR - FPR below min_quality
+    # (from the dev labels when there are any, else from the fit), |positive rate - class balance| above
+    # max_imbalance, and of two whose votes correlate above max_correlation the weaker. Defaults: off.
+    min_quality: float = -1.0
+    max_imbalance: float = 1.0
+    max_correlation: float = 1.0
+    # What `majority` and `format` verifiers are: model (votes in the label model), gate (reward x vote),
+    # term ((1 - term_weight) x reward + term_weight x vote), off (ignored).
+    majority_as: str = "model"
+    format_as: str = "model"
+    term_weight: float = 0.1
+    # The progress line warns when more than this share of a step's groups get zero advantage.
+    warn_zero_adv: float = 0.8
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> WeaverOptions:
@@ -65,7 +118,56 @@ class WeaverOptions:
             raise ValueError(f"reward=weaver: options.combine must be label_model|mean|vote, got {o.combine!r}")
         if o.window_groups < 1:
             raise ValueError(f"reward=weaver: window_groups must be >= 1, got {o.window_groups}")
+        o.check_paper_options()
         return o
+
+    def check_paper_options(self) -> None:
+        """Combinations that cannot work, each named with its fix."""
+        def bad(msg: str) -> None:
+            raise ValueError(f"reward=weaver: {msg}")
+
+        if self.class_balance not in ("estimate", "prior", "dev"):
+            bad(f"options.class_balance must be estimate|prior|dev, got {self.class_balance!r}")
+        if self.class_balance == "prior" and not 0.0 < self.prior < 1.0:
+            bad(f"options.prior={self.prior} must be in (0, 1) (the stated share of correct responses)")
+        if self.class_balance == "dev" and (self.dev_labels < 1 or self.reference_groups < 1):
+            bad(f"class_balance=dev reads gold labels of responses in the reference pool: set options.dev_labels "
+                f"(the budget, > 0; got {self.dev_labels}) and options.reference_groups (> 0; got "
+                f"{self.reference_groups})")
+        if self.class_balance != "dev" and self.dev_labels:
+            bad(f"options.dev_labels={self.dev_labels} is only read with class_balance=dev; set it to 0 or "
+                f"use class_balance=dev")
+        if self.reference_groups < 0 or self.refit_every < 0 or self.dev_labels < 0:
+            bad("options.reference_groups, refit_every and dev_labels must be >= 0")
+        if self.refit_every and not self.reference_groups:
+            bad("options.refit_every needs a reference pool (options.reference_groups > 0); without one the model "
+                "is refit every step")
+        if not self.max_change > 0:
+            bad(f"options.max_change={self.max_change} must be > 0")
+        if self.normalise not in ("minmax", "quantile"):
+            bad(f"options.normalise must be minmax|quantile, got {self.normalise!r}")
+        if self.fit_thresholds and self.class_balance == "estimate":
+            bad("options.fit_thresholds places thresholds at the class balance, which must be known: set "
+                "class_balance=dev (with dev_labels) or class_balance=prior (with prior)")
+        for key in ("majority_as", "format_as"):
+            if getattr(self, key) not in ROLES:
+                bad(f"options.{key} must be one of {'|'.join(ROLES)}, got {getattr(self, key)!r}")
+        if not 0.0 <= self.term_weight <= 1.0 or not 0.0 <= self.warn_zero_adv <= 1.0:
+            bad("options.term_weight and options.warn_zero_adv must be in [0, 1]")
+        if not -1.0 <= self.min_quality <= 1.0 or not 0.0 <= self.max_imbalance <= 1.0 \
+                or not 0.0 <= self.max_correlation <= 1.0:
+            bad("options.min_quality must be in [-1, 1], max_imbalance and max_correlation in [0, 1]")
+
+
+def balance_threshold(values: np.ndarray, prior: float) -> float:
+    """The cut (one of `values`) whose positive rate `mean(values >= cut)` is closest to the class balance, never
+    the cut that accepts everything (unless there is only one value): a verifier with few distinct scores (0/1
+    votes) keeps its own split instead of being moved to "all yes"."""
+    u, first = np.unique(np.sort(values), return_index=True)
+    rates = (len(values) - first) / len(values)
+    if len(u) > 1:
+        u, rates = u[1:], rates[1:]
+    return float(u[int(np.argmin(np.abs(rates - prior)))])
 
 
 @register_reward("weaver")
@@ -84,53 +186,149 @@ class WeaverReward(Reward):
         dup = {n for n in self.names if self.names.count(n) > 1}
         if dup:
             raise ValueError(f"reward=weaver: verifier names must be unique, repeated: {sorted(dup)}")
-        self.thresholds = np.array([float((plain(v.options) or {}).get("threshold", self.opts.threshold))
-                                    for v in vcfgs])
+        self.given_thresholds = np.array([float((plain(v.options) or {}).get("threshold", self.opts.threshold))
+                                          for v in vcfgs])
+        self.thresholds = self.given_thresholds.copy()
+        roles = {"majority": self.opts.majority_as, "format": self.opts.format_as}
+        self.roles = [roles.get(str(v.kind), "model") for v in vcfgs]
         self.label_model = BinaryLabelModel(eps=self.opts.eps, smoothing=self.opts.smoothing,
                                             max_iter=self.opts.max_iter, tol=self.opts.tol)
         self.window: deque[np.ndarray] = deque(maxlen=self.opts.window_groups)
+        self.pool: list[np.ndarray] = []  # the reference pool's groups (reference_groups > 0)
         self.params: LabelModelParams | None = None
         self.active: list[str] = []
         # Verifiers the current `params` were fit on: a warm start is only valid for the same set.
         self.fit_names: list[str] = []
         self.dropped: dict[str, str] = {}
         self.steps = 0
+        self.dev_scores: list[list[float]] = []  # raw scores of the gold-labelled responses (class_balance=dev)
+        self.dev_labels: list[bool] = []
+        self.pending: dict[int, bool] = {}  # labels handed over for the batch being scored
+        self.since_refit = 0
+
+    # --- the labelled dev budget (rlexp.rewards.base.Reward.label_request) ---------------------------------
+    def label_request(self, n: int) -> list[int]:
+        left = self.opts.dev_labels - len(self.dev_labels) if self.opts.class_balance == "dev" else 0
+        if left <= 0 or n == 0 or self.pool_full:
+            return []
+        k = min(left, n)
+        return sorted({int(i) for i in np.linspace(0, n - 1, k)})  # spread over the batch's groups
+
+    def receive_labels(self, labels: dict[int, bool]) -> None:
+        self.pending = dict(labels)
+
+    @property
+    def reference(self) -> bool:
+        return self.opts.reference_groups > 0
+
+    @property
+    def pool_full(self) -> bool:
+        return self.reference and len(self.pool) >= self.opts.reference_groups
 
     # --- scoring -----------------------------------------------------------------------------------
     def _score(self, problems: list[Problem], texts: list[str], group_size: int) -> RewardOutput:
         raw = self._verifier_scores(problems, texts)
-        for g in range(0, len(texts), group_size):
-            self.window.append(raw[g:g + group_size])
-        win = np.concatenate(list(self.window), axis=0)
-        lo, hi = win.min(axis=0), win.max(axis=0)
-        win_votes = self._binarise(win, lo, hi)
-        votes = self._binarise(raw, lo, hi)
-        self._update_dropped(win_votes, lo, hi)
+        for i, label in sorted(self.pending.items()):
+            self.dev_scores.append([float(x) for x in raw[i]])
+            self.dev_labels.append(bool(label))
+        self.pending = {}
+        groups = [raw[g:g + group_size] for g in range(0, len(texts), group_size)]
+        refit = True
+        if not self.reference:
+            self.window.extend(groups)
+            fit_rows = base_rows = np.concatenate(list(self.window), axis=0)
+        elif not self.pool_full:  # still collecting the starting policy's samples: fit on what is there
+            self.pool.extend(groups[:self.opts.reference_groups - len(self.pool)])
+            fit_rows = base_rows = np.concatenate(self.pool, axis=0)
+        else:
+            self.window.extend(groups)
+            self.since_refit += 1
+            refit = bool(self.opts.refit_every) and self.since_refit % self.opts.refit_every == 0
+            base_rows = np.concatenate(self.pool, axis=0)
+            fit_rows = np.concatenate(self.pool + list(self.window), axis=0)
+        norm_of = self._normaliser(base_rows)
+        model = np.array([r == "model" for r in self.roles])
+        bounded = 0.0
+        if refit:
+            prior = self.class_prior()
+            if self.opts.fit_thresholds and prior is not None:
+                base_norm = norm_of(base_rows)
+                self.thresholds = np.where(model, [balance_threshold(base_norm[:, i], prior)
+                                                   for i in range(len(self.names))], self.given_thresholds)
+            fit_votes = self._binarise(norm_of(fit_rows))
+            self._update_dropped(fit_votes, fit_rows, prior)
         act = np.array([n in self.active for n in self.names], dtype=bool)
+        norm = norm_of(raw)
+        votes = self._binarise(norm)
 
         fallback = 0.0
         if self.opts.combine == "mean":
-            span = np.where(hi > lo, hi - lo, 1.0)
-            norm = np.where(hi > lo, (raw - lo) / span, 0.0)
             rewards = norm[:, act].mean(axis=1) if act.any() else np.full(len(texts), 0.5)
         elif self.opts.combine == "vote":
             share = votes[:, act].mean(axis=1) if act.any() else np.full(len(texts), 0.5)
             rewards = np.where(share > 0.5, 1.0, np.where(share < 0.5, 0.0, 0.5))
         elif act.sum() >= self.opts.min_active:
-            warm = self.params if self.fit_names == self.active else None
-            self.params = self.label_model.fit(win_votes[:, act], warm=warm)
-            self.fit_names = list(self.active)
-            rewards = self.label_model.posterior(votes[:, act], self.params)
+            if refit or self.fit_names != self.active:
+                bounded = self._fit(self._binarise(norm_of(fit_rows))[:, act])
+            rewards = self.label_model.posterior(votes[:, act], self.params)  # type: ignore[arg-type]
         else:
             self.params, self.fit_names = None, []
             fallback = 1.0
             rewards = votes[:, act].mean(axis=1) if act.any() else np.full(len(texts), 0.5)
+        model_rewards = rewards
+        rewards = self._apply_separate(rewards, votes)
         self.steps += 1
+        win_votes = self._binarise(norm_of(fit_rows))
         metrics = self._metrics(rewards, votes, win_votes, act, fallback, group_size)
+        metrics.update(self._paper_metrics(problems, texts, model_rewards, group_size, refit, bounded))
         details = [{"scores": dict(zip(self.names, map(float, raw[i]))),
                     "votes": dict(zip(self.names, map(int, votes[i]))),
                     "posterior": float(rewards[i])} for i in range(len(texts))]
         return RewardOutput(rewards=[float(r) for r in rewards], metrics=metrics, details=details)
+
+    def class_prior(self) -> float | None:
+        """The share of correct responses the label model is held to, or None when it estimates it."""
+        if self.opts.class_balance == "prior":
+            return float(self.opts.prior)
+        if self.opts.class_balance == "dev" and self.dev_labels:
+            return (sum(self.dev_labels) + 1.0) / (len(self.dev_labels) + 2.0)  # Laplace: never exactly 0 or 1
+        return None
+
+    def _fit(self, fit_votes: np.ndarray) -> float:
+        """Fit the label model on the active verifiers' votes; after the reference pool, bound each move.
+        Returns 1.0 when a refit wanted to move the prior or a rate by more than `max_change`."""
+        warm = self.params if self.fit_names == self.active else None
+        new = self.label_model.fit(fit_votes, warm=warm, prior=self.class_prior())
+        bounded = 0.0
+        if self.pool_full and warm is not None and self.since_refit > 0:
+            old = warm
+            moves = {"prior": new.prior - old.prior,
+                     **{f"{n}/tpr": d for n, d in zip(self.active, new.tpr - old.tpr)},
+                     **{f"{n}/fpr": d for n, d in zip(self.active, new.fpr - old.fpr)}}
+            big = {k: v for k, v in moves.items() if abs(v) > self.opts.max_change}
+            if big:
+                bounded = 1.0
+                log.warning("weaver: refit at step %d wanted to move %s; each is bounded to +-%.3g per refit",
+                            self.steps + 1, ", ".join(f"{k} by {v:+.3f}" for k, v in sorted(big.items())),
+                            self.opts.max_change)
+            c = self.opts.max_change
+            new = LabelModelParams(prior=float(old.prior + np.clip(new.prior - old.prior, -c, c)),
+                                   tpr=old.tpr + np.clip(new.tpr - old.tpr, -c, c),
+                                   fpr=old.fpr + np.clip(new.fpr - old.fpr, -c, c),
+                                   loglik=new.loglik, iters=new.iters, init=new.init)
+        self.params, self.fit_names = new, list(self.active)
+        return bounded
+
+    def _apply_separate(self, rewards: np.ndarray, votes: np.ndarray) -> np.ndarray:
+        """Majority and format outside the label model: gates multiply, terms mix in with `term_weight`."""
+        for i, role in enumerate(self.roles):
+            if role == "gate":
+                rewards = rewards * votes[:, i]
+        terms = [i for i, r in enumerate(self.roles) if r == "term"]
+        if terms:
+            w = self.opts.term_weight
+            rewards = (1.0 - w) * rewards + w * votes[:, terms].mean(axis=1)
+        return rewards
 
     def _verifier_scores(self, problems: list[Problem], texts: list[str]) -> np.ndarray:
         # Served models first: their services score concurrently while the local checks run here.
@@ -144,21 +342,72 @@ class WeaverReward(Reward):
             cols.append(s)
         return np.stack(cols, axis=1)
 
-    def _binarise(self, scores: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    def _normaliser(self, base: np.ndarray) -> Any:
+        """Scores -> [0, 1] per verifier, from `base` (the window, or the reference pool): min-max, or the
+        share of `base` at or below the score (quantile). Majority and format kept apart stay 0/1."""
+        keep = np.array([r != "model" for r in self.roles])
+        if self.opts.normalise == "quantile":
+            cols = [np.sort(base[:, i]) for i in range(base.shape[1])]
+
+            def norm(x: np.ndarray) -> np.ndarray:
+                q = np.stack([np.searchsorted(c, x[:, i], side="right") / len(c) for i, c in enumerate(cols)], axis=1)
+                return np.where(keep, x, q)
+            return norm
+        lo, hi = base.min(axis=0), base.max(axis=0)
         span = hi - lo
-        norm = np.where(span > 0, (scores - lo) / np.where(span > 0, span, 1.0), 0.0)
+
+        def minmax(x: np.ndarray) -> np.ndarray:
+            out = np.where(span > 0, (x - lo) / np.where(span > 0, span, 1.0), 0.0)
+            return np.where(keep & (span <= 0), x, out) if keep.any() else out
+        minmax.lo, minmax.hi = lo, hi  # type: ignore[attr-defined]
+        return minmax
+
+    def _binarise(self, norm: np.ndarray) -> np.ndarray:
         return (norm >= self.thresholds).astype(np.float64)
 
-    def _update_dropped(self, win_votes: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+    def dev_rates(self, i: int) -> tuple[float, float] | None:
+        """(TPR, FPR) of verifier i on the gold-labelled dev responses, with its current threshold."""
+        if not self.dev_labels or not any(self.dev_labels) or all(self.dev_labels):
+            return None
+        y = np.array(self.dev_labels)
+        rows = np.array(self.dev_scores)
+        base = np.concatenate(self.pool, axis=0) if self.pool else rows
+        v = self._binarise(self._normaliser(base)(rows))[:, i]
+        return float(v[y].mean()), float(v[~y].mean())
+
+    def _update_dropped(self, win_votes: np.ndarray, win_raw: np.ndarray, prior: float | None) -> None:
         band_lo, band_hi = self.opts.drop_band
         dropped: dict[str, str] = {}
         for i, name in enumerate(self.names):
             rate = float(win_votes[:, i].mean())
-            if hi[i] <= lo[i]:
-                dropped[name] = f"constant score {lo[i]:.4g} over the window (no signal)"
-            elif not band_lo < rate < band_hi:
+            if self.roles[i] != "model":
+                dropped[name] = f"kept out of the label model ({self.roles[i]})"
+            elif np.ptp(win_raw[:, i]) <= 0:
+                dropped[name] = f"constant score {win_raw[0, i]:.4g} over the window (no signal)"
+            elif prior is None and not band_lo < rate < band_hi:  # a known class balance: imbalance below
                 dropped[name] = (f"positive rate {rate:.3f} outside ({band_lo}, {band_hi}) over "
                                  f"{len(win_votes)} responses (no signal)")
+            elif prior is not None and abs(rate - prior) > self.opts.max_imbalance:
+                dropped[name] = (f"positive rate {rate:.3f} is {abs(rate - prior):.3f} from the class balance "
+                                 f"{prior:.3f} (max_imbalance {self.opts.max_imbalance})")
+            elif (dr := self.dev_rates(i)) is not None and dr[0] - dr[1] < self.opts.min_quality:
+                dropped[name] = (f"TPR - FPR {dr[0] - dr[1]:.3f} on {len(self.dev_labels)} labelled responses is "
+                                 f"below min_quality {self.opts.min_quality}")
+        if self.opts.max_correlation < 1.0:
+            keep = [i for i, n in enumerate(self.names) if n not in dropped]
+            quality = {i: (dr[0] - dr[1]) if (dr := self.dev_rates(i)) is not None else 0.0 for i in keep}
+            for a in keep:
+                for b in keep:
+                    if b <= a or self.names[a] in dropped or self.names[b] in dropped:
+                        continue
+                    va, vb = win_votes[:, a], win_votes[:, b]
+                    if va.std() == 0 or vb.std() == 0:
+                        continue
+                    r = float(np.corrcoef(va, vb)[0, 1])
+                    if r > self.opts.max_correlation:
+                        weak, strong = (b, a) if quality[a] >= quality[b] else (a, b)
+                        dropped[self.names[weak]] = (f"votes correlate {r:.3f} with {self.names[strong]!r}'s "
+                                                     f"(max_correlation {self.opts.max_correlation})")
         for name, why in dropped.items():
             if name not in self.dropped:
                 log.warning("weaver: dropping verifier %r: %s", name, why)
@@ -166,6 +415,18 @@ class WeaverReward(Reward):
             log.info("weaver: verifier %r is back in (positive rate inside the band)", name)
         self.dropped = dropped
         self.active = [n for n in self.names if n not in dropped]
+        if self.opts.min_quality > -1.0 and not self.dev_labels:  # no labels: judge quality by the fit
+            act = [i for i, n in enumerate(self.names) if n in self.active]
+            if len(act) >= self.opts.min_active:
+                fit = self.label_model.fit(win_votes[:, act], prior=prior)
+                for j, i in enumerate(act):
+                    q = float(fit.tpr[j] - fit.fpr[j])
+                    if q < self.opts.min_quality:
+                        why = f"estimated TPR - FPR {q:.3f} below min_quality {self.opts.min_quality}"
+                        if self.names[i] not in self.dropped:
+                            log.warning("weaver: dropping verifier %r: %s", self.names[i], why)
+                        self.dropped[self.names[i]] = why
+                self.active = [n for n in self.names if n not in self.dropped]
 
     def _metrics(self, rewards: np.ndarray, votes: np.ndarray, win_votes: np.ndarray, act: np.ndarray,
                  fallback: float, group_size: int) -> dict[str, float]:
@@ -201,10 +462,47 @@ class WeaverReward(Reward):
                     (win_votes[:, i] == win_votes[:, k]).mean())
         return m
 
+    def _paper_metrics(self, problems: list[Problem], texts: list[str], model_rewards: np.ndarray,
+                       group_size: int, refit: bool, bounded: float) -> dict[str, float]:
+        """What tells a collapse from learning: the label model's belief, the class balance it is held to, the
+        dev budget spent, and how alike the policy answers (the share of each group's most common answer)."""
+        prior = self.class_prior()
+        m: dict[str, float] = {
+            "weaver/est_correct_share": float(np.mean(model_rewards)) if len(model_rewards) else 0.0,
+            "weaver/class_balance": float(prior if prior is not None else
+                                          (self.params.prior if self.params is not None else math.nan)),
+            "weaver/dev_labels": float(len(self.dev_labels)),
+            "weaver/reference_groups": float(len(self.pool)),
+            "weaver/refit": float(refit),
+            "weaver/refit_bounded": bounded,
+            "weaver/zero_adv_warn_at": float(self.opts.warn_zero_adv),
+        }
+        if self.dev_labels:
+            m["weaver/dev_correct_share"] = float(np.mean(self.dev_labels))
+            for i, name in enumerate(self.names):
+                if (dr := self.dev_rates(i)) is not None:
+                    m[f"weaver/{name}/dev_tpr"], m[f"weaver/{name}/dev_fpr"] = dr
+        if self.opts.fit_thresholds:
+            for i, name in enumerate(self.names):
+                m[f"weaver/{name}/threshold"] = float(self.thresholds[i])
+        if self.env is not None and hasattr(self.env, "extract"):
+            shares = []
+            for g in range(0, len(texts), group_size):
+                answers = [self.env.extract(p, t) for p, t in zip(problems[g:g + group_size], texts[g:g + group_size])]
+                top = max(Counter(a for a in answers if a is not None).values(), default=0)
+                shares.append(top / max(len(answers), 1))
+            m["weaver/top_answer_share"] = float(np.mean(shares)) if shares else 0.0
+        return {k: (v if math.isfinite(v) else -1.0) for k, v in m.items()}
+
     # --- checkpointing -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
+            "pool": [g.tolist() for g in self.pool],
+            "dev_scores": [list(r) for r in self.dev_scores],
+            "dev_labels": [bool(x) for x in self.dev_labels],
+            "thresholds": [float(x) for x in self.thresholds],
+            "since_refit": self.since_refit,
             "verifiers": list(self.names),
             "window": [g.tolist() for g in self.window],
             "params": self.params.to_dict() if self.params is not None else None,
@@ -215,8 +513,8 @@ class WeaverReward(Reward):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"weaver: checkpoint state version {state.get('version')} != {STATE_VERSION}")
+        if state.get("version") not in (1, STATE_VERSION):  # version 1: before the reference pool, same fields
+            raise ValueError(f"weaver: checkpoint state version {state.get('version')} is not 1 or {STATE_VERSION}")
         if list(state["verifiers"]) != self.names:
             raise ValueError(f"weaver: checkpoint was saved with verifiers {state['verifiers']} but the config has "
                              f"{self.names}; resume with the same reward.verifiers")
@@ -228,3 +526,8 @@ class WeaverReward(Reward):
         self.fit_names = list(state.get("fit_names", []))
         self.dropped = dict(state.get("dropped", {}))
         self.steps = int(state.get("steps", 0))
+        self.pool = [np.asarray(g, dtype=np.float64).reshape(-1, m) for g in state.get("pool", [])]
+        self.dev_scores = [list(map(float, r)) for r in state.get("dev_scores", [])]
+        self.dev_labels = [bool(x) for x in state.get("dev_labels", [])]
+        self.thresholds = np.asarray(state.get("thresholds", self.given_thresholds), dtype=np.float64)
+        self.since_refit = int(state.get("since_refit", 0))

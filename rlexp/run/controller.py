@@ -22,6 +22,16 @@ from rlexp.tracking.runlog import announce
 from rlexp.types import Completion
 
 
+def zero_adv_warning(m: dict[str, float]) -> str:
+    """A progress-line warning when the reward stopped separating a group's responses: GRPO then has no
+    gradient left, which is how a collapsed policy looks (the reward states its own limit, weaver's
+    `warn_zero_adv`; rewards that state none never warn)."""
+    share, limit = m.get("weaver/flat_group_frac"), m.get("weaver/zero_adv_warn_at")
+    if share is None or limit is None or share <= limit:
+        return ""
+    return f" | WARNING: {share:.0%} of groups have zero advantage (> {limit:.0%}): no gradient left"
+
+
 class Controller:
     def __init__(self, p: Prepared, svc: Services, run_dir: Path, trackers: Trackers, resume_hash: str,
                  between_steps: Callable[..., None] | None = None) -> None:
@@ -124,7 +134,7 @@ class Controller:
         bar = "#" * int(20 * step / c.steps)
         ev = "not yet" if self.last_eval is None else f"{self.last_eval[1]:.3f} @ step {self.last_eval[0]}"
         announce(f"[{bar:<20}] step {step}/{c.steps} | reward {m.get('reward/mean', float('nan')):.3f} | "
-                 f"eval {ev} | {rate:.1f} steps/s, {samples_s:,.0f} samples/s | ETA {eta:.0f}s")
+                 f"eval {ev} | {rate:.1f} steps/s, {samples_s:,.0f} samples/s | ETA {eta:.0f}s{zero_adv_warning(m)}")
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> Path:

@@ -129,6 +129,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
     check_multi_turn(t, env)
     model_dir = str(resolve_model(t.model))
+    check_prompt_lengths(t, env.name, {"train": train, "eval": held}, model_dir)
     seeds = component_seeds(t.seed, t.generator.shards)
     extra = {
         "determinism": apply_determinism(t.determinism, t.seed),
@@ -172,6 +173,38 @@ def check_multi_turn(t: TrainConfig, env: Environment) -> None:
         if e.max_reply_tokens < 1 or e.step_timeout_s < 0:
             raise ConfigError(f"environment.max_reply_tokens={e.max_reply_tokens} must be >= 1 and "
                               f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
+
+
+def check_prompt_lengths(t: TrainConfig, env_name: str, splits: dict[str, list[Any]], model_dir: str) -> None:
+    """Every prompt must leave the policy room for a token: a longer one is past the end of the model's RoPE
+    table, which the trainer's forward meets only when that prompt is first drawn (GPQA's 1,669-token prompts
+    against the tiny model's 1,024, minutes into a run). Only prompts whose UTF-8 length could reach the
+    limit are tokenized (no tokenizer here makes more tokens than bytes, plus a few special ones)."""
+    limit = int(t.model.arch.max_seq_len)
+    tok = None
+    over: dict[str, tuple[int, int, int]] = {}
+    for split, samples in splits.items():
+        lengths = []
+        for s in samples:
+            prompt = s.problem.prompt
+            if len(prompt.encode()) + 16 < limit:
+                continue
+            if tok is None:
+                from rlexp.models.tokenizer import load_tokenizer
+
+                tok = load_tokenizer(model_dir)
+            n = len(tok.encode(prompt))
+            if n >= limit:
+                lengths.append(n)
+        if lengths:
+            over[split] = (len(lengths), len(samples), max(lengths))
+    if over:
+        worst = max(n for _, _, n in over.values())
+        what = "; ".join(f"{k} of {n} {split} prompts (longest {m} tokens)" for split, (k, n, m) in over.items())
+        raise ConfigError(f"environment={env_name}: {what} do not fit the policy's context, model.arch.max_seq_len="
+                          f"{limit} tokens, with room for a response. Use a model with a longer context, or raise "
+                          f"model.arch.max_seq_len to at least {worst + t.algorithm.max_tokens} (the tiny model builds "
+                          f"its RoPE table from it), or point environment.dataset at shorter problems")
 
 
 def check_verifier_kinds(t: TrainConfig, env: Environment) -> None:

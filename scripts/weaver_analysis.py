@@ -1,0 +1,304 @@
+"""The pre-registered analysis of the Weaver replication (issue 23; results/weaver_preregistration.md).
+
+    python scripts/weaver_analysis.py SWEEP_DIR [SWEEP_DIR ...] --out results/weaver_replication [--best rm_small]
+    python scripts/weaver_analysis.py --selection-only --out results/weaver_selection_static
+
+Committed before any result of the sweep it analyses, so the statistic, the interval and the tests cannot be
+chosen after seeing the numbers. It writes PREFIX.md (the table and the verdict), PREFIX.csv (one row per run),
+PREFIX.png (curves) and PREFIX.json (the headline figures), all from the run folders and, for the static
+selection baseline, from the verifiers themselves.
+
+Why balanced accuracy: training draws sums uniformly, the held-out set is binomial (126 sequences, sums 1-8),
+so plain held-out accuracy rewards the policy that always answers the commonest sum (0.246 for "4"). Balanced
+accuracy, the mean over the held-out answer classes of each class's accuracy, follows the training distribution
+over the classes present and gives every constant answer exactly 1 / (number of classes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics as st
+from collections import Counter
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Arms: the reward choice (plus reward.options.verifier for the best single verifier).
+ORDER = ["single_rm", "best_verifier", "verifier_mean", "verifier_vote", "weaver_paper", "weaver", "annotated"]
+LABEL_FREE_WEAVER = "weaver"  # today's label-free online model, kept as an arm
+HEADLINE = "weaver_paper"  # the arm the goal is about
+GOAL = {"gap_fraction": 0.6, "collapse_margin": 0.1}
+
+
+# --- per run ------------------------------------------------------------------------------------------------
+def balanced(records: list[dict]) -> float:
+    """Mean over gold answer classes of the class's accuracy."""
+    by: dict[str, list[bool]] = {}
+    for r in records:
+        by.setdefault(str(r["gold"]), []).append(bool(r["correct"]))
+    return st.mean(sum(v) / len(v) for v in by.values())
+
+
+def top_share(records: list[dict]) -> float:
+    answers = [r.get("extracted") if r.get("extracted") is not None else r["response"] for r in records]
+    return max(Counter(answers).values()) / len(answers) if answers else math.nan
+
+
+def auc(curve: dict[int, float]) -> float:
+    steps = sorted(curve)
+    if len(steps) < 2:
+        return math.nan
+    return sum((curve[b] + curve[a]) / 2 * (b - a) for a, b in pairwise(steps)) / (steps[-1] - steps[0])
+
+
+def load_run(job: Path, best: str | None) -> dict[str, Any] | None:
+    evals = sorted((job / "eval_samples").glob("train_step*.jsonl"))
+    if len(evals) < 2 or not (job / ".hydra/overrides.yaml").exists():
+        return None
+    ov = dict(o.lstrip("+~").split("=", 1) for o in yaml.safe_load((job / ".hydra/overrides.yaml").read_text()))
+    arm = ov.get("reward", "rule")
+    if arm == "single_rm" and best and ov.get("reward.options.verifier") == best:
+        arm = "best_verifier"
+    bal, plain, share, golds = {}, {}, {}, Counter()
+    for f in evals:
+        step = int(f.stem.removeprefix("train_step"))
+        recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        bal[step], plain[step], share[step] = balanced(recs), st.mean(r["correct"] for r in recs), top_share(recs)
+        golds = Counter(str(r["gold"]) for r in recs)
+    last = sorted(bal)[-2:]
+    return {"job": str(job), "arm": arm, "seed": int(ov.get("seed", 0)), "auc": auc(bal),
+            "final": st.mean(bal[s] for s in last), "plain_auc": auc(plain),
+            "plain_final": st.mean(plain[s] for s in last), "top_share": share[max(share)],
+            "start": bal[min(bal)], "curve": bal, "golds": golds}
+
+
+# --- statistics ---------------------------------------------------------------------------------------------
+def t_quantile(df: int) -> float:
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, df))
+
+
+def t_interval(xs: list[float]) -> tuple[float, float, float]:
+    m = st.mean(xs)
+    if len(xs) < 2:
+        return m, math.nan, math.nan
+    h = t_quantile(len(xs) - 1) * st.stdev(xs) / math.sqrt(len(xs))
+    return m, m - h, m + h
+
+
+def paired_test(a: list[float], b: list[float]) -> dict[str, float]:
+    """Paired over seeds: mean difference, its 95% t-interval, the two-sided paired t-test's p-value."""
+    from scipy.stats import ttest_rel
+
+    d = [x - y for x, y in zip(a, b)]
+    m, lo, hi = t_interval(d)
+    p = float(ttest_rel(a, b).pvalue) if len(d) > 1 and st.stdev(d) > 0 else math.nan
+    return {"diff": m, "low": lo, "high": hi, "p": p, "n": len(d)}
+
+
+def fieller(num: list[float], den: list[float]) -> tuple[float, float, float]:
+    """Ratio mean(num) / mean(den) of paired per-seed values with Fieller's 95% interval (df n-1); the ends are
+    +-inf when the denominator is not distinguishable from zero (the ratio is then unbounded)."""
+    n = len(num)
+    a, b = st.mean(num), st.mean(den)
+    point = a / b if b else math.nan
+    if n < 2:
+        return point, math.nan, math.nan
+    vaa, vbb = st.variance(num) / n, st.variance(den) / n
+    vab = sum((x - a) * (y - b) for x, y in zip(num, den)) / (n - 1) / n
+    t2 = t_quantile(n - 1) ** 2
+    qa, qb, qc = b * b - t2 * vbb, -2 * (a * b - t2 * vab), a * a - t2 * vaa
+    disc = qb * qb - 4 * qa * qc
+    if qa <= 0 or disc < 0:
+        return point, -math.inf, math.inf
+    r = math.sqrt(disc)
+    return point, (-qb - r) / (2 * qa), (-qb + r) / (2 * qa)
+
+
+# --- the static best-of-K baseline: what each reward could reach if the policy found its best answer ------------
+def static_selection(best: str | None) -> dict[str, dict[str, float]]:
+    """Every held-out prompt answered with each digit 0-9 (K=10); each reward scores the 10 candidates as one group
+    and its top-scored one is the answer. Weaver the paper's way gets its dev budget from these candidates' gold."""
+    from omegaconf import OmegaConf
+
+    from rlexp.config.environment import EnvConfig
+    from rlexp.config.paths import CONF_DIR
+    from rlexp.config.reward import RewardConfig, VerifierConfig
+    from rlexp.envs.registry import build_env
+    from rlexp.rewards.registry import build_reward
+    from rlexp.rewards.verifiers.registry import verifier_checkpoint
+
+    env = build_env(EnvConfig(name="arithmetic", options={"verifier_frac": 0.25}))
+    held = env.eval_samples()
+    listed = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "verifier_set" / "arithmetic.yaml"))["members"]
+    members = [verifier_checkpoint(VerifierConfig(**m)) if m["kind"] in ("reward_model", "lm_judge")
+               else VerifierConfig(**m) for m in listed]
+    paper = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "reward" / "weaver_paper.yaml"))["options"]
+    free = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "reward" / "weaver.yaml"))["options"]
+    arms = {"single_rm": ("single_rm", {}), "verifier_mean": ("weaver", {**free, "combine": "mean"}),
+            "verifier_vote": ("weaver", {**free, "combine": "vote"}), "weaver": ("weaver", free),
+            "weaver_paper": ("weaver", {**paper, "reference_groups": len(held)})}
+    if best:
+        arms["best_verifier"] = ("single_rm", {"verifier": best})
+    samples = [s for s in held for _ in range(10)]
+    texts = [str(d) for _ in held for d in range(10)]
+    out = {}
+    for arm, (name, options) in arms.items():
+        reward = build_reward(RewardConfig(name=name, verifiers=members, options=options), env, served=False)
+        r = reward.score(samples, texts, group_size=10).rewards
+        recs = []
+        for g, s in enumerate(held):
+            pick = max(range(10), key=lambda d: (r[g * 10 + d], -d))
+            recs.append({"gold": s.answer, "correct": str(pick) == s.answer})
+        out[arm] = {"balanced": balanced(recs), "plain": st.mean(x["correct"] for x in recs)}
+    out["annotated"] = {"balanced": 1.0, "plain": 1.0}
+    return out
+
+
+# --- the report ---------------------------------------------------------------------------------------------------
+def analyse(runs: list[dict[str, Any]], selection: dict[str, dict[str, float]] | None) -> dict[str, Any]:
+    by: dict[str, dict[int, dict]] = {}
+    for r in runs:
+        if r["seed"] in by.get(r["arm"], {}):
+            raise SystemExit(f"two runs of arm {r['arm']} seed {r['seed']}: {by[r['arm']][r['seed']]['job']} and "
+                             f"{r['job']}; pass the sweep folders of one replication only")
+        by.setdefault(r["arm"], {})[r["seed"]] = r
+    arms = [a for a in ORDER if a in by] + sorted(set(by) - set(ORDER))
+    golds = runs[0]["golds"]
+    res: dict[str, Any] = {"statistic": "AUC of balanced held-out accuracy (pre-registered)", "arms": {}}
+    for a in arms:
+        xs = list(by[a].values())
+        # Every statistic is a proportion: interval ends clipped to [0, 1] (a t-interval over few seeds overshoots).
+        res["arms"][a] = {k: dict(zip(("mean", "low", "high"),
+                                      (min(1.0, max(0.0, v)) if v == v else v for v in t_interval([x[k] for x in xs]))))
+                          for k in ("auc", "final", "plain_final", "top_share")}
+        res["arms"][a]["n_seeds"] = len(xs)
+        res["arms"][a]["per_seed"] = {str(s): by[a][s]["auc"] for s in sorted(by[a])}
+    res["baselines"] = {
+        "best_constant_answer": {"balanced": 1 / len(golds), "plain": max(golds.values()) / sum(golds.values()),
+                                 "answer": golds.most_common(1)[0][0]},
+        "no_learning_policy": dict(zip(("mean", "low", "high"), t_interval([r["start"] for r in runs]))),
+        "static_best_of_k": selection or {},
+    }
+    if all(k in by for k in (HEADLINE, "single_rm", "annotated")):
+        seeds = sorted(set(by[HEADLINE]) & set(by["single_rm"]) & set(by["annotated"]))
+        num = [by[HEADLINE][s]["auc"] - by["single_rm"][s]["auc"] for s in seeds]
+        den = [by["annotated"][s]["auc"] - by["single_rm"][s]["auc"] for s in seeds]
+        g, lo, hi = fieller(num, den)
+        res["gap_fraction"] = {"point": g, "low": lo, "high": hi, "n_seeds": len(seeds), "interval": "Fieller 95%",
+                               "per_seed": {str(s): (n / d if d else math.nan) for s, n, d in zip(seeds, num, den)}}
+    res["paired"] = {}
+    for other in ("verifier_vote", "verifier_mean", LABEL_FREE_WEAVER, "single_rm"):
+        if HEADLINE in by and other in by and other != HEADLINE:
+            seeds = sorted(set(by[HEADLINE]) & set(by[other]))
+            res["paired"][other] = paired_test([by[HEADLINE][s]["auc"] for s in seeds],
+                                               [by[other][s]["auc"] for s in seeds])
+    if HEADLINE in by and "annotated" in by:
+        res["collapse"] = {"headline_top_share": res["arms"][HEADLINE]["top_share"]["mean"],
+                           "gold_top_share": res["arms"]["annotated"]["top_share"]["mean"]}
+    gf, pv, pm = res.get("gap_fraction", {}), res["paired"].get("verifier_vote"), res["paired"].get("verifier_mean")
+    col = res.get("collapse")
+    res["goal_met"] = bool(gf and gf["point"] >= GOAL["gap_fraction"] and pv and pm and pv["low"] > 0
+                           and pm["low"] > 0 and col
+                           and abs(col["headline_top_share"] - col["gold_top_share"]) <= GOAL["collapse_margin"])
+    return res
+
+
+def fmt(d: dict[str, float], p: int = 3) -> str:
+    return f"{d['mean']:.{p}f} [{d['low']:.{p}f}, {d['high']:.{p}f}]"
+
+
+def markdown(res: dict[str, Any], command: str) -> str:
+    lines = [f"Produced by `{command}`; statistic: {res['statistic']}, mean over seeds with a 95% t-interval.", "",
+             "| arm | seeds | AUC balanced (pre-registered) | final balanced | final plain "
+             "| most common answer's share |",
+             "|---|---|---|---|---|---|"]
+    for a, v in res["arms"].items():
+        lines.append(f"| {a} | {v['n_seeds']} | {fmt(v['auc'])} | {fmt(v['final'])} | {fmt(v['plain_final'])} "
+                     f"| {fmt(v['top_share'], 2)} |")
+    b = res["baselines"]
+    lines += ["", f"Baselines: best constant answer ({b['best_constant_answer']['answer']!r}) balanced "
+              f"{b['best_constant_answer']['balanced']:.3f}, plain {b['best_constant_answer']['plain']:.3f}; "
+              f"no-learning policy (step 0) balanced {fmt(b['no_learning_policy'])}."]
+    if b["static_best_of_k"]:
+        lines += ["", "Static best-of-10 selection over the same verifiers (balanced / plain): " + "; ".join(
+            f"{a} {v['balanced']:.3f} / {v['plain']:.3f}" for a, v in b["static_best_of_k"].items())]
+    if "gap_fraction" in res:
+        g = res["gap_fraction"]
+        lines += ["", f"Gap fraction closed by {HEADLINE} (AUC): {g['point']:.3f} [{g['interval']} {g['low']:.3f}, "
+                  f"{g['high']:.3f}], n={g['n_seeds']}; per seed: " +
+                  ", ".join(f"{s}: {v:.3f}" for s, v in g["per_seed"].items())]
+    for other, p in res["paired"].items():
+        lines.append(f"- {HEADLINE} - {other} (AUC, paired by seed, n={p['n']}): {p['diff']:+.3f} "
+                     f"[{p['low']:+.3f}, {p['high']:+.3f}], paired t-test p={p['p']:.3g}")
+    lines += ["", f"Goal (gap >= {GOAL['gap_fraction']}, intervals vs vote and mean above zero, most-common-answer "
+              f"share within {GOAL['collapse_margin']} of gold's): {'met' if res['goal_met'] else 'NOT met'}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(runs: list[dict[str, Any]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 6))
+    by: dict[str, list[dict]] = {}
+    for r in runs:
+        by.setdefault(r["arm"], []).append(r)
+    for arm in [a for a in ORDER if a in by] + sorted(set(by) - set(ORDER)):
+        steps = sorted(set.intersection(*(set(r["curve"]) for r in by[arm])))
+        stats = [t_interval([r["curve"][s] for r in by[arm]]) for s in steps]
+        ax.plot(steps, [m for m, _, _ in stats], label=f"{arm} (n={len(by[arm])})")
+        if len(by[arm]) > 1:
+            ax.fill_between(steps, [lo for _, lo, _ in stats], [hi for _, _, hi in stats], alpha=0.15)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("balanced held-out accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweeps", nargs="*", type=Path)
+    ap.add_argument("--out", type=Path, required=True, help="output prefix: PREFIX.md/.csv/.png/.json")
+    ap.add_argument("--best", help="the verifier chosen on labelled data as the best single one")
+    ap.add_argument("--no-selection", action="store_true", help="skip the static best-of-K baseline")
+    ap.add_argument("--selection-only", action="store_true", help="only the static best-of-K baseline")
+    args = ap.parse_args(argv)
+    command = "python scripts/weaver_analysis.py " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    selection = None if args.no_selection else static_selection(args.best)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if args.selection_only:
+        args.out.with_suffix(".json").write_text(json.dumps({"command": command, "static_best_of_k": selection},
+                                                            indent=2) + "\n")
+        print(json.dumps(selection, indent=2))
+        return 0
+    runs = [r for sw in args.sweeps for job in sorted(p for p in sw.iterdir() if p.is_dir())
+            if (r := load_run(job, args.best)) is not None]
+    if not runs:
+        raise SystemExit(f"no finished runs with evaluations under {[str(s) for s in args.sweeps]}")
+    res = analyse(runs, selection)
+    res["command"] = command
+    with open(args.out.with_suffix(".csv"), "w") as f:
+        f.write(f"# produced by: {command}; read with comment='#'\n")
+        f.write("arm,seed,auc_balanced,final_balanced,final_plain,top_share,start_balanced,job\n")
+        for r in sorted(runs, key=lambda r: (r["arm"], r["seed"])):
+            f.write(f"{r['arm']},{r['seed']},{r['auc']:.4f},{r['final']:.4f},{r['plain_final']:.4f},"
+                    f"{r['top_share']:.4f},{r['start']:.4f},{r['job']}\n")
+    args.out.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(res, command))
+    plot(runs, args.out.with_suffix(".png"))
+    print(markdown(res, command))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,272 @@
+"""Weaver the paper's way (issue 23): the class balance from a stated budget of labels (or a stated prior) that the
+policy's later outputs cannot move, quality / imbalance / correlation filters, quantile normalisation with fitted
+thresholds over a fixed reference pool, bounded and logged refits, majority and format outside the label model,
+and the diagnostics that tell a collapse from learning.
+
+Synthetic verifiers of known TPR/FPR vote through a test-only rule (their votes are written into the response
+text, as in tests/test_weaver.py); the gold correctness is the text's last character, read by a test-only
+environment that only checks and extracts. The learned arithmetic verifiers are run in-process at the end.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from rlexp.config.reward import RewardConfig, VerifierConfig
+from rlexp.controller import zero_adv_warning
+from rlexp.envs.base import Check
+from rlexp.rewards.registry import build_reward
+from rlexp.rewards.verifiers.base import Rule, register_rule
+from rlexp.types import Problem, Sample
+
+
+def simulate_votes(y: np.ndarray, rates: list[tuple[float, float]], rng: np.random.Generator) -> np.ndarray:
+    p = np.where(y[:, None], [r[0] for r in rates], [r[1] for r in rates])
+    return (rng.random((len(y), len(rates))) < p).astype(np.float64)
+
+
+@register_rule("paper_vote")
+class VoteFromText(Rule):
+    """Test-only verifier: the synthetic response text carries each verifier's 0/1 vote as a digit."""
+
+    def __init__(self, index: int) -> None:
+        self.index = int(index)
+
+    def check(self, problem: Problem, text: str) -> float:
+        return float(text[self.index])
+
+
+GOOD = [(0.9, 0.1), (0.8, 0.2), (0.75, 0.25), (0.7, 0.3)]
+
+
+class LastCharEnv:
+    """Test-only environment: a response is right when its last character is "1"; its answer is that character."""
+
+    name = "last_char"
+
+    def check(self, sample: Sample, text: str) -> Check:
+        return Check(correct=text[-1] == "1", parseable=True, extracted=text[-1])
+
+    def extract(self, problem: Problem, text: str) -> str | None:
+        return text[-1] if text[-1] in "01" else None
+
+
+def cfg(n: int, **options) -> RewardConfig:
+    return RewardConfig(name="weaver", options=options, verifiers=[
+        VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "paper_vote", "index": i}) for i in range(n)])
+
+
+def batch(rng, rates, n_groups, group, prior):
+    y = rng.random(n_groups * group) < prior
+    votes = simulate_votes(y, rates, rng).astype(int)
+    texts = ["".join(map(str, row)) + ("1" if c else "0") for row, c in zip(votes, y)]
+    samples = [Sample(Problem(id=f"p{g}", prompt=f"problem {g}"), answer="1") for g in range(n_groups)
+               for _ in range(group)]
+    return samples, texts, y
+
+
+PAPER = dict(class_balance="dev", dev_labels=200, reference_groups=64, normalise="quantile", fit_thresholds=True)
+
+
+def test_class_balance_comes_from_the_dev_budget_and_the_policy_cannot_move_it():
+    """The reference pool is 30% right; then the policy collapses to 5% right answers on which the verifiers
+    agree (they accept each other's favourite). Label-free, the prior follows the policy's own outputs; with dev
+    labels it stays at the labelled share, and exactly the budget of labels is read, all in the reference steps."""
+    rng = np.random.default_rng(0)
+    env = LastCharEnv()
+    paper = build_reward(cfg(4, **PAPER), env)
+    free = build_reward(cfg(4, window_groups=64), env)
+    asked = []
+    for step in range(6):
+        prior = 0.3 if step < 2 else 0.05
+        s, t, y = batch(rng, GOOD, 32, 16, prior)
+        asked.append(len(paper.label_request(len(t))))
+        out, out_free = paper.score(s, t, 16), free.score(s, t, 16)
+    assert asked[0] == 200 and sum(asked) == 200 and out.metrics["weaver/dev_labels"] == 200
+    assert abs(out.metrics["weaver/class_balance"] - 0.3) < 0.07
+    assert out.metrics["weaver/prior"] == pytest.approx(out.metrics["weaver/class_balance"])
+    assert abs(out_free.metrics["weaver/prior"] - 0.05) < 0.05  # the label-free fit follows the collapse
+    r = np.array(out.rewards)
+    assert r[y].mean() > r[~y].mean() + 0.3
+
+
+@register_rule("test_score")
+class ScoreFromText(Rule):
+    """Test-only verifier: the response text carries each verifier's continuous score, comma-separated."""
+
+    def __init__(self, index: int) -> None:
+        self.index = int(index)
+
+    def check(self, problem: Problem, text: str) -> float:
+        return float(text.split(",")[self.index])
+
+
+def test_fitted_thresholds_give_each_verifier_the_class_balance_on_the_pool():
+    """Continuous scores (a shifted normal per class, separations 2.0 down to 0.5, on scales of their own)."""
+    rng = np.random.default_rng(1)
+    c = RewardConfig(name="weaver", options=PAPER, verifiers=[
+        VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "test_score", "index": i}) for i in range(4)])
+    reward = build_reward(c, LastCharEnv())
+    y = rng.random(64 * 16) < 0.3
+    scores = [(rng.normal(size=len(y)) + sep * y) * scale for sep, scale in ((2.0, 1), (1.5, 10), (1.0, 0.1), (0.5, 3))]
+    t = [",".join(f"{sc[k]:.4f}" for sc in scores) + ("," + ("1" if y[k] else "0")) for k in range(len(y))]
+    s = [Sample(Problem(id=f"p{k // 16}", prompt="q"), answer="1") for k in range(len(y))]
+    out = reward.score(s, t, 16)
+    prior = out.metrics["weaver/class_balance"]
+    for i in range(4):
+        assert abs(out.metrics[f"weaver/v{i}/pos_rate"] - prior) < 0.01, (i, out.metrics[f"weaver/v{i}/pos_rate"])
+        assert f"weaver/v{i}/threshold" in out.metrics and f"weaver/v{i}/dev_tpr" in out.metrics
+
+
+def test_a_stated_prior_is_held_and_needs_no_labels():
+    rng = np.random.default_rng(2)
+    reward = build_reward(cfg(4, class_balance="prior", prior=0.25, reference_groups=32), LastCharEnv())
+    for _ in range(3):
+        s, t, _ = batch(rng, GOOD, 32, 16, 0.05)
+        assert reward.label_request(len(t)) == []
+        out = reward.score(s, t, 16)
+    assert out.metrics["weaver/prior"] == pytest.approx(0.25) and out.metrics["weaver/dev_labels"] == 0
+
+
+def test_filters_drop_random_imbalanced_and_duplicate_verifiers(caplog):
+    rng = np.random.default_rng(3)
+    # v4: no signal (TPR = FPR); v5: says yes 95% of the time; v6: v0's votes again (correlation 1).
+    rates = [*GOOD, (0.5, 0.5), (0.95, 0.95)]
+    opts = dict(PAPER, fit_thresholds=False, normalise="minmax", min_quality=0.1, max_imbalance=0.4,
+                max_correlation=0.9)
+    c = cfg(len(rates), **opts)
+    c.verifiers.append(VerifierConfig(name="v0_again", kind="rule", options={"rule": "paper_vote", "index": 0}))
+    reward = build_reward(c, LastCharEnv())
+    s, t, _ = batch(rng, rates, 64, 16, 0.3)
+    with caplog.at_level(logging.WARNING, logger="rlexp.rewards.weaver"):
+        reward.score(s, t, 16)
+    assert "below min_quality" in reward.dropped["v4"]
+    assert "from the class balance" in reward.dropped["v5"]
+    assert "correlate" in reward.dropped["v0_again"] and "'v0'" in reward.dropped["v0_again"]
+    assert reward.active == ["v0", "v1", "v2", "v3"]
+    assert "dropping verifier 'v0_again'" in caplog.text
+
+
+def test_without_labels_quality_is_judged_by_the_fit():
+    rng = np.random.default_rng(4)
+    reward = build_reward(cfg(5, class_balance="prior", prior=0.3, min_quality=0.1), LastCharEnv())
+    s, t, _ = batch(rng, [*GOOD, (0.5, 0.5)], 64, 16, 0.3)
+    reward.score(s, t, 16)
+    assert "estimated TPR - FPR" in reward.dropped["v4"] and "v0" in reward.active
+
+
+def test_fit_once_then_bounded_logged_refits(caplog):
+    rng = np.random.default_rng(5)
+    once = build_reward(cfg(4, **PAPER), LastCharEnv())
+    slow = build_reward(cfg(4, **PAPER, refit_every=1, max_change=0.02), LastCharEnv())
+    s, t, _ = batch(rng, GOOD, 64, 16, 0.3)
+    once.score(s, t, 16), slow.score(s, t, 16)
+    start = slow.params.tpr.copy()
+    fixed = once.params.tpr.copy()
+    worse = [(0.6, 0.5), (0.55, 0.5), (0.9, 0.1), (0.7, 0.3)]  # v0 and v1 got much worse on the new outputs
+    with caplog.at_level(logging.WARNING, logger="rlexp.rewards.weaver"):
+        for _ in range(3):
+            s, t, _ = batch(rng, worse, 64, 16, 0.3)
+            a, b = once.score(s, t, 16), slow.score(s, t, 16)
+    assert np.array_equal(once.params.tpr, fixed) and a.metrics["weaver/refit"] == 0.0  # fit once
+    moved = np.abs(slow.params.tpr - start)
+    assert moved.max() <= 3 * 0.02 + 1e-9 and moved[0] > 0.03  # moved, three bounded steps
+    assert b.metrics["weaver/refit_bounded"] == 1.0 and "bounded to +-0.02" in caplog.text
+
+
+def test_majority_and_format_as_gate_term_or_off():
+    rng = np.random.default_rng(6)
+    env = LastCharEnv()
+    verifiers = [VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "paper_vote", "index": i})
+                 for i in range(4)]
+    verifiers += [VerifierConfig(name="majority", kind="majority"), VerifierConfig(name="format", kind="format")]
+    s, t, _ = batch(rng, GOOD, 16, 8, 0.3)
+    t = [x if i % 5 else x[:-1] + "?" for i, x in enumerate(t)]  # every fifth: no readable answer
+    inside = build_reward(RewardConfig(name="weaver", verifiers=verifiers, options={}), env)
+    inside.score(s, t, 8)
+    assert {"majority", "format"} <= set(inside.active)  # today's model: votes in the label model
+    gated = build_reward(RewardConfig(name="weaver", verifiers=verifiers,
+                                      options={"majority_as": "off", "format_as": "gate"}), env)
+    out = gated.score(s, t, 8)
+    assert gated.active == ["v0", "v1", "v2", "v3"] and "kept out" in gated.dropped["majority"]
+    fmt = [d["votes"]["format"] for d in out.details]
+    assert all(r == 0.0 for r, f in zip(out.rewards, fmt) if f == 0)
+    term = build_reward(RewardConfig(name="weaver", verifiers=verifiers,
+                                     options={"majority_as": "term", "format_as": "off", "term_weight": 0.2}), env)
+    out = term.score(s, t, 8)
+    assert all(0.0 <= r <= 1.0 for r in out.rewards) and term.active == ["v0", "v1", "v2", "v3"]
+    maj = np.array([d["votes"]["majority"] for d in out.details])
+    post = np.array(out.rewards)
+    assert post[maj == 1].min() >= 0.2 - 1e-9 or post[maj == 1].mean() > post[maj == 0].mean()
+
+
+def test_diagnostics_and_the_progress_warning():
+    rng = np.random.default_rng(7)
+    reward = build_reward(cfg(4, **PAPER, warn_zero_adv=0.5), LastCharEnv())
+    s, t, _ = batch(rng, GOOD, 32, 16, 0.3)
+    m = reward.score(s, t, 16).metrics
+    for k in ("weaver/est_correct_share", "weaver/class_balance", "weaver/top_answer_share", "weaver/flat_group_frac",
+              "weaver/v0/tpr", "weaver/v0/fpr", "weaver/dev_correct_share", "weaver/zero_adv_warn_at"):
+        assert k in m and np.isfinite(m[k]), k
+    assert 0.5 <= m["weaver/top_answer_share"] <= 1.0  # two possible answers per group
+    assert zero_adv_warning(m) == ""
+    assert "WARNING: 94% of groups have zero advantage (> 50%)" in zero_adv_warning(
+        {**m, "weaver/flat_group_frac": 0.94})
+    assert zero_adv_warning({"reward/mean": 1.0}) == ""  # rewards that state no limit never warn
+
+
+def test_paper_state_round_trip():
+    rng = np.random.default_rng(8)
+    batches = [batch(rng, GOOD, 32, 8, 0.3) for _ in range(4)]
+    opts = dict(PAPER, reference_groups=48, refit_every=1)
+    a = build_reward(cfg(4, **opts), LastCharEnv())
+    for s, t, _ in batches[:3]:
+        a.score(s, t, 8)
+    state = json.loads(json.dumps(a.state_dict()))
+    b = build_reward(cfg(4, **opts), LastCharEnv())
+    b.load_state_dict(state)
+    out_a, out_b = a.score(*batches[3][:2], 8), b.score(*batches[3][:2], 8)
+    assert np.allclose(out_a.rewards, out_b.rewards) and out_a.metrics == pytest.approx(out_b.metrics)
+
+
+def test_dev_labels_without_gold_say_how_to_fix():
+    reward = build_reward(cfg(4, **PAPER), LastCharEnv())
+    problems = [Problem(id="p", prompt="q")] * 4
+    with pytest.raises(ValueError, match=r"no gold answers.*class_balance=estimate or prior"):
+        reward.score(problems, ["00001", "11111", "00000", "10101"], 4)
+
+
+@pytest.mark.parametrize("options,match", [
+    ({"class_balance": "dev"}, "dev_labels"),
+    ({"class_balance": "prior", "prior": 1.0}, "prior=1.0"),
+    ({"dev_labels": 5}, "only read with class_balance=dev"),
+    ({"refit_every": 5}, "needs a reference pool"),
+    ({"fit_thresholds": True}, "must be known"),
+    ({"majority_as": "vote"}, "model|gate|term|off"),
+    ({"normalise": "rank"}, "minmax|quantile"),
+])
+def test_paper_option_errors(options, match):
+    with pytest.raises(ValueError, match=match):
+        build_reward(cfg(3, **options), LastCharEnv())
+
+
+def test_a_rare_correct_class_keeps_its_verifiers():
+    """A starting policy right 1.5% of the time (a random-init one): with the class balance known, each verifier
+    is thresholded to say yes ~1.5% of the time, which the fixed band (0.02, 0.99) would call "no signal"; the
+    imbalance filter against the class balance is what applies, so the label model keeps them (pilot, issue 23)."""
+    rng = np.random.default_rng(10)
+    y = rng.random(64 * 16) < 0.015
+    scores = [(rng.normal(size=len(y)) + 3.0 * y) for _ in range(4)]
+    t = [",".join(f"{sc[k]:.4f}" for sc in scores) + ("," + ("1" if y[k] else "0")) for k in range(len(y))]
+    s = [Sample(Problem(id=f"p{k // 16}", prompt="q"), answer="1") for k in range(len(y))]
+    c = RewardConfig(name="weaver", options={**PAPER, "drop_band": [0.02, 0.99], "max_imbalance": 0.4},
+                     verifiers=[VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "test_score", "index": i})
+                                for i in range(4)])
+    reward = build_reward(c, LastCharEnv())
+    out = reward.score(s, t, 16)
+    assert reward.active == ["v0", "v1", "v2", "v3"] and out.metrics["weaver/fallback"] == 0.0
+    r = np.array(out.rewards)
+    assert r[y].mean() > r[~y].mean() + 0.3
