@@ -1,7 +1,7 @@
 """Every environment x verifier set that composes either runs or is refused before anything spawns (issue 23).
 
 `rlexp train environment=gpqa reward=weaver verifier_set=tiny steps=2` used to die minutes after spawning, in
-the trainer, on a GPQA prompt longer than the tiny policy's context. Here `rlexp.prepare.prepare` (no process)
+the trainer, on a GPQA prompt longer than the tiny policy's context. Here `rlexp.run.prepare.prepare` (no process)
 is run on every pair with an empty, offline Hugging Face cache: it must end with a user error (one line,
 naming the problem and the fix) or succeed, and the pairs that succeed are exactly `RUNS`, each of which the
 slow test then runs for 2 steps through the real actor graph.
@@ -14,7 +14,7 @@ import pytest
 
 from rlexp.cluster.plan_cli import compose_run_config
 from rlexp.errors import is_user_error
-from rlexp.prepare import prepare
+from rlexp.run.prepare import prepare
 from tests.conftest import REPO, metrics, rlexp
 
 CONF = REPO / "rlexp" / "conf"

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from rlexp.config.reward import RewardConfig, VerifierConfig
-from rlexp.controller import zero_adv_warning
 from rlexp.envs.base import Check
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import Rule, register_rule
+from rlexp.run.controller import zero_adv_warning
 from rlexp.types import Problem, Sample
 
 
