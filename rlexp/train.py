@@ -16,6 +16,7 @@ from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
 from rlexp.errors import friendly_errors
 from rlexp.run import runlock
+from rlexp.run.phases import Phases
 
 register_configs()
 
@@ -25,10 +26,13 @@ def train(cfg: DictConfig) -> float:
     # The run folder's lock first: a second process on a live folder is refused before torch loads.
     with friendly_errors(interrupted=interrupted_hint), runlock.hold(Path(HydraConfig.get().runtime.output_dir)):
         # Imported here, not at the top: `rlexp train --help`, composition errors and a busy run folder must
-        # not wait for torch and Monarch to load.
+        # not wait for torch and Monarch to load (which takes tens of seconds on a loaded machine: said first).
+        phases = Phases(since_start=True)
+        phases.done("started, config composed")
         from rlexp.run.launcher import run
 
-        final = run(cfg)
+        phases.done("torch and Monarch loaded")
+        final = run(cfg, phases)
     return float(final.get("eval/accuracy", float("nan")))
 
 

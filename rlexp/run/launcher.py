@@ -207,7 +207,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
                 phase: Callable[[str], object] | None = None) -> Graph:
     """Spawn the roles of `rlexp.run.wiring.wiring` on their hosts (into `g`, so a failure half-way still stops what
     started), set them up and wire them into `Services`, with a `Recovery` for each replica. `phase` is told when
-    the processes are up and again when weights are loaded: the two long waits of start-up."""
+    the processes are up and as each role has loaded its weights: the long waits of start-up."""
     c = p.cfg
     g = g if g is not None else Graph(Hosts(c.cluster))
     w = wiring(p)
@@ -235,9 +235,17 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
         phase(f"processes spawned ({procs} in {len(g.meshes)} meshes: {', '.join(g.meshes)})")
     verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}  # load while the policy loads
     setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
-    times = [f.get() for f in setup]
+    times: list[Any] = []
+    for name, f in zip([*(r.name for r in w.generators), "trainer"], setup):
+        times.append(f.get())
+        if phase is not None:  # each role as it is ready: many verifiers can take minutes on a loaded CPU
+            phase(f"{name} ready")
     n_params = next(iter(times[-1].values()))  # rank 0's answer
-    verifier_s = {name: max(f.get().values()) for name, f in verifier_setup.items()}
+    verifier_s: dict[str, float] = {}
+    for name, f in verifier_setup.items():
+        verifier_s[name] = max(f.get().values())
+        if phase is not None:
+            phase(f"verifier_{name} ready")
     if reference is not None:  # after the trainer: it joins the trainer's process group
         reference.setup.call().get()
     replicas = {r.settings.verifier.name: [verifiers[r.settings.verifier.name].slice(procs=j) for j in range(r.procs)]
@@ -334,8 +342,9 @@ def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: lis
     return lines
 
 
-def run(cfg: DictConfig) -> dict[str, float]:
-    """`rlexp train` body: validate, spawn, train, evaluate, checkpoint, tear down. Returns final metrics."""
+def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
+    """`rlexp train` body: validate, spawn, train, evaluate, checkpoint, tear down. Returns final metrics.
+    `phases`: the start-up clock of the caller (which said when the config was composed), else one from here."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     runlog.attach()  # console summary/progress/final lines go to train.log too
     # This process is Monarch's root: its actor prefix (`[actor=<root>] `, added once per log handler) says nothing.
@@ -343,8 +352,9 @@ def run(cfg: DictConfig) -> dict[str, float]:
     if cfg.resume == "auto" and (done := checkpoints.finished(run_dir, cfg.steps)) is not None:
         print(f"[rlexp] {done}", flush=True)  # a plain print: the finished run's folder is left untouched
         return read_manifest(run_dir).final_metrics
-    phases = Phases(since_start=True)
-    phases.done("started, config composed")
+    if phases is None:
+        phases = Phases(since_start=True)
+        phases.done("started, config composed")
     p = prepare(cfg)
     phases.done("checks done (config, memory plan, data, reward, model files)")
     resume_from = checkpoints.find_resume(p.cfg.resume, run_dir, say=runlog.announce)  # checked, intact
