@@ -73,7 +73,8 @@ def test_wheel_install_trains_from_another_directory(tmp_path: Path) -> None:
     phases = [line.split(" (")[0][len("[rlexp] "):] for line in p.stderr.splitlines()
               if line.startswith("[rlexp] ") and line.endswith(" s)")]  # one line each, with its time
     assert phases == ["started, config composed", "torch and Monarch loaded", "checks done", "hosts up",
-                      "processes spawned", "generator0 ready", "trainer ready", "weights loaded, engines ready"], \
+                      "processes spawned", "generator0 ready", "trainer ready", "weights loaded, engines ready",
+                      "first step done"], \
         p.stderr[-3000:]
     sweep = tmp_path / "my_sweep"
     rlexp("train", "-m", "config_path=conf", "+sweeps=two_seeds", *small, f"hydra.sweep.dir={sweep}")

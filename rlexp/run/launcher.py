@@ -381,7 +381,12 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
             assert graph.services is not None
             elastic = Elastic(graph, run_dir)
 
+            first_step = [True]
+
             def between_steps(final: bool = False) -> None:
+                if first_step:  # the last start-up phase: the step-0 evaluation and the first step itself
+                    phases.done("first step done")
+                    first_step.clear()
                 interrupts.check(final)
                 if not final:
                     elastic.check()
