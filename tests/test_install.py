@@ -81,5 +81,5 @@ def test_wheel_install_trains_from_another_directory(tmp_path: Path) -> None:
     assert sorted(d.name for d in sweep.iterdir() if (d / "metrics.jsonl").is_file()) == ["0", "1"]
     p = rlexp("compare", str(sweep), "--out", str(tmp_path / "my_compare"))
     assert "seed" in p.stdout and (tmp_path / "my_compare" / "compare.md").is_file()
-    p = rlexp("reproduce", str(run), cwd=tmp_path)
+    p = rlexp("reproduce", str(run), "--trust-plugins", cwd=tmp_path)
     assert "reproduced bit for bit" in p.stdout and "plug-in mytask.tasks" in p.stdout, p.stdout[-3000:]

@@ -174,8 +174,38 @@ def test_reproduce_refuses_changed_plugin_unless_allowed(project: Path, tmp_path
     ran: list[list[str]] = []
     assert reproduce.main([str(run)], runner=lambda c, cwd=None: ran.append(c) or 1) == 2
     assert ran == [] and "plug-in mytask.tasks" in capsys.readouterr().err
-    assert reproduce.main([str(run), "--allow-changed-plugins"], runner=lambda c, cwd=None: ran.append(c) or 1) == 2
+    assert reproduce.main([str(run), "--trust-plugins"], runner=lambda c, cwd=None: ran.append(c) or 1) == 2
+    assert ran == [] and "its source changed" in capsys.readouterr().err
+    assert reproduce.main([str(run), "--trust-plugins", "--allow-changed-plugins"],
+                          runner=lambda c, cwd=None: ran.append(c) or 1) == 2
     assert len(ran) == 1 and "its source changed" in capsys.readouterr().err  # warned, then run (and failed: rc 1)
+
+
+def test_a_mailed_run_folder_runs_no_code_without_trust(project: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A manifest that records plug-ins (here a hostile one: a module in the run folder itself, given by a relative
+    path with a matching hash) makes `rlexp reproduce` refuse before running anything, naming what would run;
+    a relative `file` never becomes a module folder, and a `plugins=` list in its config naming unrecorded modules
+    is refused even with --trust-plugins."""
+    from rlexp.core.plugins import recorded_folders
+
+    check_config(composed(project, "environment=count_a", "plugins=[mytask.tasks]"))
+    run = tmp_path / "bobrun"
+    run.mkdir()
+    (run / "evil.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('x')\n")
+    m = _manifest(project)
+    m["plugins"] = [*m["plugins"], {"module": "evil", "file": "bobrun/evil.py", "sha256": "x", "by_name": True}]
+    m["config"] = {"plugins": ["os"]}
+    (run / "manifest.json").write_text(json.dumps(m))
+    (run / "metrics.jsonl").write_text('{"step": 0, "reward/mean": 0.5}\n')
+    ran: list[list[str]] = []
+    assert reproduce.main([str(run)], runner=lambda c, cwd=None: ran.append(c) or 0) == 2
+    err = capsys.readouterr().err
+    assert ran == [] and "plug-in evil from bobrun/evil.py" in err and "--trust-plugins" in err
+    assert recorded_folders(m["plugins"][-1:]) == []  # relative: never put on a module path
+    assert reproduce.main([str(run), "--trust-plugins"], runner=lambda c, cwd=None: ran.append(c) or 0) == 2
+    assert ran == [] and "['os'] are listed in its config but not recorded" in capsys.readouterr().err
+    assert not (tmp_path / "ran").exists()
 
 
 def test_transport_import_failure_names_module_error_and_path() -> None:
@@ -319,7 +349,12 @@ def test_eval_of_a_plugin_run_from_another_folder(project: Path, tmp_path: Path,
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(project))])
     for name in [m for m in sys.modules if m == "mytask" or m.startswith("mytask.")]:
         monkeypatch.delitem(sys.modules, name)
-    assert main([f"run={run}", "max_samples=4", "batch_size=4", "--out", str(tmp_path / "out")]) == 0
+    # Without trust_plugins nothing is imported: the run folder's manifest is someone's data.
+    with pytest.raises(PluginError, match=r"code of its own \(plug-in mytask\.tasks from .*trust_plugins=true"):
+        main([f"run={run}", "max_samples=4", "batch_size=4", "--out", str(tmp_path / "out")])
+    assert "mytask.tasks" not in sys.modules
+    assert main([f"run={run}", "max_samples=4", "batch_size=4", "trust_plugins=true",
+                 "--out", str(tmp_path / "out")]) == 0
     rows = (tmp_path / "out" / "samples_count_a_heldout.jsonl").read_text().splitlines()
     assert len(rows) == 4 and sys.modules["mytask.tasks"].__file__ == str(project / "mytask" / "tasks.py")
     assert "count_a_heldout" in capsys.readouterr().out

@@ -143,12 +143,26 @@ def recorded_folders(plugins: Any) -> list[str]:
     `plugins` entries: where another process finds them again, whichever folder the run started in."""
     out = []
     for p in plugins or []:
-        if isinstance(p, dict) and isinstance(p.get("file"), str) and isinstance(p.get("module"), str):
+        # Data someone else wrote: only an absolute path to a file that is there names a folder (a relative one
+        # would resolve inside whatever folder the reader stands in, e.g. the run folder itself).
+        if (isinstance(p, dict) and isinstance(p.get("file"), str) and isinstance(p.get("module"), str)
+                and Path(p["file"]).is_absolute() and Path(p["file"]).is_file()):
             file, depth = Path(p["file"]), len(p["module"].split("."))
             up = depth - 1 + (file.name == "__init__.py")
             if 0 <= up < len(file.parents):
                 out.append(str(file.parents[up]))
     return list(dict.fromkeys(out))
+
+
+def recorded_code(plugins: Any, config_dirs: Any) -> list[str]:
+    """What a manifest says to import or read as config: one line per plug-in module and config folder. A run folder
+    is data from whoever wrote it, so a command that would run this code asks its user first (`--trust-plugins`,
+    `trust_plugins=true`): a recorded sha256 shows drift, not who wrote the file."""
+    out = [f"plug-in {p.get('module')} from {p.get('file')}" if isinstance(p, dict) else f"plug-in entry {p!r}"
+           for p in plugins or []]
+    out += [f"config folder {d.get('path')}" if isinstance(d, dict) else f"config_path entry {d!r}"
+            for d in config_dirs or []]
+    return out
 
 
 def activate_recorded(plugins: Any, config_dirs: Any, cwd: str | None) -> list[str]:

@@ -165,13 +165,15 @@ def compose(overrides: list[str], config_dir: str | Path = DEFAULT_CONF) -> Dict
     return cfg
 
 
-def run_heldout(run_dir: Path) -> dict[str, Any]:
+def run_heldout(run_dir: Path, trust_plugins: bool = False) -> dict[str, Any]:
     """The `benchmark` node that scores a run's own task: its environment's held-out split (`eval_split`), at the
     run's answer length, as evaluation during training does. Read from the run's manifest (resolved config). A
     run of a user's own task brings back its plug-ins from where the manifest recorded them (so this works from
-    any folder), with a warning when their source changed since; the benchmark is named by the config option
-    (`count_a_heldout`), not by an import path."""
-    from rlexp.core.plugins import activate_recorded
+    any folder), with a warning when their source changed since, but only with `trust_plugins` (the manifest is
+    data from whoever wrote it); the benchmark is named by the config option (`count_a_heldout`), not by an import
+    path."""
+    from rlexp.core.plugins import activate_recorded, recorded_code
+    from rlexp.registry import PluginError
     from rlexp.tracking.manifest import MANIFEST_NAME, read_manifest
 
     path = run_dir.expanduser() / MANIFEST_NAME
@@ -179,6 +181,11 @@ def run_heldout(run_dir: Path) -> dict[str, Any]:
         raise FileNotFoundError(f"run={run_dir}: no manifest.json (not an rlexp run folder?); or name a benchmark, "
                                 f"e.g. benchmark=gsm8k")
     m = read_manifest(path.parent)
+    code = recorded_code(m.extra.get("plugins"), m.extra.get("config_path"))
+    if code and not trust_plugins:
+        raise PluginError(f"run={run_dir}: this run's task is code of its own ({'; '.join(code)}), which scoring it "
+                          f"would import and run as yours; nothing was imported. If you trust who wrote this run "
+                          f"folder, add trust_plugins=true; or name a benchmark (benchmark=gsm8k)")
     for change in activate_recorded(m.extra.get("plugins"), m.extra.get("config_path"), m.hydra.runtime_cwd):
         log.warning("%s: the held-out split is built by today's code, not the run's", change)
     c = m.config
@@ -369,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if cfg.run_dir and not any(o.lstrip("+~").split("=")[0] == "benchmark" for o in overrides):
-            cfg.benchmark = run_heldout(Path(cfg.run_dir))  # a run without benchmark=: its own task's held-out split
+            # a run without benchmark=: its own task's held-out split
+            cfg.benchmark = run_heldout(Path(cfg.run_dir), bool(cfg.get("trust_plugins", False)))
         run(cfg, argv, args.config_dir)
     except Exception as e:
         if not (isinstance(e, (DatasetMissing, FileNotFoundError, SelectionError)) or _is_checkpoint_error(e)):

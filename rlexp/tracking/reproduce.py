@@ -39,7 +39,7 @@ from typing import Any
 
 from rlexp.config.overrides import RUN_DIR_KEYS, OverrideError, check_config_name, check_overrides
 from rlexp.config.paths import CONF_DIR
-from rlexp.core.plugins import recorded_changes, recorded_folders
+from rlexp.core.plugins import recorded_changes, recorded_code, recorded_folders
 
 from .base import METRICS_FILE
 from .manifest import Manifest, ManifestError, read_manifest
@@ -201,11 +201,16 @@ def by_name_plugins(manifest: Manifest) -> list[str]:
     `plugins` (a wrapper script imported them before calling rlexp): the re-run imports them itself. Empty when
     there are none."""
     listed = list(manifest.config.get("plugins") or [])
+    recorded = {str(p.get("module")) for p in manifest.extra.get("plugins") or [] if isinstance(p, dict)}
     extra = [str(p["module"]) for p in manifest.extra.get("plugins") or []
              if isinstance(p, dict) and p.get("by_name") is True and p.get("module") not in listed]
     bad = [m for m in [*map(str, listed), *extra] if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", m)]
     if bad:
         raise OverrideError(f"manifest plugins: {bad} are not module names")
+    unrecorded = sorted({str(m) for m in listed} - recorded) if extra else []
+    if unrecorded:
+        raise OverrideError(f"manifest plugins: {unrecorded} are listed in its config but not recorded with a hash; "
+                            f"pass them yourself after `--` if you trust them")
     return [f"plugins=[{','.join([*map(str, listed), *extra])}]"] if extra else []
 
 
@@ -285,6 +290,9 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
     ap.add_argument("--config-dir", type=Path, default=None,
                     help="the config folder the run used (its manifest names it; never taken from the manifest)")
+    ap.add_argument("--trust-plugins", action="store_true",
+                    help="run the plug-in modules and config folders the manifest records (they run as your code: "
+                         "pass it only for a run folder whose author you trust)")
     ap.add_argument("--allow-changed-plugins", action="store_true",
                     help="re-run even when a plug-in's source or a config folder changed since the run (warns)")
     ap.add_argument("extra", nargs="*", help="overrides appended after `--` (replace same-key ones)")
@@ -295,6 +303,12 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     except (OSError, ValueError) as e:
         print(f"rlexp reproduce: {e if isinstance(e, ManifestError) else f'cannot read {run_dir}/manifest.json: {e}'}",
               file=sys.stderr)
+        return 2
+    code = recorded_code(manifest.extra.get("plugins"), manifest.extra.get("config_path"))
+    if code and not args.trust_plugins:
+        print("rlexp reproduce: this run used code of its own, which a re-run would import and run as yours:\n  - "
+              + "\n  - ".join(code) + "\nnothing was run. If you trust who wrote this run folder, pass "
+              "--trust-plugins", file=sys.stderr)
         return 2
     new_dir = reproduce_dir(run_dir)
     try:
