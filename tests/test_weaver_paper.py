@@ -131,6 +131,18 @@ def test_a_stated_prior_is_held_and_needs_no_labels():
     assert out.metrics["weaver/prior"] == pytest.approx(0.25) and out.metrics["weaver/dev_labels"] == 0
 
 
+def test_a_class_balance_below_the_label_models_bound_is_one_number_everywhere():
+    """A stated prior of 0.004 (or 0 correct of 256 dev labels) is held at the label model's lower bound, 0.01, in
+    the thresholds, the filters and the logged balance alike: before, the model used 0.01 and the rest 0.004."""
+    rng = np.random.default_rng(3)
+    reward = build_reward(cfg(4, class_balance="prior", prior=0.004, reference_groups=32), LastCharEnv())
+    for _ in range(3):
+        s, t, _ = batch(rng, GOOD, 32, 16, 0.05)
+        out = reward.score(s, t, 16)
+    assert out.metrics["weaver/class_balance"] == pytest.approx(0.01)
+    assert out.metrics["weaver/prior"] == pytest.approx(0.01)
+
+
 def test_filters_drop_random_imbalanced_and_duplicate_verifiers(caplog):
     rng = np.random.default_rng(3)
     # v4: no signal (TPR = FPR); v5: says yes 95% of the time; v6: v0's votes again (correlation 1).

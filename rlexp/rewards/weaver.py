@@ -287,12 +287,16 @@ class WeaverReward(Reward):
         return RewardOutput(rewards=[float(r) for r in rewards], metrics=metrics, details=details)
 
     def class_prior(self) -> float | None:
-        """The share of correct responses the label model is held to, or None when it estimates it."""
+        """The share of correct responses the label model is held to, or None when it estimates it; within the label
+        model's own bounds, so the thresholds, the imbalance filter, the logged `weaver/class_balance` and the model
+        use one number (0 correct of 256 dev labels would otherwise give 0.004 here and 0.01 in the model)."""
         if self.opts.class_balance == "prior":
-            return float(self.opts.prior)
-        if self.opts.class_balance == "dev" and self.dev_labels:
-            return (sum(self.dev_labels) + 1.0) / (len(self.dev_labels) + 2.0)  # Laplace: never exactly 0 or 1
-        return None
+            share = float(self.opts.prior)
+        elif self.opts.class_balance == "dev" and self.dev_labels:
+            share = (sum(self.dev_labels) + 1.0) / (len(self.dev_labels) + 2.0)  # Laplace: never exactly 0 or 1
+        else:
+            return None
+        return float(np.clip(share, *self.label_model.prior_bounds))
 
     def _fit(self, fit_votes: np.ndarray) -> float:
         """Fit the label model on the active verifiers' votes; after the reference pool, bound each move.
