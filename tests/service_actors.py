@@ -48,6 +48,36 @@ class Versioned(Actor):
         return self.replica, self.version
 
 
+class Tally(Actor):
+    """A replica whose answers depend on what it served before (like Weaver's label model and its label budget)."""
+
+    def __init__(self, replica: int) -> None:
+        self.replica, self.total, self.seen = replica, 0, 0
+
+    @endpoint
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    @endpoint
+    def add(self, items: list[int]) -> list[int]:
+        out = []
+        for x in items:
+            self.total += x
+            self.seen += 1
+            out.append(self.total)
+        return out
+
+    @endpoint
+    def state_dict(self) -> dict[str, int]:
+        return {"total": self.total, "seen": self.seen}
+
+    @endpoint
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.total, self.seen = state["total"], state["seen"]
+
+
 class Publisher(Actor):
     """Trainer stand-in for the transport tests: publishes given state dicts by shm and by monarch from its
     process (where a real `WeightServer` is spawned next to it, as the launcher does on the trainer's)."""

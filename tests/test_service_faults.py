@@ -13,7 +13,7 @@ from monarch.actor import this_host
 
 from rlexp.core.services import Service, ServiceDown
 from tests.conftest import REPO
-from tests.service_actors import Versioned
+from tests.service_actors import Tally, Versioned
 
 pytestmark = pytest.mark.slow  # each kill waits for Monarch's supervision (~10 s)
 
@@ -25,10 +25,10 @@ def spawned():
     monarch.actor.unhandled_fault_hook = lambda failure: None  # as rlexp.run.launcher does: callers see the error
     meshes = []
 
-    def spawn(i: int):
+    def spawn(i: int, actor: type = Versioned):
         m = this_host().spawn_procs(per_host={"procs": 1})
         meshes.append(m)
-        return m.spawn("versioned", Versioned, i)
+        return m.spawn(actor.__name__.lower(), actor, i)
 
     yield spawn
     for m in meshes:
@@ -60,6 +60,22 @@ def test_killed_replica_is_respawned_given_sticky_state_and_its_work_reissued(sp
     assert (s.failures, s.respawned, s.retired, s.retried) == (1, 1, 0, 1)
     assert s.issued == s.completed  # nothing lost, nothing counted twice
     assert svc.metrics()["service/versioned/replicas"] == 2.0
+
+
+def test_a_replacement_starts_from_its_dead_predecessors_state(spawned) -> None:
+    """A stateful replica (Weaver's reward: a pool, a fit, labels already read) killed between steps: its
+    replacement is written the state the dead one had after its last completed call, so the next answers are the
+    uninterrupted run's; without `state` it would start from nothing (totals restart at 0)."""
+    svc = Service("tally", [spawned(0, Tally), spawned(1, Tally)], recover=lambda i, e: spawned(10 + i, Tally),
+                  state=("state_dict", "load_state_dict"))
+    assert svc.add.scatter([1, 2, 3, 4]).get() == [[1, 3], [3, 7]]
+    kill(svc.replicas[1])
+    assert svc.add.scatter([1, 2, 3, 4]).get() == [[4, 6], [10, 14]]  # replica 1 went on from 7, not from 0
+    assert svc.state_dict.fanout().get() == [{"total": 6, "seen": 4}, {"total": 14, "seen": 4}]
+    assert (svc.stats.respawned, svc.stats.retried) == (1, 1)
+    svc.restore([{"total": 100, "seen": 9}, {"total": 200, "seen": 9}])  # a resumed checkpoint's state
+    kill(svc.replicas[0])
+    assert svc.add.scatter([1, 2, 3, 4]).get() == [[101, 103], [203, 207]]
 
 
 def test_replica_without_respawn_is_retired_and_the_rest_carry_its_shard(spawned) -> None:

@@ -83,7 +83,7 @@ def test_class_balance_comes_from_the_dev_budget_and_the_policy_cannot_move_it()
     for step in range(6):
         prior = 0.3 if step < 2 else 0.05
         s, t, y = batch(rng, GOOD, 32, 16, prior)
-        asked.append(len(paper.label_request(len(t))))
+        asked.append(len(paper.label_request(len(t), 16)))
         out, out_free = paper.score(s, t, 16), free.score(s, t, 16)
     assert asked[0] == 200 and sum(asked) == 200 and out.metrics["weaver/dev_labels"] == 200
     assert abs(out.metrics["weaver/class_balance"] - 0.3) < 0.07
@@ -126,7 +126,7 @@ def test_a_stated_prior_is_held_and_needs_no_labels():
     reward = build_reward(cfg(4, class_balance="prior", prior=0.25, reference_groups=32), LastCharEnv())
     for _ in range(3):
         s, t, _ = batch(rng, GOOD, 32, 16, 0.05)
-        assert reward.label_request(len(t)) == []
+        assert reward.label_request(len(t), 16) == []
         out = reward.score(s, t, 16)
     assert out.metrics["weaver/prior"] == pytest.approx(0.25) and out.metrics["weaver/dev_labels"] == 0
 
@@ -282,3 +282,58 @@ def test_a_rare_correct_class_keeps_its_verifiers():
     assert reward.active == ["v0", "v1", "v2", "v3"] and out.metrics["weaver/fallback"] == 0.0
     r = np.array(out.rewards)
     assert r[y].mean() > r[~y].mean() + 0.3
+
+
+def _texts(votes: np.ndarray, y: np.ndarray) -> tuple[list[Sample], list[str]]:
+    texts = ["".join(map(str, row.astype(int))) + ("1" if c else "0") for row, c in zip(votes, y)]
+    return [Sample(Problem(id=f"p{k // 16}", prompt="q"), answer="1") for k in range(len(y))], texts
+
+
+def test_a_refit_that_changes_the_verifier_set_is_still_bounded(caplog):
+    """v4 votes 0 on the whole pool (dropped: constant) and then starts voting, while v0 gets much worse: the refit
+    that lets v4 back in must still hold v0's TPR within max_change (it used to skip the bound when the set
+    changed)."""
+    rng = np.random.default_rng(7)
+    reward = build_reward(cfg(5, **PAPER, refit_every=1, max_change=0.02), LastCharEnv())
+    y = rng.random(64 * 16) < 0.3
+    pool_votes = np.concatenate([simulate_votes(y, GOOD, rng), np.zeros((len(y), 1))], axis=1)
+    reward.score(*_texts(pool_votes, y), 16)
+    assert "v4" in reward.dropped and reward.active == ["v0", "v1", "v2", "v3"]
+    before = dict(zip(reward.fit_names, reward.params.tpr))
+    y = rng.random(64 * 16) < 0.3
+    later = simulate_votes(y, [(0.55, 0.5), *GOOD[1:], (0.8, 0.2)], rng)
+    with caplog.at_level(logging.WARNING, logger="rlexp.rewards.weaver"):
+        reward.score(*_texts(later, y), 16)
+    assert "v4" in reward.active  # the set changed at this refit
+    after = dict(zip(reward.fit_names, reward.params.tpr))
+    assert all(abs(after[n] - before[n]) <= 0.02 + 1e-9 for n in before), (before, after)
+    assert "v0/tpr by" in caplog.text
+
+
+def test_min_quality_still_filters_when_every_dev_label_is_the_same():
+    """Dev labels of one class give no TPR/FPR: the no-signal verifier is then judged by the fit, not kept."""
+    rng = np.random.default_rng(8)
+    reward = build_reward(cfg(5, **dict(PAPER, dev_labels=4, fit_thresholds=False, normalise="minmax"),
+                              min_quality=0.1), LastCharEnv())
+    y = rng.random(64 * 16) < 0.3
+    want = reward.label_request(len(y), 16)
+    y[want] = False  # the four labelled responses happen to be wrong
+    votes = simulate_votes(y, [*GOOD, (0.5, 0.5)], rng)
+    reward.score(*_texts(votes, y), 16)
+    assert reward.dev_labels == [False] * 4 and not reward.dev_informative
+    assert "estimated TPR - FPR" in reward.dropped["v4"] and "v0" in reward.active
+
+
+def test_dev_labels_are_only_read_for_responses_the_pool_keeps():
+    """The pool is 40 groups, a batch 32: on the second step only the first 8 groups enter it, so the labels asked
+    for then all lie among their 128 responses, and every labelled response is one of the pool's."""
+    rng = np.random.default_rng(9)
+    reward = build_reward(cfg(4, **dict(PAPER, dev_labels=600, reference_groups=40)), LastCharEnv())
+    asked = []
+    for _ in range(3):
+        s, t, _ = batch(rng, GOOD, 32, 16, 0.3)
+        asked.append(reward.label_request(len(t), 16))
+        reward.score(s, t, 16)
+    assert len(asked[0]) == 512 and len(asked[1]) == 88 and max(asked[1]) < 8 * 16 and asked[2] == []
+    pool = {tuple(r) for g in reward.pool for r in g}
+    assert len(reward.dev_labels) == 600 and all(tuple(r) in pool for r in reward.dev_scores)

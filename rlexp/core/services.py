@@ -97,6 +97,8 @@ class _Call:
         while True:
             try:
                 out = self.future.get()
+                if svc.state is not None and not self.to_every:
+                    svc.snapshots[self.replica] = getattr(svc.replicas[self.replica], svc.state[0]).call_one().get()
             except Exception as e:
                 if not is_process_failure(e):
                     raise
@@ -158,11 +160,15 @@ class Service:
     `recover`: starts a replacement process for a dead replica (the launcher's respawn); without it, or once a
     replica has failed `max_restarts` times, the replica is retired and the others carry its work.
     `sticky`: endpoints whose latest fanout is state a replica must hold before serving (the weights version);
-    a replacement receives that call first."""
+    a replacement receives that call first.
+    `state`: (read, write) endpoints of state each replica builds up by serving (a label model fit on the
+    responses it scored, the dev labels it has read). After every routed call a replica completes its state is
+    read; its replacement is written that state before the failed call is re-issued to it, so the call returns
+    what the dead replica would have and nothing the dead one had spent (a label budget) is spent again."""
 
     def __init__(self, name: str, replicas: list[Any], *, shards: int | None = None, recover: Recover | None = None,
-                 max_restarts: int = 2, sticky: Sequence[str] = (), labels: Sequence[str] = (),
-                 log: Callable[[str], None] | None = None) -> None:
+                 max_restarts: int = 2, sticky: Sequence[str] = (), state: tuple[str, str] | None = None,
+                 labels: Sequence[str] = (), log: Callable[[str], None] | None = None) -> None:
         if not replicas:
             raise ValueError(f"service {name!r} has no replicas")
         self.name, self.replicas = name, list(replicas)
@@ -173,6 +179,8 @@ class Service:
         self.labels = list(labels) or [f"{name}[{i}]" for i in range(len(replicas))]
         self.recover, self.max_restarts = recover, max_restarts
         self.sticky: dict[str, tuple[Any, ...] | None] = dict.fromkeys(sticky)
+        self.state = state
+        self.snapshots: dict[int, Any] = {}  # replica -> its state after the last call it completed
         self.stats = ServiceStats()
         self.events: list[str] = []
         self.log = log or (lambda msg: None)
@@ -214,11 +222,21 @@ class Service:
             return
         self.replicas[i] = handle
         self.generation[i] += 1
+        if self.state is not None and i in self.snapshots:
+            getattr(handle, self.state[1]).call_one(self.snapshots[i]).get()
         for endpoint, args in self.sticky.items():
             if args is not None:
                 getattr(handle, endpoint).call_one(*args).get()
         self.stats.respawned += 1
         self._event(f"{self.labels[i]} died ({first_line}); respawned in {time.perf_counter() - t:.1f}s")
+
+    def restore(self, states: Sequence[Any]) -> None:
+        """Write each replica its state (a resumed checkpoint's), which a replacement then starts from too."""
+        if self.state is None:
+            raise RuntimeError(f"service {self.name!r} was built without state endpoints")
+        for i, st in enumerate(states[:len(self.replicas)]):
+            getattr(self.replicas[i], self.state[1]).call_one(st).get()
+            self.snapshots[i] = st
 
     def retire(self, i: int, reason: str) -> None:
         self.alive[i] = False

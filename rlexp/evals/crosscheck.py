@@ -274,9 +274,17 @@ def write_report(out: Path, rows: list[dict], summary: dict, lm: dict, command: 
     n_all = sum(s["n"] for s in summary.values())
     agree_all = sum(s["agree"] for s in summary.values())
     lines = [
-        "# Cross-check: rlexp multiple-choice scoring vs lm-evaluation-harness",
+        "# Edge cases of multiple-choice answer extraction: rlexp vs lm-evaluation-harness's filters",
         "",
         f"Produced by: `{command}`",
+        "",
+        "What this shows: on responses written by hand to probe the edges of answer extraction (odd casing, "
+        "boxes, markdown, answers restated, unfinished thinking), where rlexp's extractor and lm-eval's GPQA and "
+        "MMLU-Pro filters give different verdicts, and the cause of each difference. What it does not show: how "
+        "often the two agree on a model's real outputs. The set is built from the awkward cases, so its agreement "
+        "rate says nothing about benchmark numbers; on responses in the prompt's own format ('The answer is (X).') "
+        "both give the same verdict. Comparing benchmark scores with lm-eval's would need both run on the same "
+        "model's generations, which this machine cannot produce for a real model.",
         "",
         f"lm-eval: the filters of `{LM_EVAL_TASKS['gpqa']}` and `{LM_EVAL_TASKS['mmlu_pro']}` read at run time "
         f"from the installed package (`{lm['lm_eval_file']}`), applied with lm-eval's own filter classes; "

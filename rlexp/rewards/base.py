@@ -52,7 +52,7 @@ class Reward:
         if self.needs_gold:
             out = self._score(samples, texts, group_size)
         else:
-            self._hand_over_labels(samples, texts)
+            self._hand_over_labels(samples, texts, group_size)
             out = self._score(strip_gold(samples), texts, group_size)
         if len(out.rewards) != len(texts):
             raise RuntimeError(f"reward {self.name!r} returned {len(out.rewards)} rewards for {len(texts)} responses")
@@ -62,18 +62,19 @@ class Reward:
         raise NotImplementedError
 
     # --- a stated budget of gold labels for a label-free reward (Weaver's labelled dev set) --------------
-    def label_request(self, n: int) -> list[int]:
-        """Indices (of this batch's `n` responses) whose gold correctness the reward asks for before scoring.
-        The default asks for none: a label-free reward stays label-free unless its config states a budget."""
+    def label_request(self, n: int, group_size: int) -> list[int]:
+        """Indices (of this batch's `n` responses, in groups of `group_size`) whose gold correctness the reward
+        asks for before scoring. The default asks for none: a label-free reward stays label-free unless its
+        config states a budget."""
         return []
 
     def receive_labels(self, labels: dict[int, bool]) -> None:
         """The gold correctness of the responses `label_request` named, by index in the batch."""
 
-    def _hand_over_labels(self, samples: list[Any], texts: list[str]) -> None:
+    def _hand_over_labels(self, samples: list[Any], texts: list[str], group_size: int) -> None:
         """The one place a label-free reward gets gold: only the correctness (a bool, never the answer) of the
         responses it asked for, checked by the environment; nothing when the batch carries no gold."""
-        want = self.label_request(len(texts))
+        want = self.label_request(len(texts), group_size)
         if not want:
             return
         if not all(isinstance(s, Sample) for s in samples) or self.env is None:

@@ -207,12 +207,15 @@ class WeaverReward(Reward):
         self.since_refit = 0
 
     # --- the labelled dev budget (rlexp.rewards.base.Reward.label_request) ---------------------------------
-    def label_request(self, n: int) -> list[int]:
+    def label_request(self, n: int, group_size: int) -> list[int]:
         left = self.opts.dev_labels - len(self.dev_labels) if self.opts.class_balance == "dev" else 0
         if left <= 0 or n == 0 or self.pool_full:
             return []
+        # Only responses that enter the pool: on the step that fills it, the batch's later groups do not, and a
+        # label of one of them would describe a response the fit never sees.
+        n = min(n, (self.opts.reference_groups - len(self.pool)) * group_size)
         k = min(left, n)
-        return sorted({int(i) for i in np.linspace(0, n - 1, k)})  # spread over the batch's groups
+        return sorted({int(i) for i in np.linspace(0, n - 1, k)})  # spread over the pool's new groups
 
     def receive_labels(self, labels: dict[int, bool]) -> None:
         self.pending = dict(labels)
@@ -300,25 +303,32 @@ class WeaverReward(Reward):
 
     def _fit(self, fit_votes: np.ndarray) -> float:
         """Fit the label model on the active verifiers' votes; after the reference pool, bound each move.
-        Returns 1.0 when a refit wanted to move the prior or a rate by more than `max_change`."""
-        warm = self.params if self.fit_names == self.active else None
-        new = self.label_model.fit(fit_votes, warm=warm, prior=self.class_prior())
+        Returns 1.0 when a refit wanted to move the prior or a rate by more than `max_change`.
+
+        The bound holds per verifier by name, so a refit that also changes the active set (a verifier dropped or
+        back in) cannot jump the rates of the ones that stayed; a verifier new to the fit starts where the fit
+        puts it."""
+        same = self.fit_names == self.active
+        old = self.params
+        new = self.label_model.fit(fit_votes, warm=old if same else None, prior=self.class_prior())
         bounded = 0.0
-        if self.pool_full and warm is not None and self.since_refit > 0:
-            old = warm
-            moves = {"prior": new.prior - old.prior,
-                     **{f"{n}/tpr": d for n, d in zip(self.active, new.tpr - old.tpr)},
-                     **{f"{n}/fpr": d for n, d in zip(self.active, new.fpr - old.fpr)}}
-            big = {k: v for k, v in moves.items() if abs(v) > self.opts.max_change}
+        if self.pool_full and old is not None and self.since_refit > 0:
+            c = self.opts.max_change
+            was = {n: j for j, n in enumerate(self.fit_names)}
+            tpr, fpr = new.tpr.copy(), new.fpr.copy()
+            moves = {"prior": new.prior - old.prior}
+            for j, name in enumerate(self.active):
+                if name in was:
+                    k = was[name]
+                    moves[f"{name}/tpr"], moves[f"{name}/fpr"] = tpr[j] - old.tpr[k], fpr[j] - old.fpr[k]
+                    tpr[j] = old.tpr[k] + np.clip(tpr[j] - old.tpr[k], -c, c)
+                    fpr[j] = old.fpr[k] + np.clip(fpr[j] - old.fpr[k], -c, c)
+            big = {k: v for k, v in moves.items() if abs(v) > c}
             if big:
                 bounded = 1.0
                 log.warning("weaver: refit at step %d wanted to move %s; each is bounded to +-%.3g per refit",
-                            self.steps + 1, ", ".join(f"{k} by {v:+.3f}" for k, v in sorted(big.items())),
-                            self.opts.max_change)
-            c = self.opts.max_change
-            new = LabelModelParams(prior=float(old.prior + np.clip(new.prior - old.prior, -c, c)),
-                                   tpr=old.tpr + np.clip(new.tpr - old.tpr, -c, c),
-                                   fpr=old.fpr + np.clip(new.fpr - old.fpr, -c, c),
+                            self.steps + 1, ", ".join(f"{k} by {v:+.3f}" for k, v in sorted(big.items())), c)
+            new = LabelModelParams(prior=float(old.prior + np.clip(new.prior - old.prior, -c, c)), tpr=tpr, fpr=fpr,
                                    loglik=new.loglik, iters=new.iters, init=new.init)
         self.params, self.fit_names = new, list(self.active)
         return bounded
@@ -369,9 +379,14 @@ class WeaverReward(Reward):
     def _binarise(self, norm: np.ndarray) -> np.ndarray:
         return (norm >= self.thresholds).astype(np.float64)
 
+    @property
+    def dev_informative(self) -> bool:
+        """Dev labels of both classes: only then do they give each verifier a TPR and an FPR."""
+        return any(self.dev_labels) and not all(self.dev_labels)
+
     def dev_rates(self, i: int) -> tuple[float, float] | None:
         """(TPR, FPR) of verifier i on the gold-labelled dev responses, with its current threshold."""
-        if not self.dev_labels or not any(self.dev_labels) or all(self.dev_labels):
+        if not self.dev_informative:
             return None
         y = np.array(self.dev_labels)
         rows = np.array(self.dev_scores)
@@ -419,7 +434,7 @@ class WeaverReward(Reward):
             log.info("weaver: verifier %r is back in (positive rate inside the band)", name)
         self.dropped = dropped
         self.active = [n for n in self.names if n not in dropped]
-        if self.opts.min_quality > -1.0 and not self.dev_labels:  # no labels: judge quality by the fit
+        if self.opts.min_quality > -1.0 and not self.dev_informative:  # judge quality by the fit
             act = [i for i, n in enumerate(self.names) if n in self.active]
             if len(act) >= self.opts.min_active:
                 fit = self.label_model.fit(win_votes[:, act], prior=prior)

@@ -275,6 +275,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
                            labels=labels(w.generators)),
         trainer=Collective("trainer", trainer),
         rewards=Service("rewards", rewards, recover=recovery.reward, max_restarts=fault.max_restarts, log=log,
+                        state=("state_dict", "load_state_dict") if p.reward_stateful else None,
                         labels=labels(w.rewards)),
         # The replay buffer is light state saved in checkpoints, read and written every step: it lives in the
         # controller (a `Local`), where a step's episodes cost no message each way, and whose death ends the run.

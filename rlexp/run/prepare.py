@@ -37,6 +37,7 @@ from rlexp.envs.registry import build_env, check_env_options
 from rlexp.evals.benchmarks import load_benchmarks
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.tiny import ensure_tiny_checkpoint
+from rlexp.rewards.base import Reward
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
@@ -56,6 +57,8 @@ class Prepared:
     benchmarks: dict[str, tuple[Environment, int]]  # eval.benchmarks: name -> (environment, max_tokens)
     # Model verifiers the reward scores with, each given a service of its own, checkpoints resolved.
     served_verifiers: list[VerifierConfig] = field(default_factory=list)
+    # The reward builds up state while it scores (Weaver's pool and fit): its service carries it to a respawn.
+    reward_stateful: bool = False
 
 
 def check_config(cfg: DictConfig) -> TrainConfig:
@@ -145,7 +148,8 @@ def prepare(cfg: DictConfig) -> Prepared:
     export_used(t.plugins, t.config_path)  # the actors import what the lookups above used
     extra["plugins"] = describe_plugins(used_modules(t.plugins))  # what `rlexp reproduce` checks before a re-run
     extra["config_path"] = describe_config_dirs(t.config_path)
-    return Prepared(t, env, model_dir, seeds, extra, benchmarks, served)
+    stateful = type(reward).state_dict is not Reward.state_dict
+    return Prepared(t, env, model_dir, seeds, extra, benchmarks, served, stateful)
 
 
 def check_multi_turn(t: TrainConfig, env: Environment) -> None:
