@@ -166,7 +166,7 @@ SOAK = (
 )
 
 
-def pytest_collection_modifyitems(config, items):  # noqa: ARG001  (pytest's hook signature)
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(SOAK):
             item.add_marker(pytest.mark.soak)
