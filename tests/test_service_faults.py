@@ -73,7 +73,7 @@ def test_a_replacement_starts_from_its_dead_predecessors_state(spawned) -> None:
     assert svc.add.scatter([1, 2, 3, 4]).get() == [[4, 6], [10, 14]]  # replica 1 went on from 7, not from 0
     assert svc.state_dict.fanout().get() == [{"total": 6, "seen": 4}, {"total": 14, "seen": 4}]
     assert (svc.stats.respawned, svc.stats.retried) == (1, 1)
-    svc.restore([{"total": 100, "seen": 9}, {"total": 200, "seen": 9}])  # a resumed checkpoint's state
+    svc.restore("load_state_dict", [{"total": 100, "seen": 9}, {"total": 200, "seen": 9}])  # a resumed checkpoint
     kill(svc.replicas[0])
     assert svc.add.scatter([1, 2, 3, 4]).get() == [[101, 103], [203, 207]]
 

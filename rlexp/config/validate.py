@@ -177,7 +177,7 @@ def too_big_for_cpu(c: Any) -> bool:
     """A billion-parameter model on a CPU-only cluster: `rlexp train` refuses it, and `rlexp plan` says so too
     (a GPU memory plan for a cluster without GPUs would read as a plan that fits)."""
     # a user's own cluster file may leave `device` out; only a cluster that says cpu is refused here
-    device = c.cluster.get("device") if hasattr(c.cluster, "get") else getattr(c.cluster, "device", None)
+    device = getattr(c.cluster, "device", None)  # a struct DictConfig's missing key is an AttributeError too
     return bool(c.model.flavor != "tiny" and device == "cpu" and c.model.arch.dim >= 1024)
 
 

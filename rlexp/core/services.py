@@ -230,13 +230,13 @@ class Service:
         self.stats.respawned += 1
         self._event(f"{self.labels[i]} died ({first_line}); respawned in {time.perf_counter() - t:.1f}s")
 
-    def restore(self, states: Sequence[Any]) -> None:
-        """Write each replica its state (a resumed checkpoint's), which a replacement then starts from too."""
-        if self.state is None:
-            raise RuntimeError(f"service {self.name!r} was built without state endpoints")
+    def restore(self, endpoint: str, states: Sequence[Any]) -> None:
+        """Write replica i `states[i]` through `endpoint` (a resumed checkpoint's state); when that is the
+        service's state writer, a replacement then starts from it too."""
         for i, st in enumerate(states[:len(self.replicas)]):
-            getattr(self.replicas[i], self.state[1]).call_one(st).get()
-            self.snapshots[i] = st
+            getattr(self.replicas[i], endpoint).call_one(st).get()
+            if self.state is not None and endpoint == self.state[1]:
+                self.snapshots[i] = st
 
     def retire(self, i: int, reason: str) -> None:
         self.alive[i] = False

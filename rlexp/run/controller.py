@@ -153,11 +153,7 @@ class Controller:
         state = checkpoints.load_controller_state(ckpt)
         self.state.load_state(state["loop"])
         self.svc.buffer.load_state_dict.call(state["buffer"])
-        if self.svc.rewards.state is not None:
-            self.svc.rewards.restore(state["reward"])
-        else:
-            for r, rs in zip(self.svc.rewards.replicas, state["reward"]):
-                r.load_state_dict.call_one(rs).get()
+        self.svc.rewards.restore("load_state_dict", state["reward"])
         self.first_eval = state["controller"]["first_eval"]
         self.best_eval = state["controller"]["best_eval"]
         last = state["controller"].get("last_eval")
