@@ -48,9 +48,11 @@ class RunFolderGuard(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         run_dir = Path(str(config.hydra.run.dir)).absolute()
         if config.get("resume") == "auto" and run_dir.is_dir():
-            from rlexp.run.checkpoints import finished
+            from rlexp.run.checkpoints import check_finished_config, finished
 
             if (done := finished(run_dir, int(config.steps))) is not None:
+                with friendly_errors():
+                    check_finished_config(run_dir, config)
                 print(f"[rlexp] {done}", flush=True)
                 raise SystemExit(0)
         with friendly_errors():

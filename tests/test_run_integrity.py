@@ -250,6 +250,10 @@ def test_resume_finished_run_then_fall_back_past_a_corrupt_checkpoint(tmp_path: 
                                   f"manifest.json); nothing to do. To train further, resume=auto with more steps; " \
                                   f"to start over, use another hydra.run.dir"
     assert _snapshot(run) == before  # used to re-train steps 5-6
+    changed = rlexp("train", "steps=6", *TINY, "trainer.lr=0.5", f"hydra.run.dir={run}", "resume=auto",
+                    check=False, tag=tag)
+    assert changed.returncode == 2 and "force_resume=true" in changed.stderr, changed.stderr[-2000:]
+    assert _snapshot(run) == before  # refused, not "nothing to do" under a config that never ran
 
     _flip(run / "checkpoints" / "step_000004" / "trainer.pt", at=200_000)
     p = rlexp("train", "steps=8", *TINY, f"hydra.run.dir={run}", "resume=auto", tag=tag)

@@ -79,11 +79,18 @@ def check_resumable(ckpt: Path) -> None:
 
 def resume_hash(cfg: DictConfig) -> str:
     """Hash of the config minus the keys that may legitimately change across a resume."""
-    c = OmegaConf.to_container(cfg, resolve=True)
+    # `hydra` is there only in Hydra's callbacks (never in the task's cfg), and does not resolve there yet.
+    kept = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in (*RESUMABLE_KEYS, "hydra")])
+    c = OmegaConf.to_container(kept, resolve=True)
     assert isinstance(c, dict)
-    for k in RESUMABLE_KEYS:
-        c.pop(k, None)
     return config_hash(c)
+
+
+def check_finished_config(run_dir: Path, cfg: DictConfig) -> None:
+    """A finished run relaunched under another config is the mistake `check_resume_config` refuses on a
+    resume: refuse it the same way instead of answering "nothing to do" for a config that never ran."""
+    if (newest := find_resume("auto", run_dir, say=lambda _: None)) is not None:
+        check_resume_config(newest, resume_hash(cfg), bool(cfg.get("force_resume", False)))
 
 
 def find_resume(resume: str, run_dir: Path, say: Callable[[str], None] | None = None) -> Path | None:

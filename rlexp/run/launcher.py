@@ -351,6 +351,7 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     # This process is Monarch's root: its actor prefix (`[actor=<root>] `, added once per log handler) says nothing.
     monarch_config.prefix_python_logs_with_actor = False
     if cfg.resume == "auto" and (done := checkpoints.finished(run_dir, cfg.steps)) is not None:
+        checkpoints.check_finished_config(run_dir, cfg)
         print(f"[rlexp] {done}", flush=True)  # a plain print: the finished run's folder is left untouched
         return read_manifest(run_dir).final_metrics
     if phases is None:
