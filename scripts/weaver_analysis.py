@@ -137,11 +137,19 @@ def static_selection(best: str | None) -> dict[str, dict[str, float]]:
     listed = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "verifier_set" / "arithmetic.yaml"))["members"]
     members = [verifier_checkpoint(VerifierConfig(**m)) if m["kind"] in ("reward_model", "lm_judge")
                else VerifierConfig(**m) for m in listed]
-    paper = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "reward" / "weaver_paper.yaml"))["options"]
-    free = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "reward" / "weaver.yaml"))["options"]
-    arms = {"single_rm": ("single_rm", {}), "verifier_mean": ("weaver", {**free, "combine": "mean"}),
-            "verifier_vote": ("weaver", {**free, "combine": "vote"}), "weaver": ("weaver", free),
-            "weaver_paper": ("weaver", {**paper, "reference_groups": len(held)})}
+    def options(name: str) -> dict[str, Any]:
+        """A reward file's options over those of the files in its `defaults` (as Hydra composes them)."""
+        c = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "reward" / f"{name}.yaml"))
+        out: dict[str, Any] = {}
+        for d in c.get("defaults", []):
+            out.update(options(d))
+        return {**out, **c.get("options", {})}
+
+    pooled = {"reference_groups": len(held)}  # the candidates are the pool
+    arms = {"single_rm": ("single_rm", {}), "verifier_mean": ("weaver", {**options("verifier_mean"), **pooled}),
+            "verifier_vote": ("weaver", {**options("verifier_vote"), **pooled}),
+            "weaver": ("weaver", options("weaver")),
+            "weaver_paper": ("weaver", {**options("weaver_paper"), **pooled})}
     if best:
         arms["best_verifier"] = ("single_rm", {"verifier": best})
     samples = [s for s in held for _ in range(10)]

@@ -199,7 +199,8 @@ def test_arithmetic_verifiers_read_only_the_prompt():
     lying = Sample(s.problem, answer="9")
     texts = [str(d) for d in range(10)]
     env = build_env(EnvConfig(name="arithmetic"))
-    for r in ["weaver", "single_rm", "verifier_mean", "verifier_vote"]:
+    # (weaver_paper, verifier_mean and verifier_vote read a stated budget of dev labels: tests/test_weaver_paper.py)
+    for r in ["weaver", "single_rm"]:
         a = build_reward(reward_cfg(r), env).score([s] * 10, texts, 10)
         b = build_reward(reward_cfg(r), env).score([lying] * 10, texts, 10)
         assert a.rewards == b.rewards

@@ -337,3 +337,75 @@ def test_dev_labels_are_only_read_for_responses_the_pool_keeps():
     assert len(asked[0]) == 512 and len(asked[1]) == 88 and max(asked[1]) < 8 * 16 and asked[2] == []
     pool = {tuple(r) for g in reward.pool for r in g}
     assert len(reward.dev_labels) == 600 and all(tuple(r) in pool for r in reward.dev_scores)
+
+
+class DigitEnv:
+    """Test-only environment: the response's last character is its answer, right when it equals the gold digit."""
+
+    name = "digit"
+
+    def check(self, sample: Sample, text: str) -> Check:
+        return Check(correct=text[-1] == sample.answer, parseable=True, extracted=text[-1])
+
+    def extract(self, problem: Problem, text: str) -> str | None:
+        return text[-1]
+
+
+def biased_batch(rng, n_groups, group, answers, p_right=0.3):
+    """Scores: each verifier separates right from wrong by 1.5 (unit normals), and the first three add +2 to the
+    answer "8" whatever the question (the bias results/weaver_panels.md measured on the tiny verifiers)."""
+    gold = rng.integers(0, 10, n_groups)
+    samples, texts, y, resp = [], [], [], []
+    for g in range(n_groups):
+        for _ in range(group):
+            a = answers(rng, gold[g], p_right)
+            right = a == gold[g]
+            s = rng.normal(1.5 * right, 1.0, 4) + np.array([2.0, 2.0, 2.0, 0.0]) * (a == 8)
+            samples.append(Sample(Problem(id=f"p{g}", prompt=f"q{g}"), answer=str(gold[g])))
+            texts.append(",".join(f"{x:.4f}" for x in s) + f",{a}")
+            y.append(right)
+            resp.append(a)
+    return samples, texts, np.array(y), np.array(resp)
+
+
+def test_debias_answers_removes_a_verifiers_favourite_answer():
+    """The pool: a policy right 30% of the time, its other answers uniform. Then it collapses onto "8", which
+    three of four verifiers favour whatever the question. Without debiasing every "8" earns nearly full reward
+    (no gradient away from the collapse); with per-answer offsets fixed on the pool, a wrong "8" earns less
+    than a right one by about what separates right from wrong elsewhere."""
+    def starting(rng, g, p):
+        return g if rng.random() < p else int(rng.choice([d for d in range(10) if d != g]))
+
+    def collapsed(rng, g, p):
+        return 8
+
+    rewards = {}
+    for debias in (False, True):
+        rng = np.random.default_rng(5)
+        c = RewardConfig(name="weaver", options={**PAPER, "debias_answers": debias}, verifiers=[
+            VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "test_score", "index": i}) for i in range(4)])
+        r = build_reward(c, DigitEnv())
+        for _ in range(2):
+            s, t, _, _ = biased_batch(rng, 32, 16, starting)
+            r.score(s, t, 16)
+        assert (r.offsets is not None) == debias
+        s, t, y, _ = biased_batch(rng, 32, 16, collapsed)
+        out = np.array(r.score(s, t, 16).rewards)
+        rewards[debias] = (out[y].mean(), out[~y].mean())
+        if debias:  # the offsets are what the pool measured: +2 on "8" for the biased three, ~0 otherwise
+            assert r.offsets["8"][:3] == pytest.approx([1.8, 1.8, 1.8], abs=0.4)
+            assert abs(r.offsets["8"][3]) < 0.4 and abs(r.offsets["3"][0]) < 0.6
+            state = r.state_dict()
+            again = build_reward(c, DigitEnv())
+            again.load_state_dict(json.loads(json.dumps(state)))
+            assert again.offsets == r.offsets and again.pool_keys == r.pool_keys
+    assert rewards[False][1] > 0.7  # a wrong "8" is rewarded nearly like a right answer (measured 0.76 vs 0.99)
+    assert rewards[True][0] - rewards[True][1] > rewards[False][0] - rewards[False][1] + 0.2  # 0.57 vs 0.23
+    assert rewards[True][0] - rewards[True][1] > 0.4
+    assert rewards[True][1] < rewards[False][1] - 0.4
+
+
+def test_debias_answers_needs_a_pool():
+    with pytest.raises(ValueError, match=r"debias_answers.*reference_groups > 0"):
+        build_reward(RewardConfig(name="weaver", options={"debias_answers": True}, verifiers=[
+            VerifierConfig(name="v0", kind="rule", options={"rule": "test_score", "index": 0})]), DigitEnv())

@@ -42,6 +42,17 @@ class ArchConfig:
 
 
 @dataclass
+class WarmupConfig:
+    """Supervised steps on the task's training split before RL, for the embedded tiny model only
+    (rlexp/run/warmup.py): 0 keeps the random-init start of `rlexp train`."""
+
+    steps: int = 0
+    lr: float = 1e-3
+    batch_size: int = 64
+    seed: int = 0
+
+
+@dataclass
 class ModelConfig:
     name: str = "tiny"
     # Hugging Face repo id and pinned revision; `path` (a local folder) wins when set.
@@ -56,4 +67,5 @@ class ModelConfig:
     # Seed of the embedded tiny model's random init (fixed so every user starts from the same weights).
     init_seed: int = 1234
     arch: ArchConfig = field(default_factory=ArchConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)

@@ -126,6 +126,7 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
     """`check_weights(model_cfg)` raises when the model's files are missing; given, its message joins the
     report for a model that cannot train here, so a user learns every blocker at once."""
     check_numbers(c)
+    _check_warmup(c)
     for key in ("algorithm.group_size", "algorithm.prompts_per_step", "algorithm.max_tokens", "steps",
                 "generator.replicas", "generator.shards", "reward.replicas", "trainer.micro_batch_size",
                 "cluster.transport_chunk_mb"):
@@ -171,6 +172,19 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
     if c.eval.every_n_steps < 0:
         raise ConfigError("eval.every_n_steps must be >= 0 (0 = only at the start and the end)")
     _check_trainer_layout(c)
+
+
+def _check_warmup(c: Any) -> None:
+    w = c.model.warmup
+    _positive("model.warmup.steps", w.steps, zero_ok=True)
+    if not w.steps:
+        return
+    _positive("model.warmup.lr", w.lr)
+    _positive("model.warmup.batch_size", w.batch_size)
+    if c.model.flavor != "tiny":
+        raise ConfigError(f"model.warmup.steps={w.steps} with model={c.model.name}: the warm-up is for the embedded "
+                          f"tiny model, which starts from random weights; a real base model starts from its "
+                          f"checkpoint. Set model.warmup.steps=0")
 
 
 def too_big_for_cpu(c: Any) -> bool:

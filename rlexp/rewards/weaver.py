@@ -89,6 +89,11 @@ class WeaverOptions:
     normalise: str = "minmax"
     # Threshold each verifier where its positive rate on the pool equals the class balance (not `threshold`).
     fit_thresholds: bool = False
+    # Subtract from each verifier's score its mean over the reference pool's responses with the same extracted
+    # answer (less its pool mean): a verifier that likes an answer whatever the question (measured: all six tiny
+    # ones like "8") then cannot pull the policy onto that answer; what is left is how the score varies with the
+    # question for that answer. Fixed when the pool fills; needs a pool (reference_groups > 0).
+    debias_answers: bool = False
     # Filters, applied to the label model's verifiers at each fit: estimated TPR - FPR below min_quality
     # (from the dev labels when there are any, else from the fit), |positive rate - class balance| above
     # max_imbalance, and of two whose votes correlate above max_correlation the weaker. Defaults: off.
@@ -146,6 +151,9 @@ class WeaverOptions:
             bad(f"options.max_change={self.max_change} must be > 0")
         if self.normalise not in ("minmax", "quantile"):
             bad(f"options.normalise must be minmax|quantile, got {self.normalise!r}")
+        if self.debias_answers and not self.reference_groups:
+            bad("options.debias_answers measures each answer's score offset on the reference pool: set "
+                "options.reference_groups > 0")
         if self.fit_thresholds and self.class_balance == "estimate":
             bad("options.fit_thresholds places thresholds at the class balance, which must be known: set "
                 "class_balance=dev (with dev_labels) or class_balance=prior (with prior)")
@@ -204,6 +212,11 @@ class WeaverReward(Reward):
         self.dev_scores: list[list[float]] = []  # raw scores of the gold-labelled responses (class_balance=dev)
         self.dev_labels: list[bool] = []
         self.pending: dict[int, bool] = {}  # labels handed over for the batch being scored
+        # debias_answers: the extracted answer of each pool row and dev row, and the per-answer offsets
+        # (answer -> one offset per verifier) fixed when the pool fills.
+        self.pool_keys: list[str] = []
+        self.dev_keys: list[str] = []
+        self.offsets: dict[str, list[float]] | None = None
         self.since_refit = 0
 
     # --- the labelled dev budget (rlexp.rewards.base.Reward.label_request) ---------------------------------
@@ -231,9 +244,14 @@ class WeaverReward(Reward):
     # --- scoring -----------------------------------------------------------------------------------
     def _score(self, problems: list[Problem], texts: list[str], group_size: int) -> RewardOutput:
         raw = self._verifier_scores(problems, texts)
+        keys = [self.env.extract(p, t) or "" for p, t in zip(problems, texts)] if self.opts.debias_answers else []
+        if self.offsets is not None:
+            raw = raw - self._offset_rows(keys)
         for i, label in sorted(self.pending.items()):
             self.dev_scores.append([float(x) for x in raw[i]])
             self.dev_labels.append(bool(label))
+            if keys:
+                self.dev_keys.append(keys[i])
         self.pending = {}
         groups = [raw[g:g + group_size] for g in range(0, len(texts), group_size)]
         refit = True
@@ -241,7 +259,11 @@ class WeaverReward(Reward):
             self.window.extend(groups)
             fit_rows = base_rows = np.concatenate(list(self.window), axis=0)
         elif not self.pool_full:  # still collecting the starting policy's samples: fit on what is there
-            self.pool.extend(groups[:self.opts.reference_groups - len(self.pool)])
+            entering = groups[:self.opts.reference_groups - len(self.pool)]
+            self.pool.extend(entering)
+            self.pool_keys += keys[:sum(len(g) for g in entering)]
+            if self.opts.debias_answers and self.pool_full:
+                raw = self._fix_offsets(raw, keys)
             fit_rows = base_rows = np.concatenate(self.pool, axis=0)
         else:
             self.window.extend(groups)
@@ -343,6 +365,30 @@ class WeaverReward(Reward):
             w = self.opts.term_weight
             rewards = (1.0 - w) * rewards + w * votes[:, terms].mean(axis=1)
         return rewards
+
+    def _offset_rows(self, keys: list[str]) -> np.ndarray:
+        assert self.offsets is not None
+        zero = [0.0] * len(self.names)
+        return np.array([self.offsets.get(k, zero) for k in keys], dtype=np.float64).reshape(len(keys), -1)
+
+    def _fix_offsets(self, raw: np.ndarray, keys: list[str]) -> np.ndarray:
+        """The pool just filled: measure each answer's offset on it (answers seen fewer than 8 times get none),
+        then move the pool, the dev rows and this batch onto the debiased scale. Returns the batch's rows."""
+        rows = np.concatenate(self.pool, axis=0)
+        model = np.array([r == "model" for r in self.roles])
+        k = np.array(self.pool_keys)
+        self.offsets = {}
+        for key in sorted(set(self.pool_keys)):
+            sel = k == key
+            if sel.sum() >= 8:
+                self.offsets[key] = [float(x) for x in np.where(model, rows[sel].mean(0) - rows.mean(0), 0.0)]
+        sizes = np.cumsum([len(g) for g in self.pool])[:-1]
+        self.pool = list(np.split(rows - self._offset_rows(self.pool_keys), sizes))
+        if self.dev_scores:
+            self.dev_scores = (np.array(self.dev_scores) - self._offset_rows(self.dev_keys)).tolist()
+        log.info("weaver: per-answer offsets fixed on %d pool responses: %s", len(rows),
+                 {a: round(max(o, key=abs), 3) for a, o in self.offsets.items()})
+        return raw - self._offset_rows(keys)
 
     def _verifier_scores(self, problems: list[Problem], texts: list[str]) -> np.ndarray:
         # Served models first: their services score concurrently while the local checks run here.
@@ -496,6 +542,10 @@ class WeaverReward(Reward):
             "weaver/refit_bounded": bounded,
             "weaver/zero_adv_warn_at": float(self.opts.warn_zero_adv),
         }
+        if self.opts.debias_answers:  # 0 until the pool fills; then the largest answer offset removed
+            m["weaver/answer_offset_max"] = max((abs(x) for o in (self.offsets or {}).values() for x in o),
+                                                default=0.0)
+            m["weaver/answer_offsets_fixed"] = float(self.offsets is not None)
         if self.dev_labels:
             m["weaver/dev_correct_share"] = float(np.mean(self.dev_labels))
             for i, name in enumerate(self.names):
@@ -529,6 +579,9 @@ class WeaverReward(Reward):
             "fit_names": list(self.fit_names),
             "dropped": dict(self.dropped),
             "steps": self.steps,
+            "pool_keys": list(self.pool_keys),
+            "dev_keys": list(self.dev_keys),
+            "offsets": self.offsets,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -550,3 +603,7 @@ class WeaverReward(Reward):
         self.dev_labels = [bool(x) for x in state.get("dev_labels", [])]
         self.thresholds = np.asarray(state.get("thresholds", self.given_thresholds), dtype=np.float64)
         self.since_refit = int(state.get("since_refit", 0))
+        self.pool_keys = [str(k) for k in state.get("pool_keys", [])]
+        self.dev_keys = [str(k) for k in state.get("dev_keys", [])]
+        off = state.get("offsets")
+        self.offsets = {str(k): [float(x) for x in v] for k, v in off.items()} if off is not None else None

@@ -41,6 +41,7 @@ from rlexp.rewards.base import Reward
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
+from rlexp.run.warmup import ensure_warm_checkpoint
 from rlexp.tracking.files import fingerprint_examples, hash_files
 from rlexp.transport import check_transport
 
@@ -132,6 +133,10 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
     check_multi_turn(t, env)
     model_dir = str(resolve_model(t.model))
+    warm = None
+    if t.model.warmup.steps:
+        warm_dir, warm = ensure_warm_checkpoint(Path(model_dir), t, env)
+        model_dir = str(warm_dir)
     check_prompt_lengths(t, env.name, {"train": train, "eval": held}, model_dir)
     seeds = component_seeds(t.seed, t.generator.shards)
     extra = {
@@ -141,7 +146,7 @@ def prepare(cfg: DictConfig) -> Prepared:
             f"{t.environment.name}/eval": {"n": len(held), "sha256": fingerprint_examples(
                 [(s.id, s.problem.prompt, s.answer) for s in held])}},
         "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
-                  "path": model_dir, "sha256": hash_files(model_dir)},
+                  "path": model_dir, "sha256": hash_files(model_dir), "warmup": warm},
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}

@@ -661,10 +661,49 @@ TINY_VERIFIERS: dict[str, TinyVerifierSpec] = {
                                      n_examples=2048, label_noise=0.1, seed=6, train_steps=330, lr=3e-3),
 }
 
+# Two more panels, trained independently of the first (other seeds, so other examples from the verifier split;
+# other response mixes; other shapes), for issue 23 item 4: a result that holds on one panel only could be a
+# property of that panel. Panel B's mix is heavy in near misses (a policy's usual errors), panel C's in far-off
+# digits. Their strengths were not tuned: scripts/weaver_panels.py measures what they turned out to be on the
+# starting policy's outputs (results/weaver_panels.md). In each panel the first reward model listed is `single_rm`.
+_MIX_B = (0.45, 0.1, 0.4, 0.05)
+_MIX_C = (0.5, 0.25, 0.2, 0.05)
+PANEL_B: dict[str, TinyVerifierSpec] = {
+    "b_rm_mid": TinyVerifierSpec(kind="reward_model", dim=24, n_layers=2, n_heads=3, head_dim=8, hidden_dim=48,
+                                 n_examples=1024, label_noise=0.15, seed=22, train_steps=300, mix=_MIX_B),
+    "b_rm_wide": TinyVerifierSpec(kind="reward_model", dim=32, n_layers=1, n_heads=4, head_dim=8, hidden_dim=64,
+                                  n_examples=2048, label_noise=0.05, seed=21, train_steps=400, mix=_MIX_B),
+    "b_rm_weak": TinyVerifierSpec(kind="reward_model", dim=12, n_layers=1, n_heads=2, head_dim=6, hidden_dim=24,
+                                  n_examples=256, label_noise=0.25, seed=23, train_steps=150, mix=_MIX_B),
+    "b_rm_deep": TinyVerifierSpec(kind="reward_model", dim=16, n_layers=3, n_heads=2, head_dim=8, hidden_dim=32,
+                                  n_examples=2048, label_noise=0.1, seed=24, train_steps=350, mix=_MIX_B),
+    "b_judge_a": TinyVerifierSpec(kind="lm_judge", dim=16, n_layers=1, n_heads=2, head_dim=8, hidden_dim=32,
+                                  n_examples=2048, label_noise=0.05, seed=25, train_steps=400, lr=5e-3, mix=_MIX_B),
+    "b_judge_b": TinyVerifierSpec(kind="lm_judge", dim=24, n_layers=2, n_heads=3, head_dim=8, hidden_dim=48,
+                                  n_examples=1024, label_noise=0.2, seed=26, train_steps=300, mix=_MIX_B),
+}
+PANEL_C: dict[str, TinyVerifierSpec] = {
+    "c_rm_a": TinyVerifierSpec(kind="reward_model", dim=32, n_layers=2, n_heads=4, head_dim=8, hidden_dim=96,
+                               n_examples=1536, label_noise=0.1, seed=31, train_steps=350, mix=_MIX_C),
+    "c_rm_b": TinyVerifierSpec(kind="reward_model", dim=20, n_layers=1, n_heads=2, head_dim=10, hidden_dim=40,
+                               n_examples=768, label_noise=0.2, seed=32, train_steps=250, mix=_MIX_C),
+    "c_rm_c": TinyVerifierSpec(kind="reward_model", dim=28, n_layers=2, n_heads=4, head_dim=8, hidden_dim=56,
+                               n_examples=2048, label_noise=0.35, seed=33, train_steps=300, mix=_MIX_C),
+    "c_rm_d": TinyVerifierSpec(kind="reward_model", dim=16, n_layers=2, n_heads=2, head_dim=8, hidden_dim=32,
+                               n_examples=512, label_noise=0.05, seed=34, train_steps=200, mix=_MIX_C),
+    "c_judge_a": TinyVerifierSpec(kind="lm_judge", dim=20, n_layers=2, n_heads=2, head_dim=10, hidden_dim=40,
+                                  n_examples=2048, label_noise=0.1, seed=35, train_steps=380, mix=_MIX_C),
+    "c_judge_b": TinyVerifierSpec(kind="lm_judge", dim=12, n_layers=1, n_heads=2, head_dim=6, hidden_dim=24,
+                                  n_examples=1024, label_noise=0.15, seed=36, train_steps=300, lr=5e-3, mix=_MIX_C),
+}
+PANELS: dict[str, dict[str, TinyVerifierSpec]] = {"A": dict(TINY_VERIFIERS), "B": PANEL_B, "C": PANEL_C}
+TINY_VERIFIERS.update(PANEL_B)
+TINY_VERIFIERS.update(PANEL_C)
+
 
 def smallest_spec(specs: dict[str, TinyVerifierSpec] | None = None, kind: str = "reward_model") -> TinyVerifierSpec:
     """The cheapest spec of `kind` in a panel (by parameters x steps): what the tests round-trip."""
-    specs = TINY_VERIFIERS if specs is None else specs
+    specs = PANELS["A"] if specs is None else specs
     cands = [s for s in specs.values() if s.kind == kind]
     return min(cands, key=lambda s: (s.n_layers * s.dim * (s.hidden_dim + 4 * s.n_heads * s.head_dim)) * s.train_steps)
 
@@ -672,7 +711,7 @@ def smallest_spec(specs: dict[str, TinyVerifierSpec] | None = None, kind: str = 
 def panel_report(specs: dict[str, TinyVerifierSpec] | None = None, n: int = 1000,
                  cache_dir: str | Path | None = None) -> dict[str, Any]:
     """Train (or reuse) every spec, measure it, and compute pairwise agreement of held-out verdicts."""
-    specs = TINY_VERIFIERS if specs is None else specs
+    specs = PANELS["A"] if specs is None else specs
     rows: dict[str, dict[str, Any]] = {}
     verdicts: dict[str, np.ndarray] = {}
     for name, spec in specs.items():

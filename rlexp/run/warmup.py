@@ -1,0 +1,140 @@
+"""A short supervised warm-up of the embedded tiny policy on the task's own training split (`model.warmup`).
+
+Why: RL from a label-free reward assumes a starting policy that already answers sensibly, as a base model
+does (the Weaver write-up starts from Qwen3-Base). From random weights the policy is right on ~1% of its
+samples, so a reward built from verifier agreement is fitted to telling digits from junk rather than right
+from wrong (results/weaver_pilot.md). A few supervised steps give a start above chance and far from solved.
+
+What keeps it honest: its data is `env.sample_batch` on the training split, which already excludes the
+held-out problems and, with `environment.options.verifier_frac`, the verifiers' split; the checkpoint is a
+pure function of (base checkpoint, task, recipe), content-addressed like the tiny model, written atomically,
+and carries its own record (`rlexp_warmup.json`), which the run's manifest copies.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlexp.config.model import WarmupConfig
+from rlexp.config.schema import TrainConfig
+from rlexp.envs.base import Environment
+from rlexp.models.tiny import DEFAULT_CACHE
+from rlexp.models.tokenizer import load_tokenizer
+from rlexp.tracking.files import sha256_file
+
+RECORD = "rlexp_warmup.json"  # written last: its presence marks a complete folder
+FORMAT_VERSION = 1  # bump when the recipe below changes what a given config writes
+
+
+def warm_key(base_dir: Path, t: TrainConfig) -> str:
+    spec = {"base": sha256_file(base_dir / "model.safetensors"), "env": t.environment.name,
+            "options": dict(t.environment.options), "max_tokens": t.algorithm.max_tokens,
+            "warmup": _as_dict(t.model.warmup), "format": FORMAT_VERSION}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _as_dict(w: WarmupConfig) -> dict[str, Any]:
+    return {"steps": w.steps, "lr": w.lr, "batch_size": w.batch_size, "seed": w.seed}
+
+
+def ensure_warm_checkpoint(base_dir: Path, t: TrainConfig, env: Environment) -> tuple[Path, dict[str, Any]]:
+    """The warmed-up folder for this (base, task, recipe), trained on first use; returns it and its record."""
+    out = DEFAULT_CACHE / "warm" / warm_key(base_dir, t)
+    if not (out / RECORD).exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _write(base_dir, out, t, env)
+    return out, json.loads((out / RECORD).read_text())
+
+
+def _batch(env: Environment, tok: Any, n: int, rng: random.Random, max_tokens: int
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask, labels): prompt then gold answer, loss on the answer tokens only. An answer
+    shorter than `max_tokens` ends with end-of-sequence, as the policy's responses do."""
+    rows, labels = [], []
+    for s in env.sample_batch(n, rng):
+        p = tok.encode(s.problem.prompt)
+        a = tok.encode(s.answer)[:max_tokens]
+        a = [*a, tok.eos_id] if len(a) < max_tokens else a
+        rows.append(p + a)
+        labels.append([-100] * len(p) + a)
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), -100, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, y) in enumerate(zip(rows, labels)):
+        ids[i, :len(r)], lab[i, :len(y)], mask[i, :len(r)] = torch.tensor(r), torch.tensor(y), 1
+    return ids, mask, lab
+
+
+@torch.no_grad()
+def _greedy_accuracy(model: Any, env: Environment, tok: Any, samples: list[Any], max_tokens: int) -> float:
+    """Greedy answers on `samples` (the warm-up's own training problems: the record never looks at held-out)."""
+    right = 0
+    for s in samples:
+        ids = tok.encode(s.problem.prompt)
+        out: list[int] = []
+        for _ in range(max_tokens):
+            nxt = int(model(torch.tensor([ids + out])).logits[0, -1].argmax())
+            if nxt == tok.eos_id:
+                break
+            out.append(nxt)
+        right += env.check(s, tok.decode(out)).correct
+    return right / max(len(samples), 1)
+
+
+def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment) -> None:
+    from safetensors.torch import save_file
+    from transformers import Qwen3ForCausalLM
+
+    w, max_tokens = t.model.warmup, int(t.algorithm.max_tokens)
+    tok = load_tokenizer(base_dir)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".warm-"))
+    try:
+        with torch.random.fork_rng():
+            torch.manual_seed(w.seed)
+            rng = random.Random(w.seed)
+            model = Qwen3ForCausalLM.from_pretrained(str(base_dir), torch_dtype=torch.float32)
+            model.train()
+            opt = torch.optim.AdamW(model.parameters(), lr=w.lr)
+            losses = []
+            for _ in range(w.steps):
+                ids, mask, lab = _batch(env, tok, w.batch_size, rng, max_tokens)
+                loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+            model.eval()
+            train = env.train_samples()
+            acc = _greedy_accuracy(model, env, tok, random.Random(w.seed + 1).sample(train, min(256, len(train))),
+                                   max_tokens)
+        for f in base_dir.iterdir():  # tokenizer, config.json, generation_config.json: unchanged
+            if f.is_file() and f.name != "model.safetensors":
+                shutil.copy2(f, tmp / f.name)
+        sd = {k: v.detach().to(torch.float32).contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        record = {"base": str(base_dir), "base_sha256": sha256_file(base_dir / "model.safetensors"),
+                  "environment": t.environment.name, "options": dict(t.environment.options),
+                  "data": "env.sample_batch on the training split (no held-out, no verifier-split problem)",
+                  **_as_dict(w), "first_loss": losses[0] if losses else None,
+                  "last_loss": losses[-1] if losses else None, "train_greedy_accuracy": acc,
+                  "train_accuracy_n": min(256, len(train))}
+        (tmp / RECORD).write_text(json.dumps(record, indent=2, default=str))
+        if (out / RECORD).exists():  # another process finished first: keep its (identical) copy
+            shutil.rmtree(tmp)
+        else:
+            shutil.rmtree(out, ignore_errors=True)  # an incomplete folder from a killed writer
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
