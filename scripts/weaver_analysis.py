@@ -120,7 +120,7 @@ def fieller(num: list[float], den: list[float]) -> tuple[float, float, float]:
 
 
 # --- the static best-of-K baseline: what each reward could reach if the policy found its best answer ------------
-def static_selection(best: str | None) -> dict[str, dict[str, float]]:
+def static_selection(best: str | None, verifier_set: str = "arithmetic") -> dict[str, dict[str, float]]:
     """Every held-out prompt answered with each digit 0-9 (K=10); each reward scores the 10 candidates as one group
     and its top-scored one is the answer. Weaver the paper's way gets its dev budget from these candidates' gold."""
     from omegaconf import OmegaConf
@@ -134,7 +134,7 @@ def static_selection(best: str | None) -> dict[str, dict[str, float]]:
 
     env = build_env(EnvConfig(name="arithmetic", options={"verifier_frac": 0.25}))
     held = env.eval_samples()
-    listed = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "verifier_set" / "arithmetic.yaml"))["members"]
+    listed = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "verifier_set" / f"{verifier_set}.yaml"))["members"]
     members = [verifier_checkpoint(VerifierConfig(**m)) if m["kind"] in ("reward_model", "lm_judge")
                else VerifierConfig(**m) for m in listed]
     def options(name: str) -> dict[str, Any]:
@@ -279,10 +279,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="output prefix: PREFIX.md/.csv/.png/.json")
     ap.add_argument("--best", help="the verifier chosen on labelled data as the best single one")
     ap.add_argument("--no-selection", action="store_true", help="skip the static best-of-K baseline")
+    ap.add_argument("--verifier-set", default="arithmetic", help="the panel the sweep used (its static baseline)")
     ap.add_argument("--selection-only", action="store_true", help="only the static best-of-K baseline")
     args = ap.parse_args(argv)
     command = "python scripts/weaver_analysis.py " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
-    selection = None if args.no_selection else static_selection(args.best)
+    selection = None if args.no_selection else static_selection(args.best, args.verifier_set)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.selection_only:
         args.out.with_suffix(".json").write_text(json.dumps({"command": command, "static_best_of_k": selection},
