@@ -153,7 +153,8 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "panels": rows}, indent=2))
     L = ["# Tiny verifier panels measured on the starting policy's own outputs (issue 23 item 4)", "",
          f"Command: `{meta['command']}` (writes this file and {out.with_suffix('.json').name}).", "",
-         f"Starting policy: `experiment=weaver_cpu {' '.join(a.override)}`'s warm-up checkpoint (training sums: "
+         f"Starting policy: the warm-up checkpoint of `{' '.join(['experiment=weaver_cpu', *a.override])}` "
+         f"(training sums: "
          f"{t.environment.options['train_sums']}). {len(ex)} responses ({a.k} samples at "
          f"temperature 1 per training prompt, sampling seed {a.seed}): "
          + ", ".join(f"{k} {v / len(ex):.3f}" for k, v in sorted(kinds.items()))
@@ -162,9 +163,10 @@ def main() -> None:
          "share of near misses (off by one) rejected, accuracy on responses equal to the most common answer, and the "
          "answer bias: every training prompt answered with each digit, the largest minus the smallest positive rate "
          "across digits, and the digit with the largest.", "",
-         f"{meta['unseen_share']:.3f} of the responses answer a problem whose sum has no sequence in the verifiers' "
-         "split (sums 0 and 9: one sequence each, kept for the policy); AUC is also given on those (unseen) and on "
-         "the rest (seen).", "",
+         (f"{meta['unseen_share']:.3f} of the responses answer a problem whose sum has no sequence in the verifiers' "
+          "split (sums 0 and 9: one sequence each, kept for the policy); AUC is also given on those (unseen) and on "
+          "the rest (seen)." if meta["unseen_share"] else "No response answers a problem whose sum the verifiers' "
+          "split lacks (AUC unseen: nan)."), "",
          "| panel | verifier | AUC | AUC seen | AUC unseen | TPR | FPR | TPR - FPR | near misses rejected | "
          "acc on the common answer | "
          "bias spread | favourite digit |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
