@@ -329,7 +329,7 @@ def run(cfg: DictConfig, argv: list[str], config_dir: str | Path = DEFAULT_CONF)
                      res.metrics["accuracy"], res.metrics["ci_low"], res.metrics["ci_high"],
                      res.metrics["unparseable"], int(res.metrics["n_problems"]), res.seconds)
         header = f"# rlexp eval: {label}\n\nCommand: `rlexp eval {' '.join(argv)}`; model folder `{model_dir}`.\n"
-        md, csv_path = write_tables(out, results, header)
+        md, csv_path = write_tables(out, results, header, command=f"rlexp eval {' '.join(argv)}")
         status = "completed"
     finally:
         metrics = {f"eval/{r.name}/{k}": v for r in results for k, v in r.metrics.items()}

@@ -122,9 +122,11 @@ def _selection_md(results: list[BenchmarkResult]) -> list[str]:
     return out
 
 
-def write_tables(out_dir: str | Path, results: list[BenchmarkResult], header: str = "") -> tuple[Path, Path]:
+def write_tables(out_dir: str | Path, results: list[BenchmarkResult], header: str = "",
+                 command: str = "") -> tuple[Path, Path]:
     """`results.md` (for people) and `results.csv` (for scripts) with one row per benchmark; with selection,
-    results.md adds a selection table and a verifier table, and results.csv their numbers as columns."""
+    results.md adds a selection table and a verifier table, and results.csv their numbers as columns. `command`
+    ends results.csv as a comment row, so the file says what made it (read with comment='#')."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cols = _columns(results)
@@ -133,6 +135,8 @@ def write_tables(out_dir: str | Path, results: list[BenchmarkResult], header: st
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         w.writerows(rows)
+        if command:
+            f.write(f"# produced by: {command}\n")
     md_cols = [c for c in cols if "/" not in c and "_ci_" not in c and c != "best_verifier"]
     lines = [header.rstrip() + "\n"] if header else []
     lines += _table(md_cols, [[row[c] for c in md_cols] for row in rows])
