@@ -18,12 +18,12 @@ import os
 import random
 import shutil
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlexp.config.model import WarmupConfig
 from rlexp.config.schema import TrainConfig
 from rlexp.envs.base import Environment
 from rlexp.models.tiny import DEFAULT_CACHE
@@ -37,12 +37,8 @@ FORMAT_VERSION = 1  # bump when the recipe below changes what a given config wri
 def warm_key(base_dir: Path, t: TrainConfig) -> str:
     spec = {"base": sha256_file(base_dir / "model.safetensors"), "env": t.environment.name,
             "options": dict(t.environment.options), "max_tokens": t.algorithm.max_tokens,
-            "warmup": _as_dict(t.model.warmup), "format": FORMAT_VERSION}
+            "warmup": asdict(t.model.warmup), "format": FORMAT_VERSION}
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _as_dict(w: WarmupConfig) -> dict[str, Any]:
-    return {"steps": w.steps, "lr": w.lr, "batch_size": w.batch_size, "seed": w.seed}
 
 
 def ensure_warm_checkpoint(base_dir: Path, t: TrainConfig, env: Environment) -> tuple[Path, dict[str, Any]]:
@@ -126,7 +122,7 @@ def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment) -> None:
         record = {"base": str(base_dir), "base_sha256": sha256_file(base_dir / "model.safetensors"),
                   "environment": t.environment.name, "options": dict(t.environment.options),
                   "data": "env.sample_batch on the training split (no held-out, no verifier-split problem)",
-                  **_as_dict(w), "first_loss": losses[0] if losses else None,
+                  **asdict(w), "first_loss": losses[0] if losses else None,
                   "last_loss": losses[-1] if losses else None, "train_greedy_accuracy": acc,
                   "train_accuracy_n": min(256, len(train))}
         (tmp / RECORD).write_text(json.dumps(record, indent=2, default=str))
