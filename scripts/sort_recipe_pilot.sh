@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Issue 25 item 2, the sort task's learning-rate recipe (results/sort_recipe_pilot.md): rlexp only, pilot seeds
+# 100-104 (a later peers run confirms on seeds 0-4), two recipes. Usage: scripts/sort_recipe_pilot.sh DIR; then
+# python scripts/sort_recipe_pilot.py DIR --out results/sort_recipe_pilot
+set -uo pipefail
+DIR=${1:?usage: scripts/sort_recipe_pilot.sh DIR}
+RLEXP=${RLEXP:-.venv/bin/rlexp}
+mkdir -p "$DIR"
+run() {  # name, then overrides
+  local name=$1; shift
+  [ -f "$DIR/$name/manifest.json" ] && grep -q '"status": "completed"' "$DIR/$name/manifest.json" && return
+  "$RLEXP" train environment=sort steps=400 eval.every_n_steps=10 "$@" hydra.run.dir="$DIR/$name" \
+    > "$DIR/$name.log" 2>&1 || echo "FAILED: $name (see $DIR/$name.log)"
+  echo "$(date +%T) $name: $(grep -h 'done:' "$DIR/$name.log" | tail -1)"
+}
+for seed in 100 101 102 103 104; do
+  run "cos1e-3-$seed" seed=$seed trainer.lr_schedule=cosine trainer.warmup_steps=10
+  run "const1e-3-$seed" seed=$seed
+done
