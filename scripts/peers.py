@@ -56,6 +56,9 @@ class Task:
     lr: float
     clip: float
     grad_clip: float
+    schedule: str  # rlexp's trainer.lr_schedule, warm-up and floor, offered to every framework
+    warmup_steps: int
+    min_lr_ratio: float
 
 
 def load_task(name: str, seed: int) -> Task:
@@ -72,13 +75,26 @@ def load_task(name: str, seed: int) -> Task:
     env = build_env(t.environment)
     model_dir = resolve_model(t.model)
     a = t.algorithm
-    if a.kl_coef or a.clip_low != a.clip_high or t.trainer.lr_schedule != "constant" or t.trainer.weight_decay:
-        raise SystemExit(f"peers compares GRPO without KL, symmetric clipping, constant LR and no weight decay; "
-                         f"rlexp's config has kl_coef={a.kl_coef}, clip {a.clip_low}/{a.clip_high}, "
-                         f"lr_schedule={t.trainer.lr_schedule}, weight_decay={t.trainer.weight_decay}")
+    schedule = str(getattr(t.trainer.lr_schedule, "value", t.trainer.lr_schedule))
+    if a.kl_coef or a.clip_low != a.clip_high or schedule not in ("constant", "cosine") or t.trainer.weight_decay:
+        raise SystemExit(f"peers compares GRPO without KL, symmetric clipping, a constant or cosine LR (TRL has no "
+                         f"linear decay to a floor) and no weight decay; rlexp's config has kl_coef={a.kl_coef}, "
+                         f"clip {a.clip_low}/{a.clip_high}, lr_schedule={schedule}, "
+                         f"weight_decay={t.trainer.weight_decay}")
     return Task(env=env, reward=build_reward(t.reward, env), tok=load_tokenizer(model_dir), model_dir=model_dir,
                 prompts=a.prompts_per_step, group=a.group_size, max_tokens=a.max_tokens, lr=t.trainer.lr,
-                clip=a.clip_low, grad_clip=t.trainer.grad_clip)
+                clip=a.clip_low, grad_clip=t.trainer.grad_clip, schedule=schedule,
+                warmup_steps=t.trainer.warmup_steps, min_lr_ratio=t.trainer.min_lr_ratio)
+
+
+def trl_schedule(task: Task) -> dict[str, Any]:
+    """The same schedule in transformers' terms. Its warm-up ramps step/warmup where rlexp's ramps
+    (step+1)/warmup: one step earlier, otherwise the same curve (tests/test_peers.py compares them)."""
+    if task.schedule == "cosine":
+        return {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": task.min_lr_ratio},
+                "warmup_steps": task.warmup_steps}
+    return {"lr_scheduler_type": "constant_with_warmup" if task.warmup_steps else "constant",
+            "warmup_steps": task.warmup_steps}
 
 
 def rewards_of(task: Task, samples: list[Any], texts: list[str]) -> list[float]:
@@ -168,11 +184,15 @@ def plain_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows,
     """GRPO in one process: sample with the KV cache, score, group-normalise, one clipped-surrogate step."""
     import torch
 
+    from rlexp.actors.trainer import lr_lambda
+
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     rng = random.Random(seed)
     model = load_model(task)
     opt = torch.optim.AdamW(model.parameters(), lr=task.lr, betas=(0.9, 0.999), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(  # rlexp's own schedule function, so the two cannot drift apart
+        opt, lr_lambda(task.schedule, task.warmup_steps, steps, task.min_lr_ratio))
     pad, eos, G = task.tok.pad_id, task.tok.eos_id, task.group
     rows.evaluate(task, model, 0)
     rows.write(step=0, start=time.time())
@@ -206,6 +226,7 @@ def plain_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows,
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), task.grad_clip)
         opt.step()
+        sched.step()
         over = time.time() > deadline
         if step % eval_every == 0 or step == steps or over:
             rows.evaluate(task, model, step)
@@ -257,7 +278,7 @@ def trl_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows, w
         per_device_train_batch_size=task.prompts * task.group, num_generations=task.group,
         gradient_accumulation_steps=1, num_iterations=1, max_steps=steps, shuffle_dataset=False,
         max_completion_length=task.max_tokens, temperature=1.0, top_p=1.0, top_k=0,
-        learning_rate=task.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        learning_rate=task.lr, **trl_schedule(task), weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=task.grad_clip,
         beta=0.0, epsilon=task.clip, loss_type="dapo", scale_rewards="group", use_vllm=False,
         logging_steps=10**9, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
@@ -366,7 +387,8 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
         "",
         "Same tiny Qwen3 weights (rlexp's `model=tiny` checkpoint, random init), same task, training distribution "
         "and held-out split (rlexp's environment classes), same reward (`reward=rule`), 64 prompts x 16 samples "
-        "per step, AdamW lr 1e-3 constant, betas (0.9, 0.999), no weight decay, gradient clipping 1.0, clip 0.2, "
+        "per step, AdamW at rlexp's learning rate and schedule for the task (under each task's heading), betas "
+        "(0.9, 0.999), no weight decay, gradient clipping 1.0, clip 0.2, "
         "no KL, temperature 1.0, token-mean loss, group-std advantages, one update per batch (on-policy).",
         "",
         f"Held-out accuracy: greedy decoding of every held-out prompt, exact match by the environment's check, every "
@@ -394,7 +416,11 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
         rs = [r for r in runs if r.task == task]
         if not rs:
             continue
-        lines += [f"## {task}", "", "| framework | seed | time to 0.8, s from launch | from step 1 | at step | "
+        t = load_task(task, 0)
+        sched = f"lr {t.lr:g} {t.schedule}" + (f" to {t.min_lr_ratio:g}x" if t.schedule == "cosine" else "") + (
+            f", {t.warmup_steps} warm-up steps" if t.warmup_steps else "")
+        lines += [f"## {task}", "", f"Learning rate in all three frameworks: {sched}.", "",
+                  "| framework | seed | time to 0.8, s from launch | from step 1 | at step | "
                   "best acc (s from launch) | steps run | steps/s | " + " | ".join(f"acc @ {t} s" for t in FIXED_TIMES)
                   + " | load start/end |",
                   "|---|---|---|---|---|---|---|---|" + "---|" * len(FIXED_TIMES) + "---|"]

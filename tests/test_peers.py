@@ -77,3 +77,39 @@ def test_trl_grpo_two_steps(tmp_path: Path):
     recs = [json.loads(x) for x in rows.path.read_text().splitlines()]
     assert [r["step"] for r in recs if "acc" in r] == [0, 1, 2]
     assert any("start" in r for r in recs)
+
+
+@pytest.mark.parametrize(("schedule", "warmup"), [("cosine", 10), ("constant", 10), ("constant", 0)])
+def test_trl_is_offered_rlexps_schedule(schedule: str, warmup: int) -> None:
+    """The schedule TRL is given follows rlexp's own (`lr_lambda`) within one warm-up step's shift, so a recipe
+    that helps rlexp is offered to TRL too (issue 25 item 2)."""
+    import torch
+    from transformers import get_scheduler
+
+    from rlexp.actors.trainer import lr_lambda
+
+    task = dataclasses.replace(small_task(), schedule=schedule, warmup_steps=warmup, min_lr_ratio=0.1)
+    kw = peers.trl_schedule(task)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    hf = get_scheduler(kw["lr_scheduler_type"], opt, num_warmup_steps=kw["warmup_steps"], num_training_steps=400,
+                       scheduler_specific_kwargs=kw.get("lr_scheduler_kwargs"))
+    ours = lr_lambda(schedule, warmup, 400, 0.1)
+    theirs = []
+    for _ in range(400):
+        theirs.append(hf.get_last_lr()[0])
+        opt.step()
+        hf.step()
+    shift = 1 / warmup if warmup else 0.0
+    assert max(abs(ours(s) - theirs[s]) for s in range(400)) <= shift + 1e-6
+    assert max(abs(ours(s) - theirs[s]) for s in range(warmup + 1, 400)) < 1e-6  # identical after the warm-up
+    if schedule == "cosine":
+        assert theirs[-1] == pytest.approx(0.1, abs=1e-3) and ours(399) == pytest.approx(0.1, abs=1e-3)
+
+
+def test_peers_refuses_a_schedule_trl_cannot_follow(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlexp.cluster import plan_cli
+
+    real = plan_cli.compose_run_config
+    monkeypatch.setattr(plan_cli, "compose_run_config", lambda ov: real([*ov, "trainer.lr_schedule=linear"]))
+    with pytest.raises(SystemExit, match="lr_schedule=linear"):
+        peers.load_task("arithmetic", 0)
