@@ -401,12 +401,23 @@ def render(rows: list[Row], argv: list[str], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _batch_sizes(text: str) -> list[int]:
+    """Refused at parse time, before any measurement starts: a typo must not cost the transport runs first."""
+    try:
+        sizes = [int(b) for b in text.split(",") if b.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive batch sizes separated by commas, e.g. 8,64,256")
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="rlexp bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--sync-mb", type=int, default=256, help="bytes moved per weight-sync measurement")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--batch", default="8,64", help="comma-separated generation batch sizes")
+    p.add_argument("--batch", type=_batch_sizes, default="8,64", help="comma-separated generation batch sizes")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--backends", default="titan,vllm", help="comma-separated generator backends ('' for none)")
@@ -429,8 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     if sizes:
         rows += bench_transports(sizes, args.reps, args.chunk_mb)
     if not args.skip_gen:
-        batches = [int(b) for b in args.batch.split(",") if b]
-        rows += bench_generation(batches, args.prompt_len, args.max_tokens, args.reps,
+        rows += bench_generation(args.batch, args.prompt_len, args.max_tokens, args.reps,
                                  [b for b in args.backends.split(",") if b])
     overrides = args.train_overrides.split()
     if args.overhead_steps:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
-from rlexp.bench import bench_generation
+import pytest
+
+from rlexp.bench import bench_generation, main
 
 
 def test_generation_rows_compare_equal_token_counts_against_transformers_generate() -> None:
@@ -24,3 +26,10 @@ def test_a_backend_that_cannot_start_is_reported_not_fatal() -> None:
     rows = bench_generation([2], prompt_len=4, max_tokens=3, reps=1, backends=["no_such_backend"])
     assert rows[1].value != rows[1].value  # nan
     assert "not measured" in rows[1].note
+
+
+def test_a_bad_batch_list_is_refused_before_any_measurement(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("8,x", "0", ","):
+        with pytest.raises(SystemExit) as e:
+            main(["--batch", bad, "--skip-sync"])
+        assert e.value.code == 2 and "positive batch sizes" in capsys.readouterr().err
