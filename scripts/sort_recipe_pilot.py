@@ -27,7 +27,8 @@ import yaml
 
 THRESHOLD = 0.8
 NEED_STABLE = 4
-RECIPE_KEYS = ("trainer.lr", "trainer.lr_schedule", "trainer.warmup_steps", "trainer.min_lr_ratio")
+RECIPE_KEYS = ("trainer.lr", "trainer.lr_schedule", "trainer.warmup_steps", "trainer.min_lr_ratio",
+               "algorithm.norm_adv_by_std")
 
 
 def recipe(job: Path) -> str:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 25 item 2, the sort task's learning-rate recipe (results/sort_recipe_pilot.md): rlexp only, pilot seeds
-# 100-104 (a later peers run confirms on seeds 0-4), two recipes. Usage: scripts/sort_recipe_pilot.sh DIR [ROUND: 1, or 2 for the addendum]; then
+# 100-104 (a later peers run confirms on seeds 0-4), two recipes. Usage: scripts/sort_recipe_pilot.sh DIR [ROUND: 1, or 2 / 3 for the addenda]; then
 # python scripts/sort_recipe_pilot.py DIR --out results/sort_recipe_pilot
 set -uo pipefail
 DIR=${1:?usage: scripts/sort_recipe_pilot.sh DIR}
@@ -18,7 +18,10 @@ for seed in 100 101 102 103 104; do
   if [ "$ROUND" = 1 ]; then
     run "cos1e-3-$seed" seed=$seed trainer.lr_schedule=cosine trainer.warmup_steps=10
     run "const1e-3-$seed" seed=$seed
-  else  # the addendum's second candidate (results/sort_recipe_pilot.md)
+  elif [ "$ROUND" = 2 ]; then  # the addendum's second candidate (results/sort_recipe_pilot.md)
     run "cos5e-4-$seed" seed=$seed trainer.lr=5e-4 trainer.lr_schedule=cosine trainer.warmup_steps=10
+  else  # the third candidate (second addendum)
+    run "cos1e-3-nostd-$seed" seed=$seed trainer.lr_schedule=cosine trainer.warmup_steps=10 \
+      algorithm.norm_adv_by_std=false
   fi
 done
