@@ -61,21 +61,31 @@ class Task:
     min_lr_ratio: float
 
 
-def load_task(name: str, seed: int) -> Task:
-    """Compose rlexp's own config for `environment=<name>` and take everything from it."""
+def run_config(name: str, seed: int) -> Any:
+    """rlexp's own composed config for `environment=<name>`: the one source every framework's settings come from."""
     from omegaconf import OmegaConf
 
     from rlexp.cluster.plan_cli import compose_run_config
+
+    return OmegaConf.to_object(compose_run_config([f"environment={name}", f"seed={seed}"]))
+
+
+def schedule_name(trainer: Any) -> str:
+    return str(getattr(trainer.lr_schedule, "value", trainer.lr_schedule))
+
+
+def load_task(name: str, seed: int) -> Task:
+    """Take everything from rlexp's own config for `environment=<name>`."""
     from rlexp.envs.registry import build_env
     from rlexp.models.tokenizer import load_tokenizer
     from rlexp.rewards.registry import build_reward
     from rlexp.run.prepare import resolve_model
 
-    t = OmegaConf.to_object(compose_run_config([f"environment={name}", f"seed={seed}"]))
+    t = run_config(name, seed)
     env = build_env(t.environment)
     model_dir = resolve_model(t.model)
     a = t.algorithm
-    schedule = str(getattr(t.trainer.lr_schedule, "value", t.trainer.lr_schedule))
+    schedule = schedule_name(t.trainer)
     if a.kl_coef or a.clip_low != a.clip_high or schedule not in ("constant", "cosine") or t.trainer.weight_decay:
         raise SystemExit(f"peers compares GRPO without KL, symmetric clipping, a constant or cosine LR (TRL has no "
                          f"linear decay to a floor) and no weight decay; rlexp's config has kl_coef={a.kl_coef}, "
@@ -416,9 +426,10 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
         rs = [r for r in runs if r.task == task]
         if not rs:
             continue
-        t = load_task(task, 0)
-        sched = f"lr {t.lr:g} {t.schedule}" + (f" to {t.min_lr_ratio:g}x" if t.schedule == "cosine" else "") + (
-            f", {t.warmup_steps} warm-up steps" if t.warmup_steps else "")
+        tr = run_config(task, 0).trainer  # the config alone: no environment, reward or model to build here
+        kind = schedule_name(tr)
+        sched = f"lr {tr.lr:g} {kind}" + (f" to {tr.min_lr_ratio:g}x" if kind == "cosine" else "") + (
+            f", {tr.warmup_steps} warm-up steps" if tr.warmup_steps else "")
         lines += [f"## {task}", "", f"Learning rate in all three frameworks: {sched}.", "",
                   "| framework | seed | time to 0.8, s from launch | from step 1 | at step | "
                   "best acc (s from launch) | steps run | steps/s | " + " | ".join(f"acc @ {t} s" for t in FIXED_TIMES)

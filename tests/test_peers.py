@@ -113,3 +113,14 @@ def test_peers_refuses_a_schedule_trl_cannot_follow(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(plan_cli, "compose_run_config", lambda ov: real([*ov, "trainer.lr_schedule=linear"]))
     with pytest.raises(SystemExit, match="lr_schedule=linear"):
         peers.load_task("arithmetic", 0)
+
+
+def test_the_report_names_the_learning_rate_each_task_ran_at(tmp_path: Path) -> None:
+    import argparse
+
+    curve = [(0, 0.0, 1.0, 0.0), (10, 0.9, 5.0, 4.0)]
+    runs = [peers.Run(f, "sort", 0, 0.0, curve, (0.5, 0.6), 6.0, f"{f} cmd") for f in ("rlexp", "trl", "plain")]
+    args = argparse.Namespace(tasks=["sort"], eval_every=10, max_wall=0.0)
+    out = tmp_path / "peers.md"
+    peers.write_report(runs, args, ["--task", "sort"], out)
+    assert "Learning rate in all three frameworks: lr 0.001 constant." in out.read_text()
