@@ -22,6 +22,11 @@ class Echo(Actor):
     def rank(self) -> int:
         return current_rank().rank
 
+    @endpoint
+    def back(self, x: object) -> object:
+        """`x` as it arrived: a message each way through Monarch's pickler."""
+        return x
+
 
 class Versioned(Actor):
     """A replica with state a replacement must be given (like a generator's weights version)."""

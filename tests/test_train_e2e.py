@@ -28,6 +28,7 @@ def test_train_titan_end_to_end_leaves_a_complete_run(tmp_path: Path, tag: str) 
     p = rlexp("train", *SHORT, f"hydra.run.dir={run}", f"cluster.shm_dir={shm}", tag=tag)
     assert shm.is_dir() and not any(shm.iterdir())  # published weights (RAM) released at teardown
     assert "actor graph" in p.stdout and "generator0" in p.stdout and "trainer" in p.stdout
+    assert "reward      this process: reward=rule, a pure function, scored by the controller" in p.stdout
     assert "held-out accuracy" in p.stdout
     rows = metrics(run)
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]

@@ -18,7 +18,7 @@ from rlexp.core.seeding import apply_process_determinism
 from rlexp.models.backends import GeneratorBackend, build_backend
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.transport import TransportError, TransportSpec, build_receiver
-from rlexp.types import Completion
+from rlexp.types import Completions
 
 
 class Generator(Actor):
@@ -54,14 +54,15 @@ class Generator(Actor):
 
     @endpoint
     async def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
-                       stop: list[str] | None = None) -> list[Completion]:
+                       stop: list[str] | None = None) -> Completions:
+        """The reply travels packed as tensors (`rlexp.types.Completions`)."""
         assert self.backend is not None, "Generator.setup() was not awaited"
         t = time.perf_counter()
         out = self.backend.generate(prompt_ids, n, max_tokens, temperature, seed, stop)
         share = (time.perf_counter() - t) / max(1, len(out))
         for c in out:
             c.gen_s = share
-        return out
+        return Completions(out)
 
     @endpoint
     async def next_token_logprobs(self, prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]:

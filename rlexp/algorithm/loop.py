@@ -8,7 +8,7 @@
         advantages   = group_normalise(rewards)                             # GRPO
         buffer.add(groups); batch = buffer.sample(current_version)          # drops samples that are too stale
         metrics      = trainer.train_step(batch)                            # clipped surrogate vs generator logprobs
-        generators.update_weights(trainer.push_weights(version + 1))        # weight sync
+        generators.update_weights(trainer.push_weights(version + 1))        # weight sync, queued behind the step
 
 `sync.mode=on_policy` runs these in order. `sync.mode=async` keeps up to `sync.max_policy_age` rollouts
 in flight while the trainer works, so generation and training overlap; what arrives too stale is dropped
@@ -103,7 +103,8 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
     ref = None
     if svc.reference is not None:
         ref = svc.reference.logprobs.call([c.prompt_ids for c in flat], [c.token_ids for c in flat], a.temperature)
-    episodes = [Episode(c.prompt_ids, c.token_ids, c.logprobs, float(adv[i]), float(rewards[i]), c.policy_version,
+    adv_list, reward_list = adv.tolist(), rewards.tolist()  # one conversion each, not a tensor index per row
+    episodes = [Episode(c.prompt_ids, c.token_ids, c.logprobs, adv_list[i], reward_list[i], c.policy_version,
                         ref[i] if ref else None, c.loss_mask) for i, c in enumerate(flat)]
     grouped = _groups(episodes, k)
     if a.filter_zero_adv_groups:
@@ -115,8 +116,8 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
     if multi_turn:
         metrics.update(episode_metrics(flat))
     shown = min(len(flat), cfg.logger.rollout_samples)
-    rollouts = [{"prompt": flat_samples[i].problem.prompt, "response": flat[i].text, "reward": float(rewards[i]),
-                 "advantage": float(adv[i]), "policy_version": flat[i].policy_version,
+    rollouts = [{"prompt": flat_samples[i].problem.prompt, "response": flat[i].text, "reward": reward_list[i],
+                 "advantage": adv_list[i], "policy_version": flat[i].policy_version,
                  **(scored.details[i] if i < len(scored.details) else {}),
                  **(transcript_row(flat_samples[i].problem.prompt, flat[i]) if multi_turn else {})}
                 for i in range(shown)]
@@ -129,13 +130,23 @@ class WeightSync:
     work_s: float  # publishing plus the slowest generator's own load: the sync's share of the critical path
 
 
-def push_weights(svc: Services, version: int) -> WeightSync:
-    """Publish the trainer's weights as `version` and load them into every generator."""
+def push_weights(svc: Services, version: int, published: Pending[dict[str, str]] | None = None) -> WeightSync:
+    """Publish the trainer's weights as `version` (unless `published`, a publish already asked for) and load them
+    into every generator."""
     t = time.perf_counter()
-    location = svc.trainer.push_weights.call(version)
-    published = time.perf_counter() - t
+    location = (published or svc.trainer.push_weights.start(version)).get()
+    publish_s = time.perf_counter() - t
     loads = svc.generators.update_weights.fanout(version, location).get()
-    return WeightSync(time.perf_counter() - t, published + max((x for x in loads if x is not None), default=0.0))
+    return WeightSync(time.perf_counter() - t, publish_s + max((x for x in loads if x is not None), default=0.0))
+
+
+def train_and_push(svc: Services, batch: TrainBatch, version: int) -> tuple[dict[str, float], WeightSync]:
+    """One optimizer step, then its weights published as `version` and loaded into every generator. The publish
+    is queued right behind the step (an actor serves its messages in order), so no round trip to the controller
+    sits between the two."""
+    trained = svc.trainer.train_step.start(batch)
+    published = svc.trainer.push_weights.start(version)
+    return trained.get(), push_weights(svc, version, published)
 
 
 def overlap_metrics(groups: list[list[Completion]], replicas: int, serial_s: float, step_s: float
@@ -184,12 +195,11 @@ def train(cfg: TrainConfig, svc: Services, env: Environment, encode: Encode, sta
             episodes, buffer_metrics = sampled
             metrics.update(buffer_metrics)
             t_train = time.perf_counter()
-            metrics.update(svc.trainer.train_step.call(TrainBatch.of(episodes)))
             state.version += 1
-            serial_s += time.perf_counter() - t_train
-            sync = push_weights(svc, state.version)
+            trained, sync = train_and_push(svc, TrainBatch.of(episodes), state.version)
+            metrics.update(trained)
             metrics["time/weight_sync_s"] = sync.wall_s
-            serial_s += sync.work_s
+            serial_s += time.perf_counter() - t_train - sync.wall_s + sync.work_s
         state.samples_seen += len(samples)
         step_s = time.perf_counter() - t_step
         metrics.update({

@@ -14,6 +14,7 @@ from rlexp.types import RewardOutput, Sample
 @register_reward("annotated")
 class AnnotatedReward(Reward):
     needs_gold = True
+    pure = True
 
     def _score(self, samples: list[Sample], texts: list[str], group_size: int) -> RewardOutput:
         out = check_batch(self, samples, texts)

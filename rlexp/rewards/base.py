@@ -29,6 +29,9 @@ class Reward:
     name: ClassVar[str] = ""
     # True only for rewards that read gold labels (rule checks, the annotated oracle).
     needs_gold: ClassVar[bool] = True
+    # A deterministic function of (samples, texts): no verifier to wait on, no state. A run then scores it in the
+    # controller (rlexp.run.wiring), where it costs no message each way per step.
+    pure: ClassVar[bool] = False
     # The verifiers a label-free reward scores with; model verifiers among them get their model attached by
     # the reward service (rlexp.actors.reward) once their services are up.
     verifiers: list[Any]

@@ -35,6 +35,7 @@ def check_batch(reward: Reward, samples: list[Sample], texts: list[str], prefix:
 @register_reward("rule")
 class RuleReward(Reward):
     needs_gold = True
+    pure = True
 
     def _score(self, samples: list[Sample], texts: list[str], group_size: int) -> RewardOutput:
         return check_batch(self, samples, texts)

@@ -229,7 +229,8 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
         pairs.connect(gen, role.name)
     reference = g.spawn_role(with_master_port(w.reference, port)) if w.reference is not None else None
     verifiers = {role.settings.verifier.name: g.spawn_role(role) for role in w.verifiers}
-    rewards = [g.spawn_role(role) for role in w.rewards]
+    rewards = [Local(role.actor, role.settings) if w.rewards_in_controller else g.spawn_role(role)
+               for role in w.rewards]
     if phase is not None:
         procs = sum(len(where) for where in g.where.values())
         phase(f"processes spawned ({procs} in {len(g.meshes)} meshes: {', '.join(g.meshes)})")
@@ -274,9 +275,9 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
                            max_restarts=fault.max_restarts, sticky=("update_weights",), log=log,
                            labels=labels(w.generators)),
         trainer=Collective("trainer", trainer),
-        rewards=Service("rewards", rewards, recover=recovery.reward, max_restarts=fault.max_restarts, log=log,
-                        state=("state_dict", "load_state_dict") if p.reward_stateful else None,
-                        labels=labels(w.rewards)),
+        rewards=Service("rewards", rewards, log=log, labels=["reward@controller"]) if w.rewards_in_controller else
+        Service("rewards", rewards, recover=recovery.reward, max_restarts=fault.max_restarts, log=log,
+                state=("state_dict", "load_state_dict") if p.reward_stateful else None, labels=labels(w.rewards)),
         # The replay buffer is light state saved in checkpoints, read and written every step: it lives in the
         # controller (a `Local`), where a step's episodes cost no message each way, and whose death ends the run.
         buffer=Service("buffer", [Local(ReplayBuffer, w.buffer)]),
@@ -335,6 +336,9 @@ def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: lis
         if name in gpus:
             on += f", GPUs {'|'.join(gpus[name])}"
         lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
+    if "reward0" not in g.meshes:
+        lines.append(f"  reward      this process: reward={c.reward.name}, a pure function, scored by the controller "
+                     f"(rlexp.run.wiring.reward_in_controller)")
     lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
                  f"{c.cluster.transport})")
     lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/algorithm/loop.py), data order, "

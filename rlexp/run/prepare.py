@@ -60,6 +60,7 @@ class Prepared:
     served_verifiers: list[VerifierConfig] = field(default_factory=list)
     # The reward builds up state while it scores (Weaver's pool and fit): its service carries it to a respawn.
     reward_stateful: bool = False
+    reward_pure: bool = False  # `rlexp.rewards.base.Reward.pure`
 
 
 def check_config(cfg: DictConfig) -> TrainConfig:
@@ -154,7 +155,9 @@ def prepare(cfg: DictConfig) -> Prepared:
     extra["plugins"] = describe_plugins(used_modules(t.plugins))  # what `rlexp reproduce` checks before a re-run
     extra["config_path"] = describe_config_dirs(t.config_path)
     stateful = type(reward).state_dict is not Reward.state_dict
-    return Prepared(t, env, model_dir, seeds, extra, benchmarks, served, stateful)
+    # A subclass of a pure reward that keeps state or scores with verifiers is not pure, whatever it inherits.
+    pure = type(reward).pure and not stateful and not reward.verifiers
+    return Prepared(t, env, model_dir, seeds, extra, benchmarks, served, stateful, pure)
 
 
 def check_multi_turn(t: TrainConfig, env: Environment) -> None:

@@ -49,13 +49,16 @@ class Wiring:
     generators: list[Role]
     verifiers: list[Role]
     rewards: list[Role]
+    # The reward roles run as objects in the controller (`reward_in_controller`), not in processes of their own.
+    rewards_in_controller: bool
     buffer: BufferSettings
     generator_seeds: tuple[int, ...]  # one per shard of a generate call, fixed for the run
 
     def roles(self) -> list[Role]:
-        """In spawn order: the trainer first (the machine it lands on decides each generator's transport)."""
+        """The roles that get processes, in spawn order: the trainer first (the machine it lands on decides each
+        generator's transport)."""
         return [self.trainer, *self.generators, *([self.reference] if self.reference else []), *self.verifiers,
-                *self.rewards]
+                *([] if self.rewards_in_controller else self.rewards)]
 
 
 def with_master_port(role: Role, port: int | str) -> Role:
@@ -95,6 +98,15 @@ def reward_role(p: Prepared, i: int) -> Role:
     return Role(f"reward{i}", RewardService, RewardSettings(c.reward, c.environment), hosts="reward", index=i)
 
 
+def reward_in_controller(p: Prepared) -> bool:
+    """A pure reward (`rlexp.rewards.base.Reward.pure`: rule checks, the annotated oracle) is scored by the controller
+    unless the run asks for it elsewhere (more than one replica, or hosts of its own in `cluster.hosts_per_role`):
+    scoring 1,024 one-token answers takes less time than the message to another process and back (5 ms a step
+    on two cores, results/perf_cpu.md), and a pure function has no state a process death could lose."""
+    c = p.cfg
+    return p.reward_pure and c.reward.replicas == 1 and not c.cluster.role_hosts.get("reward")
+
+
 def generator_seeds(p: Prepared) -> tuple[int, ...]:
     return tuple(p.seeds[f"generator/{i}"] for i in range(p.cfg.generator.shards))
 
@@ -124,6 +136,7 @@ def wiring(p: Prepared) -> Wiring:
     return Wiring(trainer=trainer, reference=reference,
                   generators=[generator_role(p, i) for i in range(c.generator.replicas)],
                   verifiers=verifiers, rewards=[reward_role(p, i) for i in range(c.reward.replicas)],
+                  rewards_in_controller=reward_in_controller(p),
                   # The replay buffer is light state saved in checkpoints, read and written every step: it lives in
                   # the controller (a `Local`), where a step's episodes cost no message each way.
                   buffer=BufferSettings(p.seeds["buffer"], c.sync.policy_age),
