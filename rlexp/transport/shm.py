@@ -617,7 +617,10 @@ class Lease:
         if getattr(self, "_pinned", False):
             self.maps.unpin(fd)
             self._pinned = False
-        os.close(fd)  # releases the LOCK_SH (it belongs to this open file description)
+        # Unlock explicitly: the lock belongs to the open file description, which the cached mapping's fd (a dup)
+        # shares, so closing this fd alone would leave the file leased for as long as the mapping stays cached.
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def can_serve(location: str | Path) -> bool:
