@@ -274,3 +274,19 @@ def test_zero_copy_setting_is_checked() -> None:
         T.check({"zero_copy": "no"})
     with pytest.raises(TransportError, match=r"cluster.transport_options.shm: .*unexpected keyword.*'zero_cpy'"):
         T.check({"zero_cpy": False})
+
+
+@pytest.mark.slow
+def test_train_serving_from_the_mapping_matches_the_copy_path(tmp_path: Path, tag: str) -> None:
+    """`rlexp train` with the default shm transport (generators serve from the mapped file) gives the same metrics,
+    timings aside, as with `zero_copy=false` (generators copy every version into their own weights)."""
+    from rlexp.tracking.reproduce import compare_metrics
+    from tests.conftest import metrics, rlexp
+
+    runs = {}
+    for name, extra in (("served", []), ("copied", ["+cluster.transport_options.shm.zero_copy=false"])):
+        runs[name] = tmp_path / name
+        p = rlexp("train", "steps=20", "cluster.transport=shm", f"hydra.run.dir={runs[name]}", *extra, tag=tag)
+        assert "trainer -> generators by shm" in p.stdout
+    assert len(metrics(runs["served"])) == len(metrics(runs["copied"])) >= 20
+    assert compare_metrics(runs["served"] / "metrics.jsonl", runs["copied"] / "metrics.jsonl") is None
