@@ -20,6 +20,21 @@ memcpy through mapped pages, with no page faults and no system call per piece. A
 file before the rename could see it change, so each file carries its version in the safetensors
 metadata (`rlexp_version`, fixed width), set to a "writing" mark before the data is overwritten and to
 the new version after; readers check it after reading (`check_intact`) and refuse torn weights.
+
+Serving from the mapping (leases): a copying reader pays a second memcpy, so a sync costs two copies, at best half a
+memcpy's bandwidth. A generator that can (the titan backend on CPU) instead points its parameters at views of the
+version file's read-only mapping (`Lease`), and the only copy left is the trainer's write. That is safe only if the
+file never changes while parameters view it, and the torn-read check cannot help there (it checks a copy after the
+fact; a view is read for as long as the version is served). So the reader holds a shared `flock` on the file for as
+long as it serves from it, and the trainer recycles (or deletes, `gc`) a file only under an exclusive lock it takes
+without waiting, before renaming the folder out of sight, held until the new version is renamed in. Refused, it
+writes a fresh file instead (or recycles another unleased old one) and gc retries later: a slow generator costs
+RAM (`keep` + leased versions in the folder), never correctness, and never blocks the trainer. The reader takes its
+lock before it checks the version mark: granted with the expected mark, the file is whole and stays so; a reader
+that opened the file just before the trainer took it waits for the trainer's lock and then reads the new mark, and
+refuses like a torn copy. A flock dies with its process, so a killed generator frees its file. Views of a read-only
+mapping must never be written (SIGSEGV), so a backend gives its parameters their own storage back before any
+copying load, and releases a lease only after it has switched to the next version.
 """
 from __future__ import annotations
 
