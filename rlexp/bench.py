@@ -129,17 +129,24 @@ def bench_sync(total_mb: int, reps: int, root: Path | None = None) -> list[Row]:
 
 
 def bench_transports(sizes_mb: list[int], reps: int, chunk_mb: int = 64,
-                     names: tuple[str, ...] = ("shm", "monarch")) -> list[Row]:
+                     names: tuple[str, ...] = ("shm", "shm copy", "monarch")) -> list[Row]:
     """Each transport from one process to another (Monarch actors: `rlexp.transport.probe`): publish by the
-    first, fetch into already-allocated weights by the second, checked bit for bit every time. Reported as
-    GB/s of the state dict over publish + fetch, median and range over `reps` after one warm-up; the
-    baseline is one memcpy of the same bytes into a faulted buffer, measured in this process in this run."""
+    first, fetch by the second the way a generator does, checked bit for bit every time. `shm` serves the
+    version file's tensors from its mapping under a lease (the titan generator's path: one copy per sync, the
+    publish); `shm copy` copies the file into already-allocated weights (two copies: vLLM's and the pre-lease
+    path), measured in the same run so the two compare. Reported as GB/s of the state dict over publish + fetch,
+    median and range over `reps` after one warm-up; the baseline is one memcpy of the same bytes into a faulted
+    buffer, measured in this process in this run."""
     import torch
     from monarch.actor import this_host
 
     from rlexp.transport.monarch import WeightServer
     from rlexp.transport.probe import TransportProbe
 
+    modes = {"shm": ("shm", "serve"), "shm copy": ("shm", "copy"), "monarch": ("monarch", "copy")}
+    unknown = [n for n in names if n not in modes]
+    if unknown:
+        raise ValueError(f"bench: no transport row {unknown}; choose from {sorted(modes)}")
     rows: list[Row] = []
     for mb in sizes_mb:
         meshes = [this_host().spawn_procs(per_host={"procs": 1}) for _ in range(2)]
@@ -154,25 +161,29 @@ def bench_transports(sizes_mb: list[int], reps: int, chunk_mb: int = 64,
             memcpy = [nbytes / 1e9 / _median_time(lambda a=dst, b=src: a.copy_(b), 1) for _ in range(reps)]
             memcpy_gbps = statistics.median(memcpy)
             version = 0
-            for name in names:
+            for label in names:
+                name, mode = modes[label]
                 pubs, fetches = [], []
                 for r in range(reps + 1):  # the first is a warm-up (fresh pages, connections)
                     version += 1
                     loc, pub_s = pub.publish.call_one(name, version).get()
-                    fetch_s = sub.fetch.call_one(name, version, loc, server).get()
+                    fetch_s = sub.fetch.call_one(name, version, loc, server, mode).get()
                     if not sub.check_and_clear.call_one().get():
-                        raise RuntimeError(f"bench: {name} delivered different bytes than were published")
+                        raise RuntimeError(f"bench: {label} delivered different bytes than were published")
                     if r:
                         pubs.append(pub_s)
                         fetches.append(fetch_s)
                 gbps = [nbytes / 1e9 / (p + f) for p, f in zip(pubs, fetches)]
+                how = {"serve": "; fetch = lease + serve from the mapped file (zero-copy)",
+                       "copy": "; fetch = copy into existing weights" if name == "shm" else ""}[mode]
                 rows.append(Row(
-                    f"{name} publish + fetch, {nbytes / 2**20:.0f} MiB bf16", statistics.median(gbps), "GB/s",
+                    f"{label} publish + fetch, {nbytes / 2**20:.0f} MiB bf16", statistics.median(gbps), "GB/s",
                     "memcpy", memcpy_gbps,
                     f"range {min(gbps):.3g}-{max(gbps):.3g} GB/s over {reps}; median publish "
-                    f"{statistics.median(pubs):.3f} s, fetch {statistics.median(fetches):.3f} s; process to process"
-                    + (f", {chunk_mb} MiB messages" if name == "monarch" else "")
+                    f"{statistics.median(pubs):.3f} s, fetch {statistics.median(fetches):.4f} s; process to process"
+                    + how + (f", {chunk_mb} MiB messages" if name == "monarch" else "")
                     + f"; memcpy range {min(memcpy):.3g}-{max(memcpy):.3g} GB/s"))
+            sub.close.call_one().get()
             pub.close.call_one().get()
         finally:
             for m in meshes:

@@ -35,7 +35,7 @@ from rlexp.core.weights import (
 from rlexp.models.hf import model_config_from_dir
 from rlexp.models.kv_decode import KVDecoder
 from rlexp.models.policy import load_policy, pad_sequences, sequence_logprobs
-from rlexp.models.titan import hf_state_dict as titan_hf_state_dict, load_hf_state_dict
+from rlexp.models.titan import hf_state_dict as titan_hf_state_dict, load_hf_state_dict, param_tensors
 from rlexp.models.tokenizer import Tokenizer, load_tokenizer
 from rlexp.types import Completion
 
@@ -102,6 +102,7 @@ class TitanBackend:
         self.policy_version = 0
         self.torn = False  # a weight update failed half-way: refuse to sample until the next one succeeds
         self._spec: WeightSpec | None = None
+        self._release: Callable[[], None] | None = None  # the lease on the mapping the parameters view, if any
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
@@ -206,8 +207,9 @@ class TitanBackend:
         return torch.log_softmax(logits, dim=-1)[:, token_ids].cpu().tolist()
 
     def load_folder(self, version: int, folder: str, check: Callable[[], None] | None = None) -> None:
-        """Weights from a folder of HF safetensors. `check` (the transport's) raises when what was read cannot be
-        vouched for (a file overwritten while it was read): the version is then not counted as loaded."""
+        """Weights from a folder of HF safetensors, copied. `check` (the transport's) raises when what was read
+        cannot be vouched for (a file overwritten while it was read): the version is then not counted as loaded."""
+        self._own_storage()
         self.torn = True  # until the read is known to be whole
         load_hf_state_dict(self.model, read_hf_state_dict(folder), self.cfg.arch)
         if check is not None:
@@ -215,18 +217,70 @@ class TitanBackend:
         self.torn = False
         self.policy_version = version
 
+    def serve_mapped(self, version: int, hf_tensors: dict[str, torch.Tensor], release: Callable[[], None]) -> bool:
+        """Serve `hf_tensors` (views of a read-only mapped version file, under a lease) as this model's weights,
+        without copying: each parameter is pointed at its tensor (`param_tensors`: only a fused QKV over several
+        KV heads is built anew). `release` is called once another version is served. Declines (False, nothing
+        changed) when the tensors do not fit the model exactly (names, shapes, dtypes: a cast needs a copy) or the
+        model is not on the CPU; the receiver then loads by copying.
+
+        Safe because nothing here writes a parameter: sampling and scoring run under no_grad, and every copying
+        load first gives the parameters their own storage back (`_own_storage`); a write into the read-only
+        mapping would kill the process."""
+        if self.device.type != "cpu":
+            return False
+        if self._spec is None:
+            self._spec = spec_of(titan_hf_state_dict(self.model, self.cfg.arch))
+        if spec_of(hf_tensors) != self._spec:
+            return False
+        tensors = param_tensors(self.model, hf_tensors, self.cfg.arch)
+        params = dict(self.model.named_parameters())
+        if any(t.shape != params[k].shape or t.dtype != params[k].dtype or t.device != params[k].device
+               for k, t in tensors.items()):
+            return False
+        with torch.no_grad():
+            for k, t in tensors.items():
+                params[k].data = t
+        if self.cfg.arch.tie_embeddings:
+            self.model.lm_head.weight = self.model.tok_embeddings.weight
+        old, self._release = self._release, release
+        if old is not None:
+            old()  # after the switch: nothing views the previous version's mapping any more
+        self.torn = False
+        self.policy_version = version
+        return True
+
+    def _own_storage(self) -> None:
+        """Before a copying load: parameters viewing a read-only mapping get writable copies of their values (a
+        copy into the mapping would kill the process), then the lease on it is released."""
+        if self._release is None:
+            return
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.data = p.data.clone()
+        release, self._release = self._release, None
+        release()
+
     def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None:
         """Weights that arrived in memory (the monarch and torchstore transports): checked against this
         model's own parameters (names, shapes, dtypes) before anything is copied into them."""
         if self._spec is None:
             self._spec = spec_of(titan_hf_state_dict(self.model, self.cfg.arch))
         check_weights(version, spec_of(hf_state_dict), self._spec, where=where)
+        self._own_storage()
         load_hf_state_dict(self.model, hf_state_dict, self.cfg.arch)
         self.torn = False
         self.policy_version = version
 
     def close(self) -> None:
-        pass
+        """Release the lease on a served version file. The parameters are emptied first: once released, the mapping
+        they view may be unmapped, and a closed backend must fail loudly, never read unmapped memory."""
+        release, self._release = self._release, None
+        if release is not None:
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            release()
 
 
 def _cut_at_stop(ids: list[int], stop: list[str], tok: Tokenizer) -> list[int]:

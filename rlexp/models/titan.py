@@ -9,6 +9,7 @@ is what vLLM loads and what checkpoints on the Hub use.
 from __future__ import annotations
 
 from functools import partial
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -103,3 +104,50 @@ def hf_state_dict(model: nn.Module, arch: ArchConfig) -> dict[str, torch.Tensor]
     """The model's weights in HF naming, detached, on the CPU and contiguous (ready for safetensors)."""
     sd = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith(("rope.cache", "freqs_cis"))}
     return {k: v.to("cpu").contiguous() for k, v in titan_to_hf(sd, arch).items()}
+
+
+def _adjacent_concat(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """`torch.cat(parts)` as a view, when the parts already lie back to back in one storage (same dtype and
+    trailing shape, contiguous); else None."""
+    first = parts[0]
+    if not all(p.dtype == first.dtype and p.shape[1:] == first.shape[1:] and p.is_contiguous()
+               and p.untyped_storage().data_ptr() == first.untyped_storage().data_ptr() for p in parts):
+        return None
+    for a, b in pairwise(parts):
+        if a.data_ptr() + a.numel() * a.element_size() != b.data_ptr():
+            return None
+    shape = (sum(p.shape[0] for p in parts), *first.shape[1:])
+    return first.as_strided(shape, torch.empty(shape, device="meta").stride(), first.storage_offset())
+
+
+def param_tensors(model: nn.Module, hf_sd: dict[str, torch.Tensor], arch: ArchConfig) -> dict[str, torch.Tensor]:
+    """A tensor for each of `model`'s parameters (by name, ties counted once), built from an HF state dict with
+    as little copying as the mapping allows: a renamed weight is the HF tensor itself, and the fused QKV weight is
+    one view over q, k and v when a single KV head makes the fusion a plain concatenation and the three lie back to
+    back (the trainer's state-dict order, which the shm `Layout` keeps). Any other fusion (several KV heads
+    interleave q, k and v) goes through the module's own load hook, a new tensor. Why: a generator serving weights
+    from a read-only mapping (`TitanBackend.serve_mapped`) points its parameters at these, so every view saved is
+    a copy saved. Raises ValueError (as `load_hf_state_dict`) when the names do not match the model."""
+    sd = hf_to_titan(hf_sd, arch)
+    for prefix, module in model.named_modules():
+        merge = getattr(module, "_merge_qkv_on_load", None)
+        if merge is None or not hasattr(module, "wqkv"):
+            continue
+        pre = f"{prefix}." if prefix else ""
+        for param in ("weight", "bias"):
+            keys = [f"{pre}{w}.{param}" for w in ("wq", "wk", "wv")]
+            if not all(k in sd for k in keys):
+                continue
+            parts = [sd.pop(k) for k in keys]
+            fused = _adjacent_concat(parts) if parts[1].shape[0] == module.head_dim else None  # one KV head
+            if fused is None:
+                merged = dict(zip(keys, parts))
+                merge(module, merged, pre)
+                fused = merged[f"{pre}wqkv.{param}"]
+            sd[f"{pre}wqkv.{param}"] = fused
+    params = dict(model.named_parameters())
+    missing = [k for k in params if k not in sd]
+    unexpected = [k for k in sd if k not in params and k not in ("lm_head.weight",)]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return {k: sd[k] for k in params}

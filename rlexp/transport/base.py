@@ -36,7 +36,11 @@ def register_transport(name: str) -> Callable[[type[WeightTransport]], type[Weig
 
 
 class WeightSink(Protocol):
-    """What a receiver loads into: a generator backend (`rlexp.models.backends.GeneratorBackend`)."""
+    """What a receiver loads into: a generator backend (`rlexp.models.backends.GeneratorBackend`).
+
+    A backend may also offer `serve_mapped(version, hf_tensors, release) -> bool`: use the given tensors (views of
+    a transport's read-only mapping) as its weights without copying, and call `release` once it serves another
+    version; False declines (the receiver then loads by copying). The shm receiver uses it when present."""
 
     def load_state_dict(self, version: int, hf_state_dict: dict[str, torch.Tensor], where: str) -> None: ...
 

@@ -1,8 +1,10 @@
 """A Monarch actor that measures the transports between two processes (`rlexp bench`'s transport rows).
 
-One probe publishes (the trainer's side), another on a different process fetches into weights it has
-already allocated (the generator's side), so each measurement crosses a process boundary the way a run
-does. The state dict is made inside the probe, not sent to it, so only the transport moves the bytes.
+One probe publishes (the trainer's side), another on a different process fetches the way a generator does
+(the generator's side), so each measurement crosses a process boundary the way a run does. The state dict is
+made inside the probe, not sent to it, so only the transport moves the bytes. For shm, two ways: `serve` takes
+a lease and serves the version file's tensors from its mapping (`rlexp.transport.shm.Lease`, what the titan
+generator does), `copy` copies it into weights the probe has already allocated (what other backends pay).
 """
 from __future__ import annotations
 
@@ -32,6 +34,8 @@ class TransportProbe(Actor):
         self.params = {k: torch.zeros_like(v) for k, v in self.sd.items()}  # the generator's own weights
         self.transports: dict[str, WeightTransport] = {}
         self.client: Any = None
+        self.served: dict[str, torch.Tensor] | None = None  # the weights a `serve` fetch switched to
+        self.lease: Any = None  # the lease behind them, released after the next switch
 
     @endpoint
     async def nbytes(self) -> int:
@@ -51,15 +55,25 @@ class TransportProbe(Actor):
         return loc, time.perf_counter() - t0
 
     @endpoint
-    async def fetch(self, name: str, version: int, location: str, server: Any = None) -> float:
-        """Seconds to get `location` into this probe's existing weights, the way a generator does."""
+    async def fetch(self, name: str, version: int, location: str, server: Any = None, mode: str = "copy") -> float:
+        """Seconds to get `location` in use the way a generator does: `serve` (shm only) switches to the version
+        file's mapped tensors under a lease and releases the previous lease; `copy` fills this probe's own weights."""
         from rlexp.transport.monarch import MonarchWeightClient
-        from rlexp.transport.shm import fetch_into
+        from rlexp.transport.shm import Lease, fetch_into
 
+        if mode not in ("copy", "serve") or (mode == "serve" and name != "shm"):
+            raise ValueError(f"probe: no {mode!r} fetch for transport {name!r} (serve is shm's; copy any)")
         t0 = time.perf_counter()
-        if name == "shm":
+        if mode == "serve":
+            lease = Lease(location, version)
+            self.served = lease.tensors  # the switch
+            self._release()
+            self.lease = lease
+        elif name == "shm":
+            self._release()
             fetch_into(location, self.params)
         elif name == "monarch":
+            self._release()
             self.client = self.client or MonarchWeightClient(server)
             for k, v in (await self.client.afetch(location, version)).items():
                 self.params[k].copy_(v)
@@ -67,16 +81,26 @@ class TransportProbe(Actor):
             raise ValueError(f"probe: no fetch for transport {name!r}")
         return time.perf_counter() - t0
 
+    def _release(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+
     @endpoint
     async def check_and_clear(self) -> bool:
-        """Whether the fetched weights equal the published ones bit for bit (both probes build the same
-        synthetic state dict); then zero them so the next fetch is checked afresh."""
-        ok = all(torch.equal(self.params[k].view(torch.uint8), v.view(torch.uint8)) for k, v in self.sd.items())
+        """Whether the weights in use equal the published ones bit for bit (both probes build the same synthetic
+        state dict); then clear them so the next fetch is checked afresh (own weights zeroed, served ones dropped:
+        the mapping is read-only)."""
+        got, self.served = (self.served, None) if self.served is not None else (self.params, None)
+        ok = sorted(got) == sorted(self.sd) and all(
+            torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)) for k, v in self.sd.items())
         for v in self.params.values():
             v.zero_()
         return ok
 
     @endpoint
     async def close(self) -> None:
+        self.served = None
+        self._release()
         for t in self.transports.values():
             t.close()

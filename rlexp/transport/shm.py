@@ -20,11 +20,28 @@ memcpy through mapped pages, with no page faults and no system call per piece. A
 file before the rename could see it change, so each file carries its version in the safetensors
 metadata (`rlexp_version`, fixed width), set to a "writing" mark before the data is overwritten and to
 the new version after; readers check it after reading (`check_intact`) and refuse torn weights.
+
+Serving from the mapping (leases): a copying reader pays a second memcpy, so a sync costs two copies, at best half a
+memcpy's bandwidth. A generator that can (the titan backend on CPU) instead points its parameters at views of the
+version file's read-only mapping (`Lease`), and the only copy left is the trainer's write. That is safe only if the
+file never changes while parameters view it, and the torn-read check cannot help there (it checks a copy after the
+fact; a view is read for as long as the version is served). So the reader holds a shared `flock` on the file for as
+long as it serves from it, and the trainer recycles (or deletes, `gc`) a file only under an exclusive lock it takes
+without waiting, before renaming the folder out of sight, held until the new version is renamed in. Refused, it
+writes a fresh file instead (or recycles another unleased old one) and gc retries later: a slow generator costs
+RAM (`keep` + leased versions in the folder), never correctness, and never blocks the trainer. The reader takes its
+lock before it checks the version mark: granted with the expected mark, the file is whole and stays so; a reader
+that opened the file just before the trainer took it waits for the trainer's lock and then reads the new mark, and
+refuses like a torn copy. A flock dies with its process, so a killed generator frees its file. Views of a read-only
+mapping must never be written (SIGSEGV), so a backend gives its parameters their own storage back before any
+copying load, and releases a lease only after it has switched to the next version.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import math
 import mmap
 import os
 import re
@@ -41,6 +58,7 @@ from typing import Any
 import torch
 
 from rlexp.core.weights import (
+    IGNORED_SUFFIXES,
     ST_DTYPES,
     ST_NAMES,
     TransportError,
@@ -87,38 +105,65 @@ def _parallel(fn, items: list) -> None:
 class Mapped:
     """Files this process keeps memory-mapped across versions, by inode. A mapping outlives the file's name
     (renames, recycling), so a file that was deleted is unmapped at the next `view` (its pages would otherwise
-    stay allocated): at most the run's `keep` files stay mapped, and they are in RAM anyway."""
+    stay allocated): at most the run's `keep` files stay mapped, and they are in RAM anyway.
+
+    Pins: `torch.frombuffer` keeps no buffer export on the mmap, so closing a mapping under live tensor views
+    would not fail, it would leave them pointing at unmapped memory (a SIGSEGV on the next read). A `Lease`
+    hands its views to a generator's parameters, so it pins its mapping: a pinned mapping is never closed,
+    not by `prune` (its file deleted meanwhile), nor by `close`; unpinned, it stays cached for reuse when the
+    trainer recycles the same inode (then the next lease maps nothing)."""
 
     def __init__(self, writable: bool) -> None:
         self.writable = writable
         self.maps: dict[tuple[int, int], tuple[int, mmap.mmap, torch.Tensor]] = {}
+        self.pins: dict[tuple[int, int], int] = {}
 
-    def view(self, fd: int) -> torch.Tensor:
+    def view(self, fd: int, *, pin: bool = False) -> torch.Tensor:
         """The whole file open as `fd` (read-write for a writer) as a uint8 tensor over shared pages; a
-        reader's is read-only, never write to it."""
+        reader's is read-only, never write to it. `pin`: keep it mapped until `unpin` (see the class)."""
         self.prune()
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         hit = self.maps.get(key)
-        if hit is not None and len(hit[1]) == st.st_size:
-            return hit[2]
-        if hit is not None:
+        if hit is not None and len(hit[1]) != st.st_size:
+            if self.pins.get(key):  # the trainer recycles only same-layout files, and never a leased one
+                raise TransportError(f"transport=shm: a weights file in use changed size ({st.st_size} bytes now); "
+                                     f"only the trainer may write the run's folder")
             self._drop(key)
+            hit = None
+        if hit is None:
+            hit = self.maps[key] = self._map(fd, st.st_size)
+        if pin:
+            self.pins[key] = self.pins.get(key, 0) + 1
+        return hit[2]
+
+    def _map(self, fd: int, size: int) -> tuple[int, mmap.mmap, torch.Tensor]:
         fd = os.dup(fd)  # the mapping's own, closed with it
         try:
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.writable else 0)
-            mm = mmap.mmap(fd, st.st_size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=prot)
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=prot)
         except BaseException:
             os.close(fd)
             raise
         with warnings.catch_warnings():  # a reader's mapping is read-only by design; torch warns about that
             warnings.simplefilter("ignore", UserWarning)
             t = torch.frombuffer(mm, dtype=torch.uint8)
-        self.maps[key] = (fd, mm, t)
-        return t
+        return fd, mm, t
+
+    def unpin(self, fd: int) -> None:
+        """Undo one `view(fd, pin=True)`: the views it handed out are no longer used."""
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino)
+        n = self.pins.get(key, 0) - 1
+        if n > 0:
+            self.pins[key] = n
+        else:
+            self.pins.pop(key, None)
 
     def prune(self) -> None:
         for key, (fd, _, _) in list(self.maps.items()):
+            if self.pins.get(key):
+                continue
             try:
                 gone = os.fstat(fd).st_nlink == 0
             except OSError:
@@ -129,16 +174,17 @@ class Mapped:
     def _drop(self, key: tuple[int, int]) -> None:
         fd, mm, t = self.maps.pop(key)
         del t
-        with contextlib.suppress(BufferError):  # a caller still holds a view; the mapping goes with that view
+        with contextlib.suppress(BufferError):
             mm.close()
         os.close(fd)
 
     def close(self) -> None:
         for key in list(self.maps):
-            self._drop(key)
+            if not self.pins.get(key):
+                self._drop(key)
 
 
-_READ_MAPS = Mapped(writable=False)  # a generator's view of the versions it loads
+_READ_MAPS = Mapped(writable=False)  # a generator's view of the versions it loads or serves
 
 
 def _pieces(entries: list[tuple[str, int, int]], size: int = 8 * 2**20) -> list[tuple[str, int, int]]:
@@ -157,9 +203,14 @@ class Layout:
 
     @staticmethod
     def of(sd: dict[str, torch.Tensor]) -> Layout:
+        """Entries in the state dict's own order, larger elements first. Why: a reader serves tensors as views of
+        the mapped file (`Lease`), and a view needs its byte offset to be a multiple of its element size; element
+        sizes are powers of two and the data starts 8-aligned, so largest-first keeps every offset aligned. The
+        dict's order (stable within one element size) keeps tensors the model fuses next to each other (the
+        trainer's q, k and v projections), so a generator can serve the fused weight as one view too."""
         meta: dict = {"__metadata__": {"format": "pt", MARK: _WRITING}}
         entries, off = [], 0
-        for k in sorted(sd):
+        for k in sorted(sd, key=lambda k: -sd[k].element_size()):  # stable: the dict's order within a size
             t = sd[k]
             n = t.numel() * t.element_size()
             meta[k] = {"dtype": ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
@@ -205,6 +256,21 @@ class Layout:
             _pwrite_all(fd, _mark(version).encode(), self.mark_at)
         finally:
             os.close(fd)
+
+
+def _lock_exclusive(path: Path) -> int | None:
+    """An fd of `path` holding `LOCK_EX`, taken without waiting, or None when a generator holds a lease on it
+    (`Lease`); raises FileNotFoundError when there is no such file. Closing the fd releases the lock."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_mark(folder: str | Path) -> str | None:
@@ -257,8 +323,12 @@ def check_shm(*, hosts: int = 1, root: str | Path | None = None, need_bytes: int
 
 
 class ShmReceiver(WeightReceiver):
-    """Generator side: the backend reads the version's folder itself (vLLM reloads from a folder; titan maps it),
-    and the folder is checked intact before and after, so torn weights are refused, never counted as loaded."""
+    """Generator side. A backend that can serve weights straight from the mapped version file (`serve_mapped`, the
+    titan backend on CPU) gets the tensors of a `Lease` and keeps the lease until it has switched to the next
+    version: one copy per sync (the trainer's write) instead of two. Otherwise (vLLM, a sharded or unmarked
+    folder, `zero_copy=false`, or a backend that declines: GPU, other dtypes) the backend reads the folder itself
+    (vLLM reloads from a folder; titan copies), checked intact before and after, so torn weights are refused,
+    never counted as loaded."""
 
     async def afetch(self, version: int, location: str) -> dict[str, torch.Tensor]:
         check_intact(location, version)
@@ -267,6 +337,16 @@ class ShmReceiver(WeightReceiver):
     async def receive(self, version: int, location: str, backend: WeightSink) -> None:
         if not os.path.isdir(location):
             raise FileNotFoundError(f"generator: weights for version {version} are not at {location}")
+        serve = getattr(backend, "serve_mapped", None)
+        if serve is not None and self.settings.get("zero_copy", True) and can_serve(location):
+            lease = Lease(location, version)  # refuses a file recycled meanwhile, before anything is loaded
+            try:
+                if serve(version, lease.tensors, lease.release):
+                    return  # the backend releases the lease once it serves another version
+            except BaseException:
+                lease.release()
+                raise
+            lease.release()
         check_intact(location, version)
         backend.load_folder(version, location, check=lambda: check_intact(location, version))
 
@@ -278,15 +358,21 @@ class ShmTransport(WeightTransport):
 
     @classmethod
     def settings(cls, cfg: Any) -> dict[str, Any]:
-        return {"root": cfg.cluster.shm_dir}
+        """`cluster.shm_dir`, plus `cluster.transport_options.shm` (e.g. `zero_copy: false`, checked by `check`)."""
+        options = getattr(cfg.cluster, "transport_options", None) or {}
+        return {"root": cfg.cluster.shm_dir, **dict(options.get("shm") or {})}
 
     @classmethod
     def check(cls, settings: dict[str, Any], *, hosts: int = 1) -> None:
         super().check(settings, hosts=hosts)
+        if not isinstance(settings.get("zero_copy", True), bool):
+            raise TransportError(f"cluster.transport_options.shm.zero_copy={settings['zero_copy']!r}: give true "
+                                 f"(generators serve from the mapped file) or false (they copy it)")
         check_shm(hosts=hosts)
 
     def __init__(self, run_name: str, *, root: str | Path | None = None, keep: int = 2,
-                 config: dict | None = None, max_shard_bytes: int = 5 * 2**30) -> None:
+                 config: dict | None = None, max_shard_bytes: int = 5 * 2**30, zero_copy: bool = True) -> None:
+        """`zero_copy` is the generators' setting (`ShmReceiver`): taken here so `check` can vouch for it."""
         if keep < 1:
             raise ValueError("keep must be >= 1")
         self.dir = (Path(root) if root else default_root()) / run_name
@@ -310,46 +396,61 @@ class ShmTransport(WeightTransport):
                 out.append(int(m.group(1)))
         return sorted(out)
 
-    def _recyclable(self, version: int, layout: Layout) -> Path | None:
-        """The oldest version's folder when this publish would drop it anyway, another complete version stays
-        readable meanwhile, and its file has this exact layout."""
+    def _recyclable(self, version: int, layout: Layout) -> tuple[Path, int] | None:
+        """A version folder this publish would drop anyway (oldest first), of this exact layout, that no generator
+        serves from, with the exclusive lock on its file that proves it (the caller closes the returned fd after
+        renaming the folder in as the new version); None when there is none, and the publish writes a fresh file.
+        Another complete version always stays readable meanwhile (the newest is never taken)."""
         vs = self.versions()
         if version in vs or len(vs) < 2 or len(vs) + 1 <= self.keep:
             return None
-        old = self.version_dir(vs[0])
-        return old if layout.matches(old / WEIGHTS) else None
+        for v in vs[: min(len(vs) - 1, len(vs) + 1 - self.keep)]:
+            old = self.version_dir(v)
+            if not layout.matches(old / WEIGHTS):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                fd = _lock_exclusive(old / WEIGHTS)
+                if fd is not None:
+                    return old, fd
+        return None
 
     def publish(self, version: int, hf_state_dict: dict[str, torch.Tensor]) -> str:
         sd = {k: v.detach().to("cpu").contiguous() for k, v in hf_state_dict.items()}
         need = sum(t.numel() * t.element_size() for t in sd.values())
         layout = Layout.of(sd) if need <= self.max_shard_bytes and all(t.dtype in ST_NAMES for t in sd.values()) \
             else None
-        recycled = self._recyclable(version, layout) if layout is not None else None
-        free = shutil.disk_usage(self.dir).free
-        if need > free and recycled is None:
-            raise TransportError(f"transport=shm: version {version} needs {need / 2**30:.2f} GiB in {self.dir}, "
-                                 f"{free / 2**30:.2f} GiB free; in Docker raise --shm-size, or lower `keep`")
-        if recycled is not None:
-            tmp = self.dir / f".tmp-v{version}-{uuid.uuid4().hex[:8]}"
-            os.rename(recycled, tmp)  # from here, opening the old version by path fails ("does not exist")
-        else:
-            tmp = Path(tempfile.mkdtemp(prefix=f".tmp-v{version}-", dir=self.dir))
+        taken = self._recyclable(version, layout) if layout is not None else None
+        recycled, lock = taken if taken is not None else (None, None)
         try:
-            if layout is not None:
-                layout.write(tmp / WEIGHTS, version, sd, fresh=recycled is None, maps=self.maps)
+            free = shutil.disk_usage(self.dir).free
+            if need > free and recycled is None:
+                raise TransportError(f"transport=shm: version {version} needs {need / 2**30:.2f} GiB in {self.dir}, "
+                                     f"{free / 2**30:.2f} GiB free (versions still served by a generator are kept "
+                                     f"past `keep`); in Docker raise --shm-size, or lower `keep`")
+            if recycled is not None:
+                tmp = self.dir / f".tmp-v{version}-{uuid.uuid4().hex[:8]}"
+                os.rename(recycled, tmp)  # from here, opening the old version by path fails ("does not exist")
             else:
-                write_hf_state_dict(sd, tmp, max_shard_bytes=self.max_shard_bytes)
-            if self.config is not None and not (tmp / "config.json").exists():
-                (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
-            final = self.version_dir(version)
-            if final.exists():  # re-publishing a version (e.g. after a trainer restart): swap it out
-                trash = Path(tempfile.mkdtemp(prefix=f".old-v{version}-", dir=self.dir))
-                os.rename(final, trash / "v")
-                shutil.rmtree(trash, ignore_errors=True)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+                tmp = Path(tempfile.mkdtemp(prefix=f".tmp-v{version}-", dir=self.dir))
+            try:
+                if layout is not None:
+                    layout.write(tmp / WEIGHTS, version, sd, fresh=recycled is None, maps=self.maps)
+                else:
+                    write_hf_state_dict(sd, tmp, max_shard_bytes=self.max_shard_bytes)
+                if self.config is not None and not (tmp / "config.json").exists():
+                    (tmp / "config.json").write_text(json.dumps(self.config, indent=2))
+                final = self.version_dir(version)
+                if final.exists():  # re-publishing a version (e.g. after a trainer restart): swap it out
+                    trash = Path(tempfile.mkdtemp(prefix=f".old-v{version}-", dir=self.dir))
+                    os.rename(final, trash / "v")
+                    shutil.rmtree(trash, ignore_errors=True)
+                os.rename(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        finally:
+            if lock is not None:  # after the rename in: a reader waiting for its lease now sees the new mark
+                os.close(lock)
         latest_tmp = self.dir / f".{LATEST}.{os.getpid()}"
         latest_tmp.write_text(str(version))
         os.replace(latest_tmp, self.dir / LATEST)
@@ -365,9 +466,23 @@ class ShmTransport(WeightTransport):
         return v, str(self.version_dir(v))
 
     def gc(self) -> None:
+        """Delete the versions past `keep`, except those a generator still serves from (its lease refuses the
+        exclusive lock): deleting one would not hurt the generator (its mapping keeps the pages), but its RAM would
+        then be invisible in the folder. A later gc retries, so the folder holds `keep` + leased versions."""
         vs = self.versions()
         for v in vs[: max(0, len(vs) - self.keep)]:
-            shutil.rmtree(self.version_dir(v), ignore_errors=True)
+            folder = self.version_dir(v)
+            try:
+                lock = _lock_exclusive(folder / WEIGHTS)
+                if lock is None:
+                    continue  # leased
+            except FileNotFoundError:  # a sharded (never leased) version
+                lock = None
+            try:
+                shutil.rmtree(folder, ignore_errors=True)
+            finally:
+                if lock is not None:
+                    os.close(lock)
 
     def fetch(self, location: str) -> dict[str, torch.Tensor]:
         return fetch(location)
@@ -431,3 +546,99 @@ def fetch_into(location: str | Path, dest: dict[str, torch.Tensor]) -> set[str]:
                 dest[k].copy_(st.get_tensor(k))
     check_intact(p)
     return {k for k, _, _ in fast + slow}
+
+
+class Lease:
+    """A reader's hold on one version file, serving its tensors as views of the file's read-only mapping (no copy).
+
+    Taking it: open the file by its version's path, wait for `LOCK_SH` on that open file description, then check
+    the version mark. The order is the point: the trainer overwrites a file only while holding `LOCK_EX` on it
+    (`ShmTransport.publish`), so once the shared lock is granted and the mark reads this version, the file cannot
+    change until `release`. A reader that opened the file just before the trainer took it waits for the trainer's
+    lock, then reads the new version's mark and refuses (TransportError, like a torn copy).
+
+    `tensors`: the file's tensors in HF naming, views of the mapping where their offset is aligned to their element
+    size (always, for files `Layout` wrote), copies otherwise (`copied` names them). The mapping is read-only:
+    writing to a view kills the process (SIGSEGV), so a user must give its tensors their own storage back before
+    loading weights by copying. Release only after switching to the next version's tensors: the views stay
+    readable until then (the mapping is pinned, `Mapped`), and the trainer may recycle the file right after.
+    The kernel drops the lock when the process dies, so a killed reader never blocks the trainer.
+    """
+
+    def __init__(self, location: str | Path, version: int, maps: Mapped | None = None) -> None:
+        p = Path(location)
+        m = _VERSION_DIR.match(p.name)
+        if m is None or int(m.group(1)) != version:
+            raise TransportError(f"transport=shm: asked to serve version {version} from {p}, which is not a "
+                                 f"v{version} folder; refusing a mismatched version")
+        self.path, self.version, self.maps = p / WEIGHTS, version, maps or _READ_MAPS
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise TransportError(f"transport=shm: {self.path} does not exist (any more): dropped or recycled past "
+                                 f"`keep` before it could be served; load the latest version, or raise "
+                                 f"`keep`") from None
+        self._fd: int | None = fd
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.copied: list[str] = []
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits while the trainer overwrites this file
+            header, base = self._header(fd)
+            mark = header.get("__metadata__", {}).get(MARK)
+            if mark != _mark(version):
+                raise TransportError(f"transport=shm: {p} holds {'no marked version' if mark is None else mark} "
+                                     f"now, not version {version}: it was recycled for a newer version before it "
+                                     f"could be served (the reader was more than `keep` versions behind); nothing "
+                                     f"was loaded: load the latest version, or raise `keep`")
+            size = os.fstat(fd).st_size
+            whole = self.maps.view(fd, pin=True)
+            self._pinned = True
+            for k, meta in header.items():
+                if k == "__metadata__" or k.endswith(IGNORED_SUFFIXES):
+                    continue
+                dtype = ST_DTYPES.get(meta.get("dtype"))
+                s, e = meta["data_offsets"]
+                if dtype is None or base + e > size or e - s != math.prod(meta["shape"]) * dtype.itemsize:
+                    raise TransportError(f"transport=shm: {self.path}: key {k!r} has dtype {meta.get('dtype')} or "
+                                         f"offsets {meta['data_offsets']} this reader cannot serve (file of "
+                                         f"{size} bytes); was it written by ShmTransport?")
+                raw = whole[base + s:base + e]
+                if (base + s) % dtype.itemsize:  # a view needs an aligned offset: this one is copied
+                    raw = raw.clone()
+                    self.copied.append(k)
+                self.tensors[k] = raw.view(dtype).view(meta["shape"])
+        except BaseException:
+            self.release()
+            raise
+
+    @staticmethod
+    def _header(fd: int) -> tuple[dict, int]:
+        try:
+            n = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+            return json.loads(os.pread(fd, n, 8)), 8 + n
+        except (struct.error, ValueError) as e:
+            raise TransportError(f"transport=shm: unreadable safetensors header ({e})") from None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Drop the lease (idempotent): the views in `tensors` must no longer be in use."""
+        fd, self._fd = self._fd, None
+        self.tensors = {}
+        if fd is None:
+            return
+        if getattr(self, "_pinned", False):
+            self.maps.unpin(fd)
+            self._pinned = False
+        # Unlock explicitly: the lock belongs to the open file description, which the cached mapping's fd (a dup)
+        # shares, so closing this fd alone would leave the file leased for as long as the mapping stays cached.
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def can_serve(location: str | Path) -> bool:
+    """Whether `location` can be served by a `Lease`: one marked file (what `Layout` writes), not a sharded or
+    unmarked folder (those are copied, `fetch_into`)."""
+    return read_mark(location) is not None and (Path(location) / WEIGHTS).is_file()
