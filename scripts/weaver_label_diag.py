@@ -287,6 +287,7 @@ def boot_pool(a: np.ndarray, b: np.ndarray, y: np.ndarray, group: int, n_boot: i
 # --- the study ----------------------------------------------------------------------------------------------------
 BEST = {"A": "rm_small", "B": "b_rm_wide", "C": "c_rm_d"}  # chosen on labelled verifier-split data (pre-registration)
 WEIGHTINGS = ("posterior", "quality", "logodds")
+HAND = "## What the numbers say (written after the run"  # the results file's hand-written part starts here
 NO_FILTERS = {"min_quality": -1.0, "max_imbalance": 1.0, "max_correlation": 1.0}
 
 
@@ -557,7 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     res["default_weighting"] = choose_default(res["panels"]["A"]) if "A" in res["panels"] else "n/a"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(res, indent=2, default=float) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(res, command))
+    md = markdown(res, command)
+    old = args.out.with_suffix(".md").read_text() if args.out.with_suffix(".md").exists() else ""
+    if HAND in old:  # the hand-written reading below the script's part survives a rerun
+        md += "\n" + old[old.index(HAND):]
+    args.out.with_suffix(".md").write_text(md)
     print(markdown(res, command))
     return 0
 
