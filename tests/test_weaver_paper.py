@@ -259,6 +259,7 @@ def test_dev_labels_without_gold_say_how_to_fix():
     ({"fit_thresholds": True}, "must be known"),
     ({"majority_as": "vote"}, "model|gate|term|off"),
     ({"normalise": "rank"}, "minmax|quantile"),
+    ({"weighting": "weighted"}, "posterior|quality|logodds"),
 ])
 def test_paper_option_errors(options, match):
     with pytest.raises(ValueError, match=match):
@@ -409,3 +410,113 @@ def test_debias_answers_needs_a_pool():
     with pytest.raises(ValueError, match=r"debias_answers.*reference_groups > 0"):
         build_reward(RewardConfig(name="weaver", options={"debias_answers": True}, verifiers=[
             VerifierConfig(name="v0", kind="rule", options={"rule": "test_score", "index": 0})]), DigitEnv())
+
+
+# --- weighting: the label model's estimated rates as weights on the continuous scores (results/weaver_label_model.md)
+def _one_strong_panel(rng: np.random.Generator, n: int, prior: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
+    """One strong verifier (classes 2.5 sd apart) and four weak ones (0.3 sd): continuous scores, then labels."""
+    y = rng.random(n) < prior
+    seps = (2.5, 0.3, 0.3, 0.3, 0.3)
+    return np.stack([rng.normal(size=n) + sep * y for sep in seps], axis=1), y
+
+
+def _score_texts(scores: np.ndarray, y: np.ndarray) -> list[str]:
+    return [",".join(f"{x:.4f}" for x in row) + ("," + ("1" if c else "0")) for row, c in zip(scores, y)]
+
+
+def _score_cfg(**options) -> RewardConfig:
+    return RewardConfig(name="weaver", options={**PAPER, **options}, verifiers=[
+        VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "test_score", "index": i}) for i in range(5)])
+
+
+def _fitted(weighting: str | None, pool: tuple[np.ndarray, np.ndarray], **options):
+    reward = build_reward(_score_cfg(**({"weighting": weighting} if weighting else {"combine": "mean"}), **options),
+                          LastCharEnv())
+    scores, y = pool
+    s = [Sample(Problem(id=f"p{k // 16}", prompt="q"), answer="1") for k in range(len(y))]
+    out = reward.score(s, _score_texts(scores, y), 16)
+    return reward, out
+
+
+def _rank(reward, scores: np.ndarray, y: np.ndarray) -> np.ndarray:
+    s = [Sample(Problem(id="q", prompt="q"), answer="1")] * len(y)
+    return np.array(reward.score(s, _score_texts(scores, y), len(y)).rewards)
+
+
+def test_weighting_ranks_by_the_strong_verifiers_score_where_the_posterior_and_the_mean_do_not(caplog):
+    """One strong and four weak verifiers. A right answer the strong verifier scores at its 99th percentile against
+    a wrong one it scores just above its threshold, the weak ones saying yes to the wrong one (just above their
+    thresholds) and no to the right one (just below): the binary posterior sees the same strong vote and four more
+    yes votes for the wrong answer, the unweighted mean lets four weak verifiers outvote the strong one; the label
+    model's own estimate of TPR - FPR, put on the continuous scores, ranks the right one first."""
+    rng = np.random.default_rng(11)
+    pool = _one_strong_panel(rng, 64 * 16)
+    with caplog.at_level(logging.INFO, logger="rlexp.rewards.weaver"):
+        quality, out = _fitted("quality", pool)
+    posterior, _ = _fitted("posterior", pool)
+    mean, _ = _fitted(None, pool)
+    assert "weights on the normalised scores (weighting=quality)" in caplog.text
+    w = {f"v{i}": out.metrics[f"weaver/v{i}/weight"] for i in range(5)}
+    assert w["v0"] > 2 * max(w[f"v{i}"] for i in range(1, 5)), w
+    cut = 1 - out.metrics["weaver/class_balance"]  # each threshold sits at this quantile of the pool
+    q = lambda i, a: float(np.quantile(pool[0][:, i], a))  # noqa: E731
+    right = [q(0, 0.99)] + [q(i, cut - 0.05) for i in range(1, 5)]
+    wrong = [q(0, cut + 0.05)] + [q(i, cut + 0.05) for i in range(1, 5)]
+    pair, y = np.array([right, wrong]), np.array([True, False])
+    r_q, r_p, r_m = (_rank(r, pair, y) for r in (quality, posterior, mean))
+    assert r_q[0] > r_q[1], r_q
+    assert r_p[0] <= r_p[1], r_p  # the old output: the wrong answer first
+    assert r_m[0] <= r_m[1], r_m
+    assert r_q.min() >= 0.0 and r_q.max() <= 1.0  # a weighted mean of normalised scores
+
+
+def test_weighting_selects_better_than_the_posterior_and_the_mean_with_one_right_answer_in_ten():
+    """The regime of the static best-of-10 (results/weaver_label_model.md): groups of 10 with one right answer,
+    one strong verifier (1.5 sd), three moderate (1.0 sd), one weak (0.2 sd). Binarised at the class balance
+    (0.1) most responses vote all-no and the posterior ties them; the mean lets the weak one dilute the rest;
+    the weighted output selects the right answer more often than both (expected accuracy, ties split).
+    Not asserted: with one strong verifier and only near-noise ones the label model's rates are unreliable in
+    this regime (it needs three informative verifiers), and no weighting is reliably better than another."""
+    rng = np.random.default_rng(12)
+    seps = (1.5, 1.0, 1.0, 1.0, 0.2)
+
+    def groups(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = np.zeros(n * 10, dtype=bool)
+        y[rng.integers(0, 10, n) + 10 * np.arange(n)] = True
+        return np.stack([rng.normal(size=len(y)) + sep * y for sep in seps], axis=1), y
+
+    pool, (test_scores, test_y) = groups(100), groups(400)
+    acc = {}
+    for name in ("quality", "logodds", "posterior", None):
+        reward = build_reward(_score_cfg(**({"weighting": name} if name else {"combine": "mean"}),
+                                         reference_groups=100), LastCharEnv())
+        s = [Sample(Problem(id=f"p{k // 10}", prompt="q"), answer="1") for k in range(len(pool[1]))]
+        reward.score(s, _score_texts(*pool), 10)
+        s = [Sample(Problem(id=f"t{k // 10}", prompt="q"), answer="1") for k in range(len(test_y))]
+        r = np.array(reward.score(s, _score_texts(test_scores, test_y), 10).rewards).reshape(-1, 10)
+        top = np.isclose(r, r.max(axis=1, keepdims=True), rtol=0, atol=1e-12)
+        acc[name or "mean"] = float(((top & test_y.reshape(-1, 10)).sum(1) / top.sum(1)).mean())
+    for name in ("quality", "logodds"):
+        assert acc[name] > acc["posterior"] + 0.05 and acc[name] > acc["mean"] + 0.02, acc
+
+
+def test_weighting_with_too_few_verifiers_falls_back_to_the_plain_mean_of_scores():
+    rng = np.random.default_rng(13)
+    scores, y = _one_strong_panel(rng, 64 * 16)
+    reward, out = _fitted("quality", (scores, y), min_active=6)
+    assert out.metrics["weaver/fallback"] == 1.0
+    norm = reward._normaliser(np.concatenate(reward.pool, axis=0))(np.round(scores, 4))  # as the texts carry them
+    assert np.allclose(out.rewards, norm.mean(axis=1))
+
+
+def test_weaver_paper_config_uses_the_weighting_chosen_on_panel_a():
+    """reward=weaver_paper's output is the one scripts/weaver_label_diag.py chose on panel A's reference pool;
+    verifier_mean / verifier_vote inherit it and ignore it (combine=mean|vote)."""
+    from omegaconf import OmegaConf
+
+    from rlexp.config.paths import CONF_DIR
+
+    assert OmegaConf.load(CONF_DIR / "reward" / "weaver_paper.yaml").options.weighting == "quality"
+    json_path = CONF_DIR.parents[1] / "results" / "weaver_label_model.json"
+    if json_path.exists():
+        assert json.loads(json_path.read_text())["default_weighting"] == "quality"

@@ -47,6 +47,8 @@ STATE_VERSION = 2
 ROLES = ("model", "gate", "term", "off")
 # Verifier kinds that measure agreement or readability rather than correctness: the roles they may take.
 SEPARABLE_KINDS = ("majority", "format")
+# What the label model's fit is turned into (WeaverOptions.weighting).
+WEIGHTINGS = ("posterior", "quality", "logodds")
 
 
 @dataclass
@@ -66,6 +68,17 @@ class WeaverOptions:
     # latent-class model), mean (unweighted average of the normalised scores), vote (majority of the votes:
     # 1, 0.5 on a tie, 0). mean and vote are the baselines Weaver must beat, on the same verifiers.
     combine: str = "label_model"
+    # With combine=label_model, what the fitted model's output is (results/weaver_label_model.md):
+    #   posterior  P(correct | the active verifiers' binary votes) (Weaver's latent-class posterior);
+    #   quality    the mean of the active verifiers' continuous normalised scores, each weighted by the label
+    #              model's estimated TPR - FPR (clipped at 0), in [0, 1];
+    #   logodds    the same with the naive-Bayes vote weight logit(TPR) - logit(FPR) (clipped at 0).
+    # Why: binarising each verifier at one threshold leaves most candidates with the same vote pattern (on the
+    # static best-of-10 candidates 66% vote all-no on panel A), so the posterior cannot rank them; even with
+    # each verifier's true TPR/FPR plugged in it selects worse than the plain mean. The weighted variants keep
+    # the label model's job (which verifier to trust, read from the votes' agreement and the dev class balance)
+    # and the scores' ranking. Ignored by combine=mean|vote.
+    weighting: str = "posterior"
     # Label model numerics (see BinaryLabelModel).
     eps: float = 1e-3
     smoothing: float = 0.5
@@ -121,6 +134,10 @@ class WeaverOptions:
                              f"got {o.drop_band}")
         if o.combine not in ("label_model", "mean", "vote"):
             raise ValueError(f"reward=weaver: options.combine must be label_model|mean|vote, got {o.combine!r}")
+        if o.weighting not in WEIGHTINGS:
+            raise ValueError(f"reward=weaver: options.weighting must be {'|'.join(WEIGHTINGS)} (what the label model "
+                             f"outputs: the posterior of the binary votes, or its estimated per-verifier weights on "
+                             f"the continuous normalised scores), got {o.weighting!r}")
         if o.window_groups < 1:
             raise ValueError(f"reward=weaver: window_groups must be >= 1, got {o.window_groups}")
         o.check_paper_options()
@@ -185,6 +202,11 @@ class WeaverReward(Reward):
     def __init__(self, cfg: RewardConfig, env: Any, served: bool = True) -> None:
         super().__init__(cfg, env, served)
         self.opts = WeaverOptions.from_options(dict(plain(cfg.options) or {}))
+        if self.opts.combine == "label_model":
+            log.info("weaver: the label model's output is %s (options.weighting)", {
+                "posterior": "P(correct | binary votes)", "quality": "a mean of the normalised scores weighted by "
+                "the estimated TPR - FPR", "logodds": "a mean of the normalised scores weighted by the estimated "
+                "logit(TPR) - logit(FPR)"}[self.opts.weighting])
         vcfgs = [VerifierConfig(**v) if isinstance(v, dict) else v for v in (plain(cfg.verifiers) or [])]
         if not vcfgs:
             raise ValueError("reward=weaver needs at least one entry in `verifiers` (kind: rule | reward_model | "
@@ -295,11 +317,18 @@ class WeaverReward(Reward):
         elif act.sum() >= self.opts.min_active:
             if refit or self.fit_names != self.active:
                 bounded = self._fit(self._binarise(norm_of(fit_rows))[:, act])
-            rewards = self.label_model.posterior(votes[:, act], self.params)  # type: ignore[arg-type]
+            if self.opts.weighting == "posterior":
+                rewards = self.label_model.posterior(votes[:, act], self.params)  # type: ignore[arg-type]
+            else:
+                w = self.score_weights()
+                rewards = norm[:, act] @ w / w.sum()
         else:
             self.params, self.fit_names = None, []
             fallback = 1.0
-            rewards = votes[:, act].mean(axis=1) if act.any() else np.full(len(texts), 0.5)
+            # Too few verifiers to fit: the unweighted version of what the model would output (equal weights on
+            # the scores for the weighted variants, the share of yes votes for the posterior).
+            source = votes if self.opts.weighting == "posterior" else norm
+            rewards = source[:, act].mean(axis=1) if act.any() else np.full(len(texts), 0.5)
         model_rewards = rewards
         rewards = self._apply_separate(rewards, votes)
         self.steps += 1
@@ -322,6 +351,17 @@ class WeaverReward(Reward):
         else:
             return None
         return float(np.clip(share, *self.label_model.prior_bounds))
+
+    def score_weights(self) -> np.ndarray:
+        """The weights `weighting=quality|logodds` puts on the active verifiers' normalised scores, from the label
+        model's estimated TPR / FPR (no gold beyond what fixed its class balance). A verifier the model finds no
+        better than chance gets weight 0 rather than a negative one, so the reward stays a mean in [0, 1]; if the
+        model finds none better than chance, every verifier gets the same weight (the plain mean)."""
+        assert self.params is not None
+        tpr, fpr = self.label_model._clip(self.params.tpr), self.label_model._clip(self.params.fpr)
+        logit = np.log(tpr / (1 - tpr)) - np.log(fpr / (1 - fpr))
+        w = np.clip(tpr - fpr if self.opts.weighting == "quality" else logit, 0.0, None)
+        return w if w.sum() > 0 else np.ones_like(w)
 
     def _fit(self, fit_votes: np.ndarray) -> float:
         """Fit the label model on the active verifiers' votes; after the reference pool, bound each move.
@@ -353,6 +393,9 @@ class WeaverReward(Reward):
             new = LabelModelParams(prior=float(old.prior + np.clip(new.prior - old.prior, -c, c)), tpr=tpr, fpr=fpr,
                                    loglik=new.loglik, iters=new.iters, init=new.init)
         self.params, self.fit_names = new, list(self.active)
+        if self.opts.weighting != "posterior" and self.opts.combine == "label_model":
+            log.info("weaver: weights on the normalised scores (weighting=%s): %s", self.opts.weighting,
+                     {n: round(float(x), 3) for n, x in zip(self.active, self.score_weights())})
         return bounded
 
     def _apply_separate(self, rewards: np.ndarray, votes: np.ndarray) -> np.ndarray:
@@ -512,6 +555,8 @@ class WeaverReward(Reward):
             m["weaver/em_iters"] = float(self.params.iters)
             m["weaver/loglik"] = float(self.params.loglik)
         active_idx = {n: j for j, n in enumerate(n for n, a in zip(self.names, act) if a)}
+        weighted = self.params is not None and self.opts.weighting != "posterior" and self.opts.combine == "label_model"
+        weights = self.score_weights() if weighted else None
         for i, name in enumerate(self.names):
             m[f"weaver/{name}/pos_rate"] = float(win_votes[:, i].mean())
             m[f"weaver/{name}/pos_rate_batch"] = float(votes[:, i].mean())
@@ -521,6 +566,8 @@ class WeaverReward(Reward):
                 m[f"weaver/{name}/tpr"] = float(self.params.tpr[j])
                 m[f"weaver/{name}/fpr"] = float(self.params.fpr[j])
                 m[f"weaver/{name}/acc"] = float(self.params.accuracy[j])
+                if weights is not None and j < len(weights):
+                    m[f"weaver/{name}/weight"] = float(weights[j])
         for i in range(len(self.names)):
             for k in range(i + 1, len(self.names)):
                 m[f"weaver/agree/{self.names[i]}__{self.names[k]}"] = float(
