@@ -22,8 +22,6 @@ from dataclasses import asdict, dataclass, field, fields
 from operator import attrgetter
 from typing import Any
 
-import numpy as np
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -86,8 +84,10 @@ class Completion:
         return len(self.turn_versions) if self.turn_versions is not None else 1
 
 
-def _ragged(rows: Sequence[Sequence[float]], dtype: Any) -> tuple[Any, Any]:
-    """`rows` as one flat tensor and the rows' lengths: two tensors, however many rows."""
+def _ragged(rows: Sequence[Sequence[float]], dtype: str) -> tuple[Any, Any]:
+    """`rows` as one flat array and the rows' lengths: two arrays, however many rows."""
+    import numpy as np  # only on the wire: this module imports the standard library alone (docs/DESIGN.md)
+
     return np.fromiter((x for r in rows for x in r), dtype=dtype), np.fromiter(map(len, rows), dtype=np.int64)
 
 
@@ -122,6 +122,8 @@ _NO_EXTRAS = tuple(f.default for f in fields(Completion) if f.name in _EXTRAS)
 
 
 def _texts(texts: Sequence[str]) -> tuple[str, Any]:
+    import numpy as np
+
     return "".join(texts), np.fromiter(map(len, texts), dtype=np.int64)
 
 
@@ -138,13 +140,15 @@ class Completions(list):
     docstring). The fields a single response leaves at their defaults (the multi-turn ones) travel only when set."""
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        import numpy as np
+
         prompts, which = _shared_rows([c.prompt_ids for c in self])
         extras = [_extras_of(c) for c in self]
         reasons = sorted({c.finish_reason for c in self})
         code = {r: i for i, r in enumerate(reasons)}
         return _unpack_completions, (
-            _ragged(prompts, np.int64), np.array(which, dtype=np.int64),
-            _ragged([c.token_ids for c in self], np.int64), _ragged([c.logprobs for c in self], np.float64),
+            _ragged(prompts, "int64"), np.array(which, dtype=np.int64),
+            _ragged([c.token_ids for c in self], "int64"), _ragged([c.logprobs for c in self], "float64"),
             np.array([c.policy_version for c in self], dtype=np.int64),
             np.array([c.gen_s for c in self], dtype=np.float64),
             _texts([c.text for c in self]), reasons, np.array([code[c.finish_reason] for c in self], dtype=np.int64),
@@ -225,13 +229,15 @@ class TrainBatch:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Packed for the trip to the trainer (see the module docstring)."""
+        import numpy as np
+
         prompts, which = _shared_rows(self.prompts)
         return _unpack_train_batch, (
-            _ragged(prompts, np.int64), np.array(which, dtype=np.int64),
-            _ragged(self.responses, np.int64), _ragged(self.old_logprobs, np.float64),
+            _ragged(prompts, "int64"), np.array(which, dtype=np.int64),
+            _ragged(self.responses, "int64"), _ragged(self.old_logprobs, "float64"),
             np.array(self.advantages, dtype=np.float64),
-            None if self.ref_logprobs is None else _ragged(self.ref_logprobs, np.float64),
-            None if self.loss_masks is None else _ragged(self.loss_masks, np.int64))
+            None if self.ref_logprobs is None else _ragged(self.ref_logprobs, "float64"),
+            None if self.loss_masks is None else _ragged(self.loss_masks, "int64"))
 
     @staticmethod
     def of(episodes: list[Episode]) -> TrainBatch:
