@@ -108,3 +108,24 @@ class CountingRule(RuleReward):
 def test_a_stateful_subclass_of_a_pure_reward_is_not_pure() -> None:
     p = prepare(compose_run_config([f"reward.name={__name__}:CountingRule"]))
     assert p.reward_stateful and not p.reward_pure and not reward_in_controller(p)
+
+
+def test_padding_from_one_flat_array_equals_a_tensor_per_row() -> None:
+    """`pad_rows` (the trainer's logprobs and masks, every token batch) must give exactly what the row-by-row
+    construction it replaced gave: same values, same float32 rounding, rows cut to `width`."""
+    import random
+
+    import torch
+
+    from rlexp.models.policy import pad_rows, pad_sequences
+
+    rng = random.Random(0)
+    rows = [[rng.uniform(-30, 0) for _ in range(rng.randrange(0, 6))] for _ in range(200)] + [[0.1] * 9]
+    want = torch.zeros(len(rows), 6)
+    for i, r in enumerate(rows):
+        want[i, : len(r[:6])] = torch.tensor(r[:6])
+    assert torch.equal(pad_rows(rows, 0.0, torch.float32, 6), want)
+    ids = [[rng.randrange(50_000) for _ in range(rng.randrange(1, 30))] for _ in range(100)]
+    tokens = pad_sequences(ids, 7)
+    assert tokens.dtype == torch.long and tokens.shape == (100, max(map(len, ids)))
+    assert all(tokens[i, : len(r)].tolist() == r and (tokens[i, len(r):] == 7).all() for i, r in enumerate(ids))

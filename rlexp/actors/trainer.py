@@ -28,7 +28,7 @@ from rlexp.core.seeding import apply_process_determinism
 from rlexp.core.weights import safe_load
 from rlexp.models.hf import save_titan_as_hf, titan_full_hf_state_dict
 from rlexp.models.parallel import build_policy, claim_device, full_tensor, loss_parallel_if
-from rlexp.models.policy import sequence_logprobs
+from rlexp.models.policy import pad_rows, sequence_logprobs
 from rlexp.models.titan import hf_state_dict
 from rlexp.transport import TransportSpec, WeightTransport, build_publisher
 from rlexp.types import TrainBatch
@@ -48,13 +48,6 @@ def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float):
         raise ValueError(f"trainer.lr_schedule={schedule!r} is not one of constant, linear, cosine")
 
     return f
-
-
-def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width)
-    for i, r in enumerate(rows):
-        out[i, : len(r)] = torch.tensor(r[:width])
-    return out
 
 
 class Trainer(Actor):
@@ -132,10 +125,13 @@ class Trainer(Actor):
             with loss_parallel_if(self.tp):
                 logp, mask = sequence_logprobs(self.model, batch.prompts[s:e], batch.responses[s:e],
                                                a.temperature, self.pad_id, self.device, self.autocast)
+                width = logp.shape[1]
                 if batch.loss_masks is not None:
-                    mask = policy_token_mask(mask, _pad(batch.loss_masks[s:e], logp.shape[1]).to(mask.device))
-                old = _pad(batch.old_logprobs[s:e], logp.shape[1]).to(logp.device)
-                ref = _pad(batch.ref_logprobs[s:e], logp.shape[1]).to(logp.device) if batch.ref_logprobs else None
+                    policy = pad_rows(batch.loss_masks[s:e], 0, torch.float32, width)
+                    mask = policy_token_mask(mask, policy.to(mask.device))
+                old = pad_rows(batch.old_logprobs[s:e], 0.0, torch.float32, width).to(logp.device)
+                ref = pad_rows(batch.ref_logprobs[s:e], 0.0, torch.float32, width).to(logp.device) \
+                    if batch.ref_logprobs else None
                 out = self.loss_fn(logp, old, torch.tensor(batch.advantages[s:e]).to(logp.device), mask, ref, a)
                 # Weight each micro-batch by its share of the global batch, so accumulation (and the sum
                 # over data-parallel ranks) equals one big batch.

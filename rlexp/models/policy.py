@@ -2,6 +2,10 @@
 `titan` generator so that all three compute them with literally the same code."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -17,13 +21,26 @@ def load_policy(cfg: ModelConfig, model_dir: str, device: str = "cpu") -> nn.Mod
     return model
 
 
-def pad_sequences(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
-    """Right-padded [B, max_len] tensor, built with one scatter (a tensor per row cost ~13 ms per 1000 rows)."""
-    lens = torch.tensor([len(s) for s in seqs])
-    out = torch.full((len(seqs), int(lens.max())), pad_id, dtype=torch.long)
-    out[torch.arange(out.shape[1]).unsqueeze(0) < lens.unsqueeze(1)] = torch.tensor([t for s in seqs for t in s],
-                                                                                    dtype=torch.long)
+_NUMPY = {torch.long: np.int64, torch.float32: np.float32}
+
+
+def pad_rows(rows: Sequence[Sequence[float]], pad: float, dtype: torch.dtype, width: int | None = None
+             ) -> torch.Tensor:
+    """Right-padded [B, width] tensor of `rows` (each cut to `width`; default the longest row), built with one
+    scatter from one flat array: a tensor per row, or torch.tensor over a list of Python numbers, cost 10 ms per
+    1,024 rows (a step's batch); numpy reads the list at a fraction of that, with the same rounding."""
+    if width is not None and any(len(r) > width for r in rows):
+        rows = [r[:width] for r in rows]
+    lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    flat = np.fromiter(chain.from_iterable(rows), dtype=_NUMPY[dtype], count=int(lens.sum()))
+    out = torch.full((len(rows), int(lens.max()) if width is None else width), pad, dtype=dtype)
+    out[torch.arange(out.shape[1]).unsqueeze(0) < torch.from_numpy(lens).unsqueeze(1)] = torch.from_numpy(flat)
     return out
+
+
+def pad_sequences(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Right-padded [B, max_len] token tensor."""
+    return pad_rows(seqs, pad_id, torch.long)
 
 
 def forward_unique(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
