@@ -190,6 +190,14 @@ def load_model(task: Task) -> Any:
 
 
 # --- the plain loop -----------------------------------------------------------------------------------------------
+def data_rng(seed: int) -> random.Random:
+    """The prompt stream `rlexp train seed=SEED` draws (its data seed is derived from the run's seed), so the three
+    frameworks see the same prompts in the same order and a seed is a paired comparison across them."""
+    from rlexp.core.seeding import derive_seed
+
+    return random.Random(derive_seed(seed, "data"))
+
+
 def plain_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows, deadline: float) -> None:
     """GRPO in one process: sample with the KV cache, score, group-normalise, one clipped-surrogate step."""
     import torch
@@ -198,7 +206,7 @@ def plain_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows,
 
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    rng = random.Random(seed)
+    rng = data_rng(seed)
     model = load_model(task)
     opt = torch.optim.AdamW(model.parameters(), lr=task.lr, betas=(0.9, 0.999), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(  # rlexp's own schedule function, so the two cannot drift apart
@@ -265,7 +273,7 @@ def trl_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows, w
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    rng = random.Random(seed)
+    rng = data_rng(seed)
     samples = [s for _ in range(steps) for s in task.env.sample_batch(task.prompts, rng)]
     data = Dataset.from_dict({"prompt": [s.problem.prompt for s in samples], "idx": list(range(len(samples)))})
 

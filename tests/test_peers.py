@@ -124,3 +124,18 @@ def test_the_report_names_the_learning_rate_each_task_ran_at(tmp_path: Path) -> 
     out = tmp_path / "peers.md"
     peers.write_report(runs, args, ["--task", "sort"], out)
     assert "Learning rate in all three frameworks: lr 0.001 constant." in out.read_text()
+
+
+def test_the_baselines_draw_rlexps_prompt_stream_for_the_same_seed():
+    """A seed is a paired comparison: the plain loop and TRL draw the prompts `rlexp train seed=S` draws."""
+    import random
+
+    from rlexp.cluster.plan_cli import compose_run_config
+    from rlexp.run.prepare import prepare
+
+    task = small_task("sort")
+    for seed in (0, 3):
+        rlexp_rng = random.Random(prepare(compose_run_config(["environment=sort", f"seed={seed}"])).seeds["data"])
+        ours, theirs = peers.data_rng(seed), rlexp_rng
+        for _ in range(3):
+            assert [s.id for s in task.env.sample_batch(8, ours)] == [s.id for s in task.env.sample_batch(8, theirs)]
