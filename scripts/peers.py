@@ -198,6 +198,40 @@ def data_rng(seed: int) -> random.Random:
     return random.Random(derive_seed(seed, "data"))
 
 
+def plain_advantages(rewards: list[float], group: int) -> Any:
+    """Group-normalised advantages: (r - group mean) / (group std + 1e-6), population std."""
+    import torch
+
+    r = torch.tensor(rewards).view(-1, group)
+    return ((r - r.mean(1, keepdim=True)) / (r.std(1, unbiased=False, keepdim=True) + 1e-6)).view(-1)
+
+
+def plain_loss(task: Task, model: Any, prompts: list[list[int]], comps: list[list[int]], adv: Any) -> Any:
+    """The plain loop's clipped surrogate, token mean over the batch: `comps` holds `task.group` completions per
+    prompt, in prompt order."""
+    import torch
+
+    pad, G = task.tok.pad_id, task.group
+    # Batch: each prompt repeated G times, left-padded, then its completion right-padded.
+    width, T = max(map(len, prompts)), max(map(len, comps))
+    ids, mask, cmask = [], [], []
+    for i, c in enumerate(comps):
+        p = prompts[i // G]
+        ids.append([pad] * (width - len(p)) + p + c + [pad] * (T - len(c)))
+        mask.append([0] * (width - len(p)) + [1] * (len(p) + len(c)) + [0] * (T - len(c)))
+        cmask.append([1] * len(c) + [0] * (T - len(c)))
+    ids_t, mask_t, cmask_t = torch.tensor(ids), torch.tensor(mask), torch.tensor(cmask, dtype=torch.float32)
+    pos = (mask_t.cumsum(-1) - 1).clamp_min(0)
+    # Right padding after a completion needs no mask (causal attention never looks forward); left padding does.
+    ragged = any(len(p) != width for p in prompts)
+    logits = model(input_ids=ids_t, attention_mask=mask_t if ragged else None, position_ids=pos).logits[:, width - 1:-1]
+    lp = torch.log_softmax(logits.float(), -1).gather(-1, ids_t[:, width:, None]).squeeze(-1)
+    ratio = torch.exp(lp - lp.detach())  # on-policy: one update per batch, so old = current
+    a = adv[:, None]
+    per_tok = -torch.minimum(ratio * a, ratio.clamp(1 - task.clip, 1 + task.clip) * a)
+    return (per_tok * cmask_t).sum() / cmask_t.sum().clamp_min(1.0)
+
+
 def plain_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows, deadline: float) -> None:
     """GRPO in one process: sample with the KV cache, score, group-normalise, one clipped-surrogate step."""
     import torch
@@ -219,29 +253,9 @@ def plain_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows,
         prompts = [task.tok.encode(s.problem.prompt) for s in samples]
         comps = decode(model, prompts, G, task.max_tokens, 1.0, pad, eos, gen)
         texts = [task.tok.decode(c) for c in comps]
-        r = torch.tensor(rewards_of(task, [s for s in samples for _ in range(G)], texts)).view(-1, G)
-        adv = ((r - r.mean(1, keepdim=True)) / (r.std(1, unbiased=False, keepdim=True) + 1e-6)).view(-1)
-        # Batch: each prompt repeated G times, left-padded, then its completion right-padded.
-        width, T = max(map(len, prompts)), max(map(len, comps))
-        ids, mask, cmask = [], [], []
-        for i, c in enumerate(comps):
-            p = prompts[i // G]
-            ids.append([pad] * (width - len(p)) + p + c + [pad] * (T - len(c)))
-            mask.append([0] * (width - len(p)) + [1] * (len(p) + len(c)) + [0] * (T - len(c)))
-            cmask.append([1] * len(c) + [0] * (T - len(c)))
-        ids_t, mask_t, cmask_t = torch.tensor(ids), torch.tensor(mask), torch.tensor(cmask, dtype=torch.float32)
-        pos = (mask_t.cumsum(-1) - 1).clamp_min(0)
-        # Right padding after a completion needs no mask (causal attention never looks forward); left padding does.
-        ragged = any(len(p) != width for p in prompts)
-        logits = model(input_ids=ids_t, attention_mask=mask_t if ragged else None,
-                       position_ids=pos).logits[:, width - 1:-1]
-        lp = torch.log_softmax(logits.float(), -1).gather(-1, ids_t[:, width:, None]).squeeze(-1)
-        ratio = torch.exp(lp - lp.detach())  # on-policy: one update per batch, so old = current
-        a = adv[:, None]
-        per_tok = -torch.minimum(ratio * a, ratio.clamp(1 - task.clip, 1 + task.clip) * a)
-        loss = (per_tok * cmask_t).sum() / cmask_t.sum().clamp_min(1.0)
+        adv = plain_advantages(rewards_of(task, [s for s in samples for _ in range(G)], texts), G)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        plain_loss(task, model, prompts, comps, adv).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), task.grad_clip)
         opt.step()
         sched.step()

@@ -139,3 +139,17 @@ def test_the_baselines_draw_rlexps_prompt_stream_for_the_same_seed():
         ours, theirs = peers.data_rng(seed), rlexp_rng
         for _ in range(3):
             assert [s.id for s in task.env.sample_batch(8, ours)] == [s.id for s in task.env.sample_batch(8, theirs)]
+
+
+def test_rlexps_trainer_and_the_plain_loop_take_the_same_step_but_for_the_pad_row():
+    """scripts/peers_step_check.py on a small batch: same loss, every gradient the same direction and size, except
+    the `<pad>` embedding row, which transformers freezes (padding_idx) and TorchTitan trains."""
+    spec = importlib.util.spec_from_file_location("peers_step_check", REPO / "scripts" / "peers_step_check.py")
+    step_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_check)
+    r = step_check.check("sort", 0, prompts_per_step=8)
+    assert r["loss"]["rlexp"] == pytest.approx(r["loss"]["plain"], rel=1e-5, abs=1e-8)
+    assert r["min_cosine_elsewhere"] > 0.9999
+    wo = r["grad_norm_without_pad_row"]
+    assert wo["rlexp"] == pytest.approx(wo["plain"], rel=1e-4)
+    assert r["pad_row_grad_norm"]["plain"] == 0.0 and r["hf_padding_idx"] == 0
