@@ -199,7 +199,8 @@ def train(cfg: TrainConfig, svc: Services, env: Environment, encode: Encode, sta
             trained, sync = train_and_push(svc, TrainBatch.of(episodes), state.version)
             metrics.update(trained)
             metrics["time/weight_sync_s"] = sync.wall_s
-            serial_s += time.perf_counter() - t_train - sync.wall_s + sync.work_s
+            train_s = time.perf_counter() - t_train - sync.wall_s  # up to the step's reply; the sync is timed apart
+            serial_s += train_s + sync.work_s
         state.samples_seen += len(samples)
         step_s = time.perf_counter() - t_step
         metrics.update({

@@ -33,7 +33,7 @@ from rlexp.run import checkpoints
 from rlexp.run.controller import Controller
 from rlexp.run.phases import Phases
 from rlexp.run.prepare import Prepared, prepare
-from rlexp.run.wiring import Role, generator_role, reward_role, wiring, with_master_port
+from rlexp.run.wiring import Role, generator_role, reward_in_controller, reward_role, wiring, with_master_port
 from rlexp.tracking import runlog
 from rlexp.tracking.manifest import read_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
@@ -336,7 +336,7 @@ def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: lis
         if name in gpus:
             on += f", GPUs {'|'.join(gpus[name])}"
         lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
-    if "reward0" not in g.meshes:
+    if reward_in_controller(p):
         lines.append(f"  reward      this process: reward={c.reward.name}, a pure function, scored by the controller "
                      f"(rlexp.run.wiring.reward_in_controller)")
     lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
