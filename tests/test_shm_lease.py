@@ -290,3 +290,28 @@ def test_train_serving_from_the_mapping_matches_the_copy_path(tmp_path: Path, ta
         assert "trainer -> generators by shm" in p.stdout
     assert len(metrics(runs["served"])) == len(metrics(runs["copied"])) >= 20
     assert compare_metrics(runs["served"] / "metrics.jsonl", runs["copied"] / "metrics.jsonl") is None
+
+
+def test_a_file_locked_for_writing_too_long_is_refused_not_waited_on_forever(shm_root: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Someone else's process (or a stopped trainer) holding the exclusive lock: the generator's lease gives up with
+    an error naming the file, instead of hanging `update_weights`."""
+    import fcntl
+
+    import rlexp.transport.shm as shm
+
+    t = ShmTransport("lease_wait", root=shm_root, keep=2)
+    v1 = t.publish(1, _sd(1))
+    monkeypatch.setattr(shm, "LEASE_WAIT_S", 0.2)
+    fd = os.open(Path(v1) / WEIGHTS, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: conflicts even within this process
+        with pytest.raises(TransportError, match=r"locked for writing for over 0 s.*fuser"):
+            Lease(v1, 1)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        lease = Lease(v1, 1)  # free again: served
+        assert _whole(lease.tensors, 1.0)
+        lease.release()
+    finally:
+        os.close(fd)
+        t.close()

@@ -48,6 +48,7 @@ import re
 import shutil
 import struct
 import tempfile
+import time
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -271,6 +272,29 @@ def _lock_exclusive(path: Path) -> int | None:
         os.close(fd)
         raise
     return fd
+
+
+LEASE_WAIT_S = 60.0  # a publish holds its exclusive lock for one memcpy; a minute means something else holds it
+
+
+def _lock_shared(fd: int, path: Path, wait_s: float | None = None) -> None:
+    """`LOCK_SH` on `fd`, waiting while the trainer overwrites the file, but not forever: a process that holds
+    the exclusive lock much longer than any publish takes (a stopped trainer, someone else's process) gets a
+    TransportError naming the file, instead of a generator hung in `update_weights`."""
+    deadline = time.monotonic() + (LEASE_WAIT_S if wait_s is None else wait_s)
+    pause = 1e-4
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TransportError(f"transport=shm: {path} has been locked for writing for over "
+                                     f"{LEASE_WAIT_S if wait_s is None else wait_s:.0f} s (a publish takes one copy): "
+                                     f"another process holds it (`fuser {path}` names it); only the run's trainer "
+                                     f"may write the run's folder") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
 
 
 def read_mark(folder: str | Path) -> str | None:
@@ -582,7 +606,7 @@ class Lease:
         self.tensors: dict[str, torch.Tensor] = {}
         self.copied: list[str] = []
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # waits while the trainer overwrites this file
+            _lock_shared(fd, self.path)  # waits while the trainer overwrites this file
             header, base = self._header(fd)
             mark = header.get("__metadata__", {}).get(MARK)
             if mark != _mark(version):
