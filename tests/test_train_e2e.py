@@ -67,13 +67,12 @@ def test_async_mode_with_kl_reference_and_benchmark_eval(tmp_path: Path, tag: st
         assert r["perf/overlap_efficiency"] == pytest.approx(ideal / r["time/step_s"])
         assert r["perf/overlap_efficiency"] > 0  # above 1 only if generation overlapped an evaluation
 
-    # The step-3 checkpoint holds the prompts of the rollouts in flight (step 3's, and step 4's, sent while the
-    # generators loaded version 3); resuming regenerates them with the checkpoint's weights instead of skipping
-    # that data, so step 4 trains on age 0 and step 5 on age 1, as in the uninterrupted run.
+    # The step-3 checkpoint holds the prompts of the rollout that was in flight; resuming regenerates them
+    # (with the checkpoint's weights, hence age 0) instead of skipping that data.
     import torch
 
     pending = torch.load(run / "checkpoints" / "step_000003" / "controller.pt", weights_only=True)["loop"]["pending"]
-    assert [step for step, _ in pending] == [3, 4] and all(len(samples) == 16 for _, samples in pending)
+    assert [step for step, _ in pending] == [3] and len(pending[0][1]) == 16
     # The run is complete, so `resume=auto` alone says so and trains nothing (tests/test_run_integrity.py);
     # extending it by a step resumes from the step-3 checkpoint.
     longer = ["steps=7" if a == "steps=6" else a for a in args]

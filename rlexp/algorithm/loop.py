@@ -130,29 +130,23 @@ class WeightSync:
     work_s: float  # publishing plus the slowest generator's own load: the sync's share of the critical path
 
 
-def push_weights(svc: Services, version: int, published: Pending[dict[str, str]] | None = None,
-                 meanwhile: Callable[[], None] | None = None) -> WeightSync:
+def push_weights(svc: Services, version: int, published: Pending[dict[str, str]] | None = None) -> WeightSync:
     """Publish the trainer's weights as `version` (unless `published`, a publish already asked for) and load them
-    into every generator. `meanwhile` runs once every generator has been sent the version, before the replies are
-    awaited: a rollout sent there is queued behind the weights at each generator (an actor serves its messages in
-    order), so it samples from this version and the replies' round trip overlaps its generation."""
+    into every generator."""
     t = time.perf_counter()
     location = (published or svc.trainer.push_weights.start(version)).get()
     publish_s = time.perf_counter() - t
-    pending = svc.generators.update_weights.fanout(version, location)
-    if meanwhile is not None:
-        meanwhile()
-    loads = pending.get()
+    loads = svc.generators.update_weights.fanout(version, location).get()
     return WeightSync(time.perf_counter() - t, publish_s + max((x for x in loads if x is not None), default=0.0))
 
 
-def train_and_push(svc: Services, batch: TrainBatch, version: int, meanwhile: Callable[[], None] | None = None
-                   ) -> tuple[dict[str, float], WeightSync]:
-    """One optimizer step, then its weights published as `version` and loaded into every generator (`push_weights`).
-    The publish is queued right behind the step, so no round trip to the controller sits between the two."""
+def train_and_push(svc: Services, batch: TrainBatch, version: int) -> tuple[dict[str, float], WeightSync]:
+    """One optimizer step, then its weights published as `version` and loaded into every generator. The publish
+    is queued right behind the step (an actor serves its messages in order), so no round trip to the controller
+    sits between the two."""
     trained = svc.trainer.train_step.start(batch)
     published = svc.trainer.push_weights.start(version)
-    return trained.get(), push_weights(svc, version, published, meanwhile)
+    return trained.get(), push_weights(svc, version, published)
 
 
 def overlap_metrics(groups: list[list[Completion]], replicas: int, serial_s: float, step_s: float
@@ -179,17 +173,13 @@ def train(cfg: TrainConfig, svc: Services, env: Environment, encode: Encode, sta
             generate_groups(svc, samples, encode, cfg, step)
         in_flight.append((step, samples, groups, time.perf_counter()))
 
-    def refill(next_step: int) -> None:
-        """Keep `depth` rollouts beyond step `next_step`'s in flight (on-policy: just that step's)."""
-        while len(in_flight) <= depth and (next_step + len(in_flight)) < cfg.steps:
-            start_rollout(next_step + len(in_flight))
-
     for step, samples in state.pending:  # resumed mid-flight: the same prompts, regenerated
         start_rollout(step, samples)
 
     while state.step < cfg.steps:
         t_step = time.perf_counter()
-        refill(state.step)
+        while len(in_flight) <= depth and (state.step + len(in_flight)) < cfg.steps:
+            start_rollout(state.step + len(in_flight))
         _, samples, rollout, t_gen = in_flight.popleft()
         groups = rollout.get()
         t_generated = time.perf_counter()
@@ -206,9 +196,7 @@ def train(cfg: TrainConfig, svc: Services, env: Environment, encode: Encode, sta
             metrics.update(buffer_metrics)
             t_train = time.perf_counter()
             state.version += 1
-            # The next rollout is sent while the generators load this version, behind it in their queues.
-            trained, sync = train_and_push(svc, TrainBatch.of(episodes), state.version,
-                                           meanwhile=lambda: refill(state.step + 1))
+            trained, sync = train_and_push(svc, TrainBatch.of(episodes), state.version)
             metrics.update(trained)
             metrics["time/weight_sync_s"] = sync.wall_s
             train_s = time.perf_counter() - t_train - sync.wall_s  # up to the step's reply; the sync is timed apart
