@@ -36,8 +36,10 @@ def _peers() -> Any:
     return mod
 
 
-def check(task_name: str, seed: int, prompts_per_step: int | None = None) -> dict[str, Any]:
-    """`prompts_per_step`: a smaller batch than the task's (tests)."""
+def check(task_name: str, seed: int, prompts_per_step: int | None = None, freeze_pad_row: bool = False
+          ) -> dict[str, Any]:
+    """`prompts_per_step`: a smaller batch than the task's (tests). `freeze_pad_row`: rlexp's trainer as
+    `trainer.freeze_pad_row=true` builds it (the embedding's padding index set, as transformers sets it)."""
     from rlexp.algorithm.grpo import LOSSES
     from rlexp.models.policy import load_policy, sequence_logprobs
     from rlexp.models.titan import hf_state_dict
@@ -61,6 +63,8 @@ def check(task_name: str, seed: int, prompts_per_step: int | None = None) -> dic
     plain = {k: p.grad.detach().clone() for k, p in hf.named_parameters()}
 
     titan = load_policy(cfg.model, str(task.model_dir)).train()
+    if freeze_pad_row:
+        titan.tok_embeddings.padding_idx = tok.pad_id
     rows = [p for p in prompts for _ in range(G)]
     logp, mask = sequence_logprobs(titan, rows, comps, cfg.algorithm.temperature, tok.pad_id, "cpu")
     out = LOSSES.get(str(cfg.algorithm.loss))()(logp, logp.detach(), adv, mask, None, cfg.algorithm)
@@ -86,6 +90,7 @@ def check(task_name: str, seed: int, prompts_per_step: int | None = None) -> dic
     clip = cfg.trainer.grad_clip
     return {
         "task": task_name, "seed": seed, "batch": f"{task.prompts} prompts x {G} samples",
+        "freeze_pad_row": freeze_pad_row,
         "responses_with_pad_before_their_end": sum(tok.pad_id in c[:-1] for c in comps),
         "loss": {"rlexp": float(out.loss.detach()),
                  "plain": float(peers.plain_loss(task, hf, prompts, comps, adv).detach())},
@@ -104,7 +109,8 @@ def render(r: dict[str, Any], command: str) -> str:
     lines = [
         f"Produced by `{command}`.",
         "",
-        f"# rlexp's trainer and the plain loop on one identical batch ({r['task']}, seed {r['seed']}, {r['batch']})",
+        f"# rlexp's trainer and the plain loop on one identical batch ({r['task']}, seed {r['seed']}, {r['batch']}"
+        + (", rlexp with trainer.freeze_pad_row=true)" if r["freeze_pad_row"] else ")"),
         "",
         "Same starting weights, same sampled batch, same rewards and advantages; each framework's own loss and "
         "gradient (scripts/peers_step_check.py says how). No statistic over seeds: this is one step, checked "
@@ -138,10 +144,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="sort")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--freeze-pad-row", action="store_true", help="rlexp as trainer.freeze_pad_row=true runs it")
     ap.add_argument("--out", type=Path, default=None, help="PREFIX: writes PREFIX.md and PREFIX.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    r = check(args.task, args.seed)
+    r = check(args.task, args.seed, freeze_pad_row=args.freeze_pad_row)
     command = "python scripts/peers_step_check.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     text = render(r, command)
     print(text)

@@ -24,16 +24,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from scipy import stats
 
 THRESHOLD = 0.8
 NEED_STABLE = 4
 RECIPE_KEYS = ("trainer.lr", "trainer.lr_schedule", "trainer.warmup_steps", "trainer.min_lr_ratio",
-               "algorithm.norm_adv_by_std")
+               "algorithm.norm_adv_by_std", "trainer.freeze_pad_row")
+CONTROL = "defaults (lr 1e-3 constant)"
 
 
 def recipe(job: Path) -> str:
     ov = dict(o.lstrip("+~").split("=", 1) for o in yaml.safe_load((job / ".hydra/overrides.yaml").read_text()))
-    return " ".join(f"{k}={ov[k]}" for k in RECIPE_KEYS if k in ov) or "defaults (lr 1e-3 constant)"
+    return " ".join(f"{k}={ov[k]}" for k in RECIPE_KEYS if k in ov) or CONTROL
 
 
 def load(job: Path) -> dict[str, Any] | None:
@@ -44,14 +46,18 @@ def load(job: Path) -> dict[str, Any] | None:
     curve: dict[int, float] = {}
     wall: dict[int, float] = {}
     eval_s = 0.0
+    grad1 = None
     for line in (job / "metrics.jsonl").read_text().splitlines():
         m = json.loads(line)
+        if m.get("step") == 1 and "train/grad_norm" in m:
+            grad1 = m["train/grad_norm"]
         if "eval/accuracy" in m:
             eval_s += m.get("time/eval_s", 0.0)
             curve[m["step"]] = m["eval/accuracy"]
             wall[m["step"]] = m["time/wall_s"] - eval_s
     ov = dict(o.lstrip("+~").split("=", 1) for o in yaml.safe_load((job / ".hydra/overrides.yaml").read_text()))
-    return {"job": job.name, "recipe": recipe(job), "seed": int(ov["seed"]), "curve": curve, "wall": wall}
+    return {"job": job.name, "recipe": recipe(job), "seed": int(ov["seed"]), "curve": curve, "wall": wall,
+            "grad_norm_step1": grad1}
 
 
 def summarise(run: dict[str, Any]) -> dict[str, Any]:
@@ -62,7 +68,8 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
     area = sum((run["curve"][a] + run["curve"][b]) / 2 * (b - a) for a, b in pairwise(steps)) / (steps[-1] - steps[0])
     return {"seed": run["seed"], "stable": stable, "steps_to_08": hit,
             "seconds_to_08": None if hit is None else round(run["wall"][hit], 1), "final": acc[-1], "auc": area,
-            "min_after_08": None if hit is None else min(run["curve"][s] for s in steps if s >= hit)}
+            "min_after_08": None if hit is None else min(run["curve"][s] for s in steps if s >= hit),
+            "grad_norm_step1": run.get("grad_norm_step1")}
 
 
 def choose(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -78,6 +85,13 @@ def choose(runs: list[dict[str, Any]]) -> dict[str, Any]:
                      "reached_08": len(hits), "mean_final": st.mean(s["final"] for s in ss),
                      "mean_auc": st.mean(s["auc"] for s in ss), "per_seed": sorted(ss, key=lambda s: s["seed"])})
     rows.sort(key=lambda r: (not r["meets_goal"], r["median_steps_to_08"] or 1e9))
+    control = {s["seed"]: s for s in next((r["per_seed"] for r in rows if r["recipe"] == CONTROL), [])}
+    for row in rows:  # AUC paired by seed against today's defaults: the fourth round's pre-registered statistic
+        d = [s["auc"] - control[s["seed"]]["auc"] for s in row["per_seed"] if s["seed"] in control]
+        if row["recipe"] != CONTROL and len(d) >= 2:
+            half = stats.t.ppf(0.975, len(d) - 1) * st.stdev(d) / len(d) ** 0.5
+            row["paired_auc_vs_defaults"] = {"n": len(d), "mean": st.mean(d), "low": st.mean(d) - half,
+                                             "high": st.mean(d) + half}
     winner = rows[0]["recipe"] if rows[0]["meets_goal"] else None
     return {"rule": f"stable: reaches {THRESHOLD} and never falls below it after; goal: >= {NEED_STABLE} of 5 seeds "
                     "stable; winner: lowest median steps to 0.8 among recipes meeting the goal",
@@ -98,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(res, indent=2, default=str) + "\n")
     for row in res["recipes"]:
+        paired = row.get("paired_auc_vs_defaults")
         print(f"{row['recipe']:<60} stable {row['stable']}/{len(row['seeds'])}  median steps to 0.8 "
-              f"{row['median_steps_to_08']}  final {row['mean_final']:.3f}  AUC {row['mean_auc']:.3f}")
+              f"{row['median_steps_to_08']}  final {row['mean_final']:.3f}  AUC {row['mean_auc']:.3f}"
+              + (f"  AUC - defaults {paired['mean']:+.3f} [{paired['low']:+.3f}, {paired['high']:+.3f}] n={paired['n']}"
+                 if paired else ""))
     print(f"winner: {res['winner'] or 'none meets the goal; the default stays'}")
     return 0
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 25 item 2, the sort task's learning-rate recipe (results/sort_recipe_pilot.md): rlexp only, pilot seeds
-# 100-104 (a later peers run confirms on seeds 0-4), two recipes. Usage: scripts/sort_recipe_pilot.sh DIR [ROUND: 1, or 2 / 3 for the addenda]; then
+# 100-104 (a later peers run confirms on seeds 0-4), two recipes. Usage: scripts/sort_recipe_pilot.sh DIR [ROUND: 1, or 2 / 3 / 4 for the addenda]; then
 # python scripts/sort_recipe_pilot.py DIR --out results/sort_recipe_pilot
 set -uo pipefail
 DIR=${1:?usage: scripts/sort_recipe_pilot.sh DIR}
@@ -20,8 +20,11 @@ for seed in 100 101 102 103 104; do
     run "const1e-3-$seed" seed=$seed
   elif [ "$ROUND" = 2 ]; then  # the addendum's second candidate (results/sort_recipe_pilot.md)
     run "cos5e-4-$seed" seed=$seed trainer.lr=5e-4 trainer.lr_schedule=cosine trainer.warmup_steps=10
-  else  # the third candidate (second addendum)
+  elif [ "$ROUND" = 3 ]; then  # the third candidate (second addendum)
     run "cos1e-3-nostd-$seed" seed=$seed trainer.lr_schedule=cosine trainer.warmup_steps=10 \
       algorithm.norm_adv_by_std=false
+  else  # the fourth round (third addendum): the pad row frozen, against today's defaults run again beside it
+    run "const1e-3-$seed" seed=$seed
+    run "const1e-3-padfrozen-$seed" seed=$seed trainer.freeze_pad_row=true
   fi
 done

@@ -133,3 +133,15 @@ def test_a_refused_run_leaves_no_secret_in_hydras_copies(tmp_path: Path) -> None
     written = [f for f in (tmp_path / "r").rglob("*") if f.is_file()]
     assert any(f.parent.name == ".hydra" for f in written)
     assert not [f for f in written if secret.encode() in f.read_bytes()]
+
+
+def test_freeze_pad_row_is_refused_on_a_sharded_trainer_naming_the_fix() -> None:
+    import pytest
+
+    from rlexp.cluster.plan_cli import compose_run_config
+    from rlexp.config.validate import ConfigError
+    from rlexp.run.prepare import check_config
+
+    check_config(compose_run_config(["trainer.freeze_pad_row=true"]))  # one rank: fine
+    with pytest.raises(ConfigError, match=r"freeze_pad_row=true works on one trainer rank.*trainer_fsdp=1"):
+        check_config(compose_run_config(["trainer.freeze_pad_row=true", "model.parallelism.trainer_fsdp=2"]))

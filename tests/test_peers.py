@@ -153,3 +153,13 @@ def test_rlexps_trainer_and_the_plain_loop_take_the_same_step_but_for_the_pad_ro
     wo = r["grad_norm_without_pad_row"]
     assert wo["rlexp"] == pytest.approx(wo["plain"], rel=1e-4)
     assert r["pad_row_grad_norm"]["plain"] == 0.0 and r["hf_padding_idx"] == 0
+
+
+def test_with_the_pad_row_frozen_rlexps_step_is_the_plain_loops():
+    """`trainer.freeze_pad_row=true` is transformers' padding index: then every gradient, the pad row's included."""
+    spec = importlib.util.spec_from_file_location("peers_step_check", REPO / "scripts" / "peers_step_check.py")
+    step_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_check)
+    r = step_check.check("sort", 0, prompts_per_step=8, freeze_pad_row=True)
+    assert r["pad_row_grad_norm"] == {"rlexp": 0.0, "plain": 0.0}
+    assert r["grad_norm"]["rlexp"] == pytest.approx(r["grad_norm"]["plain"], rel=1e-4)

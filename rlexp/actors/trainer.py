@@ -82,6 +82,8 @@ class Trainer(Actor):
         t = self.tcfg
         self.model, dims = build_policy(self.settings.policy, self.rank, self.device)
         self.model.train()
+        if self.tcfg.freeze_pad_row:  # one rank (rlexp/config/validate.py); the lookup's gradient only, as in HF
+            self.model.tok_embeddings.padding_idx = self.pad_id
         if dims is not None:
             self.dp_group = dims.get_mesh("fsdp").get_group()
         # Unsharded mixed precision: bf16 autocast around the forward (fp32 master weights, fp32 log-softmax).

@@ -95,6 +95,10 @@ class TrainerConfig:
     micro_batch_size: int = 1024
     activation_checkpointing: bool = False
     mixed_precision: bool = False
+    # The pad token's embedding lookup gets no gradient, as transformers' embedding with `padding_idx` gives it
+    # (TorchTitan's has none): a policy that samples `<pad>` mid-response otherwise trains that row, whose first
+    # gradient is large (results/peers_step_check.md). Off by default until measured (results/pad_row_pilot.md).
+    freeze_pad_row: bool = False
 
 
 @dataclass

@@ -199,6 +199,11 @@ def _check_trainer_layout(c: Any) -> None:
     par = c.model.parallelism
     _positive("model.parallelism.trainer_fsdp", par.trainer_fsdp)
     _positive("model.parallelism.trainer_tp", par.trainer_tp)
+    if c.trainer.freeze_pad_row and par.trainer_fsdp * par.trainer_tp > 1:
+        raise ConfigError(f"trainer.freeze_pad_row=true works on one trainer rank; this layout has "
+                          f"trainer_fsdp={par.trainer_fsdp} x trainer_tp={par.trainer_tp} (a sharded embedding's "
+                          f"rows are split over ranks). Set model.parallelism.trainer_fsdp=1 "
+                          f"model.parallelism.trainer_tp=1, or trainer.freeze_pad_row=false")
     tp, arch = par.trainer_tp, c.model.arch
     if tp > 1:
         # TorchTitan's fused QKV is sharded by whole KV groups, so every TP rank needs whole KV heads.
