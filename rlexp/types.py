@@ -7,9 +7,9 @@ The types a checkpoint stores (`Sample`, `Episode`) convert to and from plain Py
 `from_plain`): a checkpoint then loads with `torch.load(weights_only=True)` and never unpickles code.
 
 The two batches that cross an actor boundary every step, a generator's reply (`Completions`) and the trainer's
-`TrainBatch`, travel as a few contiguous tensors (token ids, logprobs, per-row scalars, each ragged field flat with
+`TrainBatch`, travel as a few contiguous arrays (token ids, logprobs, per-row scalars, each ragged field flat with
 its row lengths, texts as one string) rather than as thousands of Python objects: Monarch's pickler runs Python code
-for every object it writes, which cost about 12 ms per 1,024-completion reply and 5 ms per train batch on two cores.
+for every object it writes, several ms per step on two cores (results/perf_cpu.md).
 Only the wire format changes (`__reduce__`): in memory they are the same lists and dataclasses, so code that calls
 an actor in-process (`rlexp.core.services.Local`) pays nothing, and every value round-trips bit for bit (floats
 travel as float64, which holds any Python float exactly). The arrays are numpy's: Monarch copies one as a single
@@ -91,12 +91,17 @@ def _ragged(rows: Sequence[Sequence[float]], dtype: str) -> tuple[Any, Any]:
     return np.fromiter((x for r in rows for x in r), dtype=dtype), np.fromiter(map(len, rows), dtype=np.int64)
 
 
-def _unragged(flat: Any, lengths: Any) -> list[list[Any]]:
-    values, out, at = flat.tolist(), [], 0
+def _split(flat: Any, lengths: Any) -> list[Any]:
+    """`flat` (a list or a string) cut into consecutive pieces of `lengths` (an array)."""
+    out, at = [], 0
     for n in lengths.tolist():
-        out.append(values[at:at + n])
+        out.append(flat[at:at + n])
         at += n
     return out
+
+
+def _unragged(flat: Any, lengths: Any) -> list[list[Any]]:
+    return _split(flat.tolist(), lengths)
 
 
 def _shared_rows(rows: Sequence[list[int]]) -> tuple[list[list[int]], list[int]]:
@@ -127,14 +132,6 @@ def _texts(texts: Sequence[str]) -> tuple[str, Any]:
     return "".join(texts), np.fromiter(map(len, texts), dtype=np.int64)
 
 
-def _untexts(joined: str, lengths: Any) -> list[str]:
-    out, at = [], 0
-    for n in lengths.tolist():
-        out.append(joined[at:at + n])
-        at += n
-    return out
-
-
 class Completions(list):
     """A generator's reply: a plain `list[Completion]` that crosses a process boundary packed (see the module
     docstring). The fields a single response leaves at their defaults (the multi-turn ones) travel only when set."""
@@ -160,7 +157,7 @@ def _unpack_completions(prompts: tuple[Any, Any], which: Any, tokens: tuple[Any,
                         extras: list[tuple[Any, ...]] | None) -> Completions:
     distinct = _unragged(*prompts)
     rows = zip(which.tolist(), _unragged(*tokens), _unragged(*logprobs), versions.tolist(), gen_s.tolist(),
-               _untexts(*texts), finish.tolist())
+               _split(*texts), finish.tolist())
     out = Completions(Completion(prompt_ids=distinct[w], token_ids=t, logprobs=lp, text=x, policy_version=v,
                                  finish_reason=reasons[f], gen_s=g) for w, t, lp, v, g, x, f in rows)
     for c, e in zip(out, extras or ()):

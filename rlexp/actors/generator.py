@@ -55,7 +55,7 @@ class Generator(Actor):
     @endpoint
     async def generate(self, prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
                        stop: list[str] | None = None) -> Completions:
-        """The reply travels packed as tensors (`rlexp.types.Completions`)."""
+        """The reply travels packed as arrays (`rlexp.types.Completions`)."""
         assert self.backend is not None, "Generator.setup() was not awaited"
         t = time.perf_counter()
         out = self.backend.generate(prompt_ids, n, max_tokens, temperature, seed, stop)

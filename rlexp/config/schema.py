@@ -97,7 +97,8 @@ class TrainerConfig:
     mixed_precision: bool = False
     # The pad token's embedding lookup gets no gradient, as transformers' embedding with `padding_idx` gives it
     # (TorchTitan's has none): a policy that samples `<pad>` mid-response otherwise trains that row, whose first
-    # gradient is large (results/peers_step_check.md). Off by default until measured (results/pad_row_pilot.md).
+    # gradient is large (results/peers_step_check.md). Off by default: over five seeds it made no measurable
+    # difference to learning (results/sort_recipe_pilot.md, fourth round).
     freeze_pad_row: bool = False
 
 
