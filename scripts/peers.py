@@ -403,13 +403,95 @@ def steps_per_s(curve: list[tuple[int, float, float, float]]) -> float:
     return last[0] / last[3] if last[3] > 0 else math.nan
 
 
+def auc(curve: list[tuple[int, float, float, float]]) -> float:
+    """Area under held-out accuracy over steps (trapezoid), divided by the step span: a run's accuracy on average."""
+    steps, accs = [p[0] for p in curve], [p[1] for p in curve]
+    span = steps[-1] - steps[0]
+    if span <= 0:
+        return accs[-1]
+    return sum((b - a) * (x + y) / 2 for a, b, x, y in zip(steps, steps[1:], accs, accs[1:])) / span
+
+
+def stable(curve: list[tuple[int, float, float, float]], threshold: float = THRESHOLD) -> bool:
+    """Reaches `threshold` and no later evaluation falls below it (the rule of results/sort_recipe_pilot.md)."""
+    hit = next((i for i, p in enumerate(curve) if p[1] >= threshold), None)
+    return hit is not None and all(p[1] >= threshold for p in curve[hit:])
+
+
+def paired_ratio(num: Run, den: Run) -> tuple[float, str]:
+    """T(num) / T(den) to the threshold for one seed (results/peers_preregistration.md), and how to read it:
+    "" exact; "<" an upper bound (den never reached the threshold: its last evaluated time stands in, in its
+    favour); "inf" when num never reached it."""
+    a, b = time_to(num.curve, THRESHOLD, 2), time_to(den.curve, THRESHOLD, 2)
+    if a is None:
+        return math.inf, "inf"
+    if b is None:
+        return a / den.curve[-1][2], "<"
+    return a / b, ""
+
+
+def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float, float, float]:
+    """Median with the distribution-free interval [x_(k), x_(n+1-k)] from order statistics: the largest k whose
+    coverage 1 - 2 P(Binomial(n, 1/2) <= k - 1) is at least `level`, or k = 1 (with its lower coverage) when n is too
+    small for `level`. Returns (median, low, high, coverage); it survives infinite values (a run that never got
+    there), which a mean or a bootstrap of means would not."""
+    import statistics
+
+    xs = sorted(xs)
+    n = len(xs)
+    tail = [math.comb(n, i) / 2**n for i in range(n + 1)]
+    cover = lambda k: 1 - 2 * sum(tail[:k])  # noqa: E731
+    k = max([k for k in range(1, n // 2 + 1) if cover(k) >= level], default=1)
+    return statistics.median(xs), xs[k - 1], xs[n - k], cover(k)
+
+
+def _fmt_ratio(r: float, kind: str) -> str:
+    return "never" if kind == "inf" else f"{kind}{r:.2f}"
+
+
 def _fmt(x: float | None, nd: int = 1) -> str:
     return "not reached" if x is None else f"{x:.{nd}f}"
 
 
-def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out: Path) -> None:
+def summary_lines(rs: list[Run]) -> list[str]:
+    """The pre-registered statistic (results/peers_preregistration.md) for one task: per seed the paired ratio of
+    rlexp's time to the threshold over TRL's (and over the plain loop's), their median with an order-statistic
+    interval; then, per framework, steps to the threshold and the item-2 figures (stable seeds, final accuracy, AUC)."""
     import statistics
 
+    by = {(r.framework, r.seed): r for r in rs}
+    seeds = sorted({r.seed for r in rs})
+    lines: list[str] = []
+    for other, name in (("trl", "TRL"), ("plain", "the plain loop")):
+        pairs = [(s, *paired_ratio(by["rlexp", s], by[other, s]))
+                 for s in seeds if ("rlexp", s) in by and (other, s) in by]
+        if not pairs:
+            continue
+        med, lo, hi, cov = median_interval([p[1] for p in pairs])
+        per = ", ".join(f"{s}: {_fmt_ratio(r, k)}" for s, r, k in pairs)
+        bounds = ' ("<": the peer never got there; its last time stands in)' if any(p[2] == "<" for p in pairs) else ""
+        verdict = f" (goal: median <= 0.5, {'met' if med <= 0.5 else 'not met'})" if other == "trl" else ""
+        lines += [f"Time to {THRESHOLD} from launch, rlexp / {name}, paired by seed: median **{med:.2f}** "
+                  f"[{lo:.2f}, {hi:.2f}] (order-statistic interval, coverage {cov:.1%}, n = {len(pairs)}){verdict}; "
+                  f"per seed {per}{bounds}.", ""]
+    lines += ["| framework | seeds | median steps to 0.8 | stable (reaches 0.8, never falls below) | median final acc "
+              "| median AUC over steps | median steps/s |", "|---|---|---|---|---|---|---|"]
+    for fw in FRAMEWORKS:
+        xs = [r for r in rs if r.framework == fw]
+        if not xs:
+            continue
+        hits = [time_to(r.curve, THRESHOLD, 0) for r in xs]
+        med = statistics.median(math.inf if h is None else h for h in hits)
+        never = hits.count(None)
+        cell = ("never" if math.isinf(med) else f"{med:.0f}") + (f" ({never} never)" if never else "")
+        lines.append(f"| {fw} | {len(xs)} | {cell} | {sum(stable(r.curve) for r in xs)} of {len(xs)} | "
+                     f"{statistics.median(r.curve[-1][1] for r in xs):.3f} | "
+                     f"{statistics.median(auc(r.curve) for r in xs):.3f} | "
+                     f"{statistics.median(steps_per_s(r.curve) for r in xs):.2f} |")
+    return [*lines, ""]
+
+
+def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out: Path) -> None:
     lines = [
         "# rlexp against TRL and a plain PyTorch/transformers loop",
         "",
@@ -469,20 +551,7 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
                          f"{steps_per_s(r.curve):.2f} | " + " | ".join(accs) +
                          f" | {r.load[0]:.1f} / {r.load[1]:.1f} |")
         lines.append("")
-        by = {fw: [time_to(r.curve, THRESHOLD, 2) for r in rs if r.framework == fw] for fw in FRAMEWORKS}
-        if by["rlexp"] and by["trl"]:
-            rl, tr = by["rlexp"], by["trl"]
-            if all(x is not None for x in rl + tr):
-                ratio = statistics.median(rl) / statistics.median(tr)
-                lines.append(f"Ratio rlexp / TRL time to {THRESHOLD} (from launch, median over seeds): "
-                             f"**{ratio:.2f}** (goal <= 0.5: {'met' if ratio <= 0.5 else 'not met'}).")
-            else:
-                lines.append(f"Ratio rlexp / TRL: not defined (a run did not reach {THRESHOLD}; see best accuracy).")
-            sps = {fw: statistics.median([steps_per_s(r.curve) for r in rs if r.framework == fw])
-                   for fw in ("rlexp", "trl")}
-            lines += ["", f"Time per training step, rlexp / TRL (median steps/s over seeds): "
-                          f"**{sps['trl'] / sps['rlexp']:.2f}** ({sps['rlexp']:.2f} vs {sps['trl']:.2f} steps/s)."]
-            lines.append("")
+        lines += summary_lines(rs)
         lines += ["Commands:", ""] + [f"- {r.framework} seed {r.seed}: `{r.command}` ({r.total_s:.0f} s in all)"
                                       for r in rs] + [""]
     lines += ["![held-out accuracy against wall time](peers.png)", ""]

@@ -166,3 +166,38 @@ def test_with_the_pad_row_frozen_rlexps_step_is_the_plain_loops():
     r = step_check.check("sort", 0, prompts_per_step=8, freeze_pad_row=True)
     assert r["pad_row_grad_norm"] == {"rlexp": 0.0, "plain": 0.0}
     assert r["grad_norm"]["rlexp"] == pytest.approx(r["grad_norm"]["plain"], rel=1e-4)
+
+
+def _run(fw: str, seed: int, accs: list[float], dt: float = 10.0) -> peers.Run:
+    curve = [(10 * i, a, dt * i, dt * i) for i, a in enumerate(accs)]
+    return peers.Run(fw, "sort", seed, 0.0, curve, (0.0, 0.0), dt * len(accs), "cmd")
+
+
+def test_median_interval_uses_order_statistics_and_survives_infinity():
+    med, lo, hi, cov = peers.median_interval([0.4, math.inf, 0.1, 0.3, 0.2])
+    assert (med, lo, hi) == (0.3, 0.1, math.inf) and cov == pytest.approx(1 - 2 / 32)  # n = 5: min..max
+    xs = list(range(1, 12))  # n = 11: k = 2 is the largest with coverage >= 0.95 (0.988; k = 3 gives 0.935)
+    med, lo, hi, cov = peers.median_interval([float(x) for x in xs])
+    assert (med, lo, hi) == (6.0, 2.0, 10.0) and cov == pytest.approx(1 - 2 * 12 / 2048)
+
+
+def test_paired_ratio_marks_bounds_and_never():
+    fast, slow, never = _run("rlexp", 0, [0, 0.9]), _run("trl", 0, [0, 0.5, 0.85]), _run("trl", 0, [0, 0.5, 0.6, 0.7])
+    assert peers.paired_ratio(fast, slow) == (0.5, "")
+    assert peers.paired_ratio(fast, never) == (10.0 / 30.0, "<")  # the peer's last time stands in, in its favour
+    assert peers.paired_ratio(never, fast) == (math.inf, "inf")
+
+
+def test_stable_and_auc():
+    assert peers.stable(_run("x", 0, [0, 0.8, 0.9, 0.85]).curve)
+    assert not peers.stable(_run("x", 0, [0, 0.9, 0.7, 0.95]).curve)  # fell below after reaching it
+    assert not peers.stable(_run("x", 0, [0, 0.5]).curve)
+    assert peers.auc(_run("x", 0, [0.0, 1.0, 1.0]).curve) == pytest.approx(0.75)
+
+
+def test_summary_lines_report_the_preregistered_statistic():
+    rs = [_run("rlexp", s, [0, 0.9]) for s in range(5)] + [_run("trl", s, [0, 0.5, 0.5, 0.9]) for s in range(5)]
+    text = "\n".join(peers.summary_lines(rs))
+    assert "rlexp / TRL, paired by seed: median **0.33** [0.33, 0.33]" in text and "coverage 93.8%" in text
+    assert "goal: median <= 0.5, met" in text and "the plain loop" not in text
+    assert "| rlexp | 5 | 10 | 5 of 5 | 0.900 |" in text and "| trl | 5 | 30 | 5 of 5 |" in text
