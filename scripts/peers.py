@@ -348,9 +348,10 @@ def curve_of(points: list[tuple[int, float, float, float]], launched: float, sta
     return out
 
 
-def run_rlexp(task: str, steps: int, seed: int, eval_every: int, run_dir: Path) -> tuple[list, float, str]:
+def run_rlexp(task: str, steps: int, seed: int, eval_every: int, run_dir: Path, overrides: tuple[str, ...] = ()
+              ) -> tuple[list, float, str]:
     cmd = [sys.executable, "-m", "rlexp", "train", f"environment={task}", f"steps={steps}", f"seed={seed}",
-           f"eval.every_n_steps={eval_every}", f"hydra.run.dir={run_dir}"]
+           f"eval.every_n_steps={eval_every}", *overrides, f"hydra.run.dir={run_dir}"]
     launched = _launch(cmd, run_dir.with_suffix(".log"))
     pts = []
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
@@ -591,6 +592,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", default="0", help="comma-separated seeds")
     ap.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"comma-separated, of {FRAMEWORKS}")
     ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--rlexp-overrides", default="", help="space-separated extra `rlexp train` overrides (exploration: "
+                    "the pre-registered comparison uses none)")
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "peers.md")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "peers", help="where each run's files go")
     ap.add_argument("--threads", type=int, default=2,
@@ -649,7 +652,8 @@ def main(argv: list[str] | None = None) -> None:
                 t = time.time()
                 print(f"[peers] {task} {fw} seed {seed}: {steps} steps, load {load0:.1f}", flush=True)
                 if fw == "rlexp":
-                    curve, launched, cmd = run_rlexp(task, steps, seed, args.eval_every, where)
+                    curve, launched, cmd = run_rlexp(task, steps, seed, args.eval_every, where,
+                                                     tuple(args.rlexp_overrides.split()))
                 else:
                     curve, launched, cmd = run_worker(fw, task, steps, seed, args.eval_every, where, args.threads,
                                                      args.max_wall)
