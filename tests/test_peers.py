@@ -201,3 +201,18 @@ def test_summary_lines_report_the_preregistered_statistic():
     assert "rlexp / TRL, paired by seed: median **0.33** [0.33, 0.33]" in text and "coverage 93.8%" in text
     assert "goal: median <= 0.5, met" in text and "the plain loop" not in text
     assert "| rlexp | 5 | 10 | 5 of 5 | 0.900 |" in text and "| trl | 5 | 30 | 5 of 5 |" in text
+
+
+def test_rlexp_overrides_reach_the_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    seen = []
+
+    def launch(cmd, log, stamp_launch=False):  # records the command instead of starting a run
+        seen.append(cmd)
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps(
+            {"step": 0, "eval/accuracy": 0.5, "time/unix_s": 10.0, "time/eval_s": 1.0}))
+        return 5.0
+    monkeypatch.setattr(peers, "_launch", launch)
+    curve, _, shown = peers.run_rlexp("sort", 4, 0, 2, tmp_path / "run", ("cluster.threads_per_proc=2",))
+    assert "cluster.threads_per_proc=2" in seen[0] and seen[0][-1].startswith("hydra.run.dir=")
+    assert "cluster.threads_per_proc=2" in shown and curve[0][1] == 0.5
