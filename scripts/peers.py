@@ -30,6 +30,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -404,8 +405,9 @@ def steps_per_s(curve: list[tuple[int, float, float, float]]) -> float:
     return last[0] / last[3] if last[3] > 0 else math.nan
 
 
-def auc(curve: list[tuple[int, float, float, float]]) -> float:
-    """Area under held-out accuracy over steps (trapezoid), divided by the step span: a run's accuracy on average."""
+def auc(curve: Sequence[Sequence[float]]) -> float:
+    """Area under held-out accuracy over steps (trapezoid), divided by the step span: a run's accuracy on average.
+    `curve`: (step, accuracy, ...) points in step order (scripts/sort_recipe_pilot.py passes pairs)."""
     steps, accs = [p[0] for p in curve], [p[1] for p in curve]
     span = steps[-1] - steps[0]
     if span <= 0:
@@ -413,7 +415,7 @@ def auc(curve: list[tuple[int, float, float, float]]) -> float:
     return sum((b - a) * (x + y) / 2 for a, b, x, y in zip(steps, steps[1:], accs, accs[1:])) / span
 
 
-def stable(curve: list[tuple[int, float, float, float]], threshold: float = THRESHOLD) -> bool:
+def stable(curve: Sequence[Sequence[float]], threshold: float = THRESHOLD) -> bool:
     """Reaches `threshold` and no later evaluation falls below it (the rule of results/sort_recipe_pilot.md)."""
     hit = next((i for i, p in enumerate(curve) if p[1] >= threshold), None)
     return hit is not None and all(p[1] >= threshold for p in curve[hit:])

@@ -25,8 +25,8 @@ def per_step(curve: list[list[float]], lo: int, hi: int | None) -> float:
     return (at[end] - at[lo]) / (end - lo) if lo in at and end in at and end > lo else float("nan")
 
 
-def rlexp_split(run_dir: Path, lo: int, hi: int | None) -> tuple[float, float]:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+def rlexp_split(rows: list[dict], lo: int, hi: int | None) -> tuple[float, float]:
+    """Median trainer and generator seconds per step over steps (lo, hi] of a run's metrics rows."""
     rows = [r for r in rows if "time/train_step_s" in r and lo < r["step"] <= (hi or 10**9)]
     return (statistics.median(r["time/train_step_s"] for r in rows),
             statistics.median(r["time/generate_s"] for r in rows))
@@ -45,11 +45,13 @@ def main(argv: list[str] | None = None) -> int:
              "| task | framework | seed | " + " | ".join(name(*p) for p in PHASES) + " |",
              "|---|---|---|" + "---|" * len(PHASES)]
     for r in sorted(runs, key=lambda r: (r["task"], r["framework"] != "rlexp", r["framework"], r["seed"])):
+        metrics = [json.loads(x) for x in (args.sweep / f"{r['task']}-rlexp-s{r['seed']}" / "metrics.jsonl")
+                   .read_text().splitlines()] if r["framework"] == "rlexp" else []
         cells = []
         for lo, hi in PHASES:
             cell = f"{per_step(r['curve'], lo, hi):.3f}"
-            if r["framework"] == "rlexp":
-                tr, gen = rlexp_split(args.sweep / f"{r['task']}-rlexp-s{r['seed']}", lo, hi)
+            if metrics:
+                tr, gen = rlexp_split(metrics, lo, hi)
                 cell += f" ({tr:.3f} / {gen:.3f})"
             cells.append(cell)
         lines.append(f"| {r['task']} | {r['framework']} | {r['seed']} | " + " | ".join(cells) + " |")

@@ -19,10 +19,10 @@ import argparse
 import json
 import statistics as st
 import sys
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import peers  # the stability rule and AUC the peers report uses (scripts/ is on the path)
 import yaml
 from scipy import stats
 
@@ -62,12 +62,11 @@ def load(job: Path) -> dict[str, Any] | None:
 
 def summarise(run: dict[str, Any]) -> dict[str, Any]:
     steps = sorted(run["curve"])
-    acc = [run["curve"][s] for s in steps]
-    hit = next((s for s in steps if run["curve"][s] >= THRESHOLD), None)
-    stable = hit is not None and all(run["curve"][s] >= THRESHOLD for s in steps if s >= hit)
-    area = sum((run["curve"][a] + run["curve"][b]) / 2 * (b - a) for a, b in pairwise(steps)) / (steps[-1] - steps[0])
-    return {"seed": run["seed"], "stable": stable, "steps_to_08": hit,
-            "seconds_to_08": None if hit is None else round(run["wall"][hit], 1), "final": acc[-1], "auc": area,
+    points = [(s, run["curve"][s]) for s in steps]
+    hit = next((s for s, a in points if a >= THRESHOLD), None)
+    return {"seed": run["seed"], "stable": peers.stable(points, THRESHOLD), "steps_to_08": hit,
+            "seconds_to_08": None if hit is None else round(run["wall"][hit], 1), "final": points[-1][1],
+            "auc": peers.auc(points),
             "min_after_08": None if hit is None else min(run["curve"][s] for s in steps if s >= hit),
             "grad_norm_step1": run.get("grad_norm_step1")}
 
