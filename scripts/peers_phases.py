@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sweep", type=Path)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
+    if not (args.sweep / "runs.json").is_file():
+        ap.error(f"{args.sweep} has no runs.json: pass the folder a `scripts/peers.py` sweep wrote (runs/peers/STAMP)")
     runs = json.loads((args.sweep / "runs.json").read_text())
     name = lambda lo, hi: f"steps {lo + 1}-{hi if hi else 'end'}"  # noqa: E731
     lines = ["Produced by `python scripts/peers_phases.py " + " ".join(argv or sys.argv[1:]) + "` from the runs of "

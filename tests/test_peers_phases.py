@@ -32,3 +32,11 @@ def test_phases_from_curves_and_rlexp_metrics(tmp_path: Path):
     text = out.read_text()
     assert "| sort | rlexp | 0 | 1.000 (0.700 / 0.300) | 0.200 (0.050 / 0.150) | 0.200 (0.050 / 0.150) |" in text
     assert "| sort | plain | 0 | 0.500 | 0.500 | 0.500 |" in text
+
+
+def test_a_folder_without_runs_json_is_refused_naming_what_to_pass(tmp_path: Path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        phases.main([str(tmp_path), "--out", str(tmp_path / "x.md")])
+    assert "has no runs.json" in capsys.readouterr().err and not (tmp_path / "x.md").exists()
