@@ -16,11 +16,14 @@ done; done; done
 OUT="$OUT" .venv/bin/python - <<'PY'
 import json, os, statistics as st
 out = os.environ["OUT"]
-print("| task | threads | step s | train s | generate s |\n|---|---|---|---|---|")
+print("| task | threads | step s, median [IQR] | train s | generate s | steps |\n|---|---|---|---|---|---|")
 for env in ("sort", "arithmetic"):
     for v, name in (("t1", "1 (default)"), ("t2", "2"), ("t2p", "2, OMP_WAIT_POLICY=PASSIVE")):
         rows = [json.loads(x) for rep in (1, 2) for x in open(f"{out}/{env}-{v}-{rep}/metrics.jsonl")]
         rows = [r for r in rows if "time/step_s" in r and 3 <= r["step"] <= 30]
-        med = lambda k: st.median(r[k] for r in rows)  # noqa: E731
-        print(f"| {env} | {name} | {med('time/step_s'):.3f} | {med('time/train_step_s'):.3f} | {med('time/generate_s'):.3f} |")
+        def cell(k):
+            q1, q2, q3 = st.quantiles([r[k] for r in rows], n=4)
+            return f"{q2:.3f} [{q1:.3f}, {q3:.3f}]"
+        print(f"| {env} | {name} | {cell('time/step_s')} | {cell('time/train_step_s')} | {cell('time/generate_s')} "
+              f"| {len(rows)} |")
 PY
