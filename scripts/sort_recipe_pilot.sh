@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 25 item 2, the sort task's learning-rate recipe (results/sort_recipe_pilot.md): rlexp only, pilot seeds
-# 100-104 (a later peers run confirms on seeds 0-4), two recipes. Usage: scripts/sort_recipe_pilot.sh DIR [ROUND: 1, or 2 / 3 / 4 for the addenda]; then
+# 100-104 (a later peers run confirms on seeds 0-4), two recipes. Usage: scripts/sort_recipe_pilot.sh DIR [ROUND: 1, or 2 / 3 / 4 / 5 for the addenda]; then
 # python scripts/sort_recipe_pilot.py DIR --out results/sort_recipe_pilot
 set -uo pipefail
 DIR=${1:?usage: scripts/sort_recipe_pilot.sh DIR}
@@ -23,8 +23,13 @@ for seed in 100 101 102 103 104; do
   elif [ "$ROUND" = 3 ]; then  # the third candidate (second addendum)
     run "cos1e-3-nostd-$seed" seed=$seed trainer.lr_schedule=cosine trainer.warmup_steps=10 \
       algorithm.norm_adv_by_std=false
-  else  # the fourth round (third addendum): the pad row frozen, against today's defaults run again beside it
+  elif [ "$ROUND" = 4 ]; then  # the fourth round (third addendum): the pad row frozen, against today's defaults
     run "const1e-3-$seed" seed=$seed
     run "const1e-3-padfrozen-$seed" seed=$seed trainer.freeze_pad_row=true
+  else  # the fifth round (fourth addendum): two changes on top of the cosine recipe, which runs again beside them
+    cos=(trainer.lr_schedule=cosine trainer.warmup_steps=10)
+    run "cos1e-3-$seed" seed=$seed "${cos[@]}"
+    run "cos1e-3-b05-$seed" seed=$seed "${cos[@]}" "trainer.betas=[0.5,0.999]"
+    run "cos1e-3-p128-$seed" seed=$seed "${cos[@]}" algorithm.prompts_per_step=128
   fi
 done

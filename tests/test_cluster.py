@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlexp.cluster.hosts import check_cluster, job_spec, weight_hosts
-from rlexp.cluster.layout import gpu_layout
+from rlexp.cluster.layout import auto_threads, gpu_layout
 from rlexp.config.schema import TrainConfig, register_configs
 from rlexp.config.validate import ConfigError, validate
 from tests.conftest import REPO, metrics, rlexp, wait_no_orphans
@@ -24,6 +24,34 @@ register_configs()
 def cfg(*overrides: str) -> TrainConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return OmegaConf.to_object(compose("train", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize(("overrides", "cores", "threads"), [
+    ([], 2, 2),  # on-policy: generator and trainer take turns, each gets every core
+    ([], 16, 16),
+    (["sync=async"], 2, 1),  # generator and trainer compute at once
+    (["sync=async"], 16, 8),
+    (["generator.replicas=2"], 2, 1),  # two replicas generate at once
+    (["cluster=process"], 2, 2),  # simulated hosts are this machine's processes
+    (["reward=weaver", "verifier_set=arithmetic"], 2, 1),  # six verifier processes score at once
+    (["cluster=slurm"], 2, 0),  # another machine's cores: torch's default there
+    (["cluster.device=cuda"], 2, 0),
+])
+def test_unset_threads_share_this_machines_cores_among_processes_computing_at_once(
+        overrides: list[str], cores: int, threads: int) -> None:
+    assert auto_threads(cfg(*overrides), cores=cores) == threads
+
+
+def test_the_derived_thread_count_is_written_into_the_run_config_and_a_set_one_is_kept() -> None:
+    from rlexp.run.prepare import check_config
+    expected = auto_threads(cfg("sync=async"))
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        raw = compose("train", overrides=["sync=async"])
+        kept = compose("train", overrides=["cluster.threads_per_proc=3"])
+    assert raw.cluster.threads_per_proc is None
+    assert check_config(raw).cluster.threads_per_proc == expected >= 1
+    assert raw.cluster.threads_per_proc == expected  # the manifest's config records what ran
+    assert check_config(kept).cluster.threads_per_proc == 3
 
 
 def test_process_job_gives_each_role_simulated_hosts() -> None:

@@ -103,6 +103,12 @@ def test_reproduce_reruns_with_same_overrides(tmp_path: Path) -> None:
     assert cmd[:5] == [sys.executable, "-P", "-m", "rlexp", "train"]
     assert cmd[5:] == ["reward=weaver", "seed=4", f"hydra.run.dir={tmp_path / 'new'}"]
 
+    # A value the run derived from its machine (threads) is pinned as recorded; one the run set stays its own.
+    m = read_manifest(run)
+    m.config["cluster"] = {"threads_per_proc": 2}
+    assert build_command(m, tmp_path / "new")[-2] == "cluster.threads_per_proc=2"
+    assert "cluster.threads_per_proc=2" not in build_command(m, tmp_path / "new", ["cluster.threads_per_proc=1"])
+
     calls = []
 
     def fake_train(cmd: list[str], cwd=None) -> int:  # stands in for the real train subprocess

@@ -1,7 +1,8 @@
-"""Which GPUs each role's processes get on each host, and which model verifiers a run serves (what `rlexp plan`
-counts)."""
+"""Which GPUs (on CPU: how many threads) each role's processes get on each host, and which model verifiers a
+run serves (what `rlexp plan` counts)."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from rlexp.cluster.registry import job_backend
@@ -138,3 +139,21 @@ def check_hosts_fit(c: TrainConfig) -> None:
             f"{c.generator.gpus_per_replica}, model verifiers {verifier_gpus(c)}). "
             f"Give roles hosts of their own (cluster.hosts_per_role, with cluster.job=slurm|kubernetes), or lower "
             f"model.parallelism.trainer_fsdp / trainer_tp / generator_replicas; check the fit with `rlexp plan`")
+
+
+def compute_at_once(c: TrainConfig) -> int:
+    """The most of the run's processes that compute at the same moment. On-policy, the roles take turns
+    (generate, score, train), so the busiest phase counts; async, generators, verifiers and trainer overlap."""
+    phases = [c.generator.replicas, c.model.parallelism.trainer_world, sum(v.replicas for v in reward_verifiers(c))]
+    return sum(phases) if c.sync.mode == "async" else max(phases)
+
+
+def auto_threads(c: TrainConfig, cores: int | None = None) -> int:
+    """`cluster.threads_per_proc` when unset: on CPU with every process on this machine, its cores shared among
+    the processes that compute at once (at least one each); elsewhere 0, torch's own default, since this
+    machine's cores say nothing of another host's."""
+    if c.cluster.device != "cpu" or not job_backend(c.cluster.job).one_machine:
+        return 0
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // compute_at_once(c))

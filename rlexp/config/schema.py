@@ -192,10 +192,11 @@ class ClusterConfig:
     # (`rlexp.transport.base.WeightTransport.settings`); shm and monarch read shm_dir / transport_chunk_mb.
     transport_options: dict[str, Any] = field(default_factory=dict)
     transport_chunk_mb: int = 64  # monarch: bytes per actor message, so no message is unbounded
-    # torch intra-op threads per generator/trainer process (0 = torch's default). One thread per process
-    # on a small CPU host: processes take turns, and OpenMP spin-waiting across oversubscribed cores is
-    # far slower than a single thread.
-    threads_per_proc: int = 1
+    # torch intra-op threads per generator/trainer/verifier process; 0 = torch's default. Unset: this host's
+    # cores divided by the most processes that compute at the same moment (`rlexp.cluster.layout.auto_threads`),
+    # resolved before spawning and recorded in the run's config. More threads than cores is far slower
+    # (OpenMP spin-waits), fewer leaves cores idle while one role computes (results/threads_ab.md).
+    threads_per_proc: int | None = None
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)

@@ -137,6 +137,8 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
                 "trainer.grad_clip", "eval.temperature", "generator.kv_cache_gb", "cluster.gpu_memory_gb"):
         _positive(key, _get(c, key), zero_ok=True)
     _positive("logger.system_metrics_interval_s", c.logger.system_metrics_interval_s)
+    if c.cluster.threads_per_proc is not None:  # unset: derived in `rlexp.run.prepare.check_config`
+        _positive("cluster.threads_per_proc", c.cluster.threads_per_proc, zero_ok=True)
     for key, lo, hi in (("trainer.min_lr_ratio", 0.0, 1.0), ("generator.gpu_memory_utilization", 0.0, 1.0),
                         *((f"trainer.betas.{i}", 0.0, 1.0) for i in range(len(c.trainer.betas)))):
         v = _get(c, key)

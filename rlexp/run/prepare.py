@@ -16,7 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algorithm.grpo import LOSSES
 from rlexp.cluster.hosts import check_cluster, weight_hosts
-from rlexp.cluster.layout import check_hosts_fit
+from rlexp.cluster.layout import auto_threads, check_hosts_fit
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
 from rlexp.cluster.registry import job_backend
 from rlexp.config.overrides import check_composed_keys
@@ -88,6 +88,8 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     if report is not None and real:
         check_devices(report, t.cluster)  # this machine has the GPUs the plan needs, before anything else says no
     validate(t, check_weights=check_model_files)
+    if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
+        t.cluster.threads_per_proc = cfg.cluster.threads_per_proc = auto_threads(t)
     if t.cluster.device == "cuda" and t.cluster.gpus_per_host:
         check_hosts_fit(t)  # every host's roles fit its GPUs
     check_env_options(t.environment)

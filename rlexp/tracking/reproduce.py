@@ -182,6 +182,7 @@ def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
     check_user_code(recorded, user_dirs, manifest, source)
     overrides = [o for o in recorded if _override_key(o) not in RUN_DIR_KEYS]
     overrides += by_name_plugins(manifest)
+    overrides += derived_pins(manifest, {_override_key(o) for o in overrides})
     extra_keys = {_override_key(e) for e in extra}
     overrides = [o for o in overrides if _override_key(o) not in extra_keys] + list(extra)
     redacted = [o for o in overrides if REDACTED in o]
@@ -194,6 +195,23 @@ def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
     if name:
         cmd += ["--config-name", name]
     return [*cmd, *overrides, f"hydra.run.dir={_quote_value(str(new_dir))}"]
+
+
+# Values `prepare` derives from the machine when the run left them unset; the thread count decides float
+# reductions, so a re-run elsewhere must use the recorded one to be bitwise comparable.
+DERIVED = ("cluster.threads_per_proc",)
+
+
+def derived_pins(manifest: Manifest, given: set[str]) -> list[str]:
+    """Overrides fixing each derived value to what the run recorded, unless the run set it itself."""
+    pins = []
+    for key in DERIVED:
+        node: Any = manifest.config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if key not in given and isinstance(node, int) and not isinstance(node, bool):
+            pins.append(f"{key}={node}")
+    return pins
 
 
 def by_name_plugins(manifest: Manifest) -> list[str]:
