@@ -60,6 +60,7 @@ class Task:
     schedule: str  # rlexp's trainer.lr_schedule, warm-up and floor, offered to every framework
     warmup_steps: int
     min_lr_ratio: float
+    betas: tuple[float, float] = (0.9, 0.999)
 
 
 def run_config(name: str, seed: int) -> Any:
@@ -95,7 +96,8 @@ def load_task(name: str, seed: int) -> Task:
     return Task(env=env, reward=build_reward(t.reward, env), tok=load_tokenizer(model_dir), model_dir=model_dir,
                 prompts=a.prompts_per_step, group=a.group_size, max_tokens=a.max_tokens, lr=t.trainer.lr,
                 clip=a.clip_low, grad_clip=t.trainer.grad_clip, schedule=schedule,
-                warmup_steps=t.trainer.warmup_steps, min_lr_ratio=t.trainer.min_lr_ratio)
+                warmup_steps=t.trainer.warmup_steps, min_lr_ratio=t.trainer.min_lr_ratio,
+                betas=(float(t.trainer.betas[0]), float(t.trainer.betas[1])))
 
 
 def trl_schedule(task: Task) -> dict[str, Any]:
@@ -243,7 +245,7 @@ def plain_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows,
     gen = torch.Generator().manual_seed(seed)
     rng = data_rng(seed)
     model = load_model(task)
-    opt = torch.optim.AdamW(model.parameters(), lr=task.lr, betas=(0.9, 0.999), weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=task.lr, betas=task.betas, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(  # rlexp's own schedule function, so the two cannot drift apart
         opt, lr_lambda(task.schedule, task.warmup_steps, steps, task.min_lr_ratio))
     pad, eos, G = task.tok.pad_id, task.tok.eos_id, task.group
@@ -312,7 +314,7 @@ def trl_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows, w
         gradient_accumulation_steps=1, num_iterations=1, max_steps=steps, shuffle_dataset=False,
         max_completion_length=task.max_tokens, temperature=1.0, top_p=1.0, top_k=0,
         learning_rate=task.lr, **trl_schedule(task), weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.999, max_grad_norm=task.grad_clip,
+        adam_beta1=task.betas[0], adam_beta2=task.betas[1], max_grad_norm=task.grad_clip,
         beta=0.0, epsilon=task.clip, loss_type="dapo", scale_rewards="group", use_vllm=False,
         logging_steps=10**9, save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
     )
@@ -503,9 +505,9 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
         "```",
         "",
         "Same tiny Qwen3 weights (rlexp's `model=tiny` checkpoint, random init), same task, training distribution "
-        "and held-out split (rlexp's environment classes), same reward (`reward=rule`), 64 prompts x 16 samples "
-        "per step, AdamW at rlexp's learning rate and schedule for the task (under each task's heading), betas "
-        "(0.9, 0.999), no weight decay, gradient clipping 1.0, clip 0.2, "
+        "and held-out split (rlexp's environment classes), same reward (`reward=rule`), the same prompts x samples "
+        "per step, AdamW at rlexp's learning rate, schedule and betas for the task (under each task's heading), "
+        "no weight decay, gradient clipping 1.0, clip 0.2, "
         "no KL, temperature 1.0, token-mean loss, group-std advantages, one update per batch (on-policy).",
         "",
         f"Held-out accuracy: greedy decoding of every held-out prompt, exact match by the environment's check, every "
@@ -533,11 +535,13 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
         rs = [r for r in runs if r.task == task]
         if not rs:
             continue
-        tr = run_config(task, 0).trainer  # the config alone: no environment, reward or model to build here
+        rc = run_config(task, 0)  # the config alone: no environment, reward or model to build here
+        tr, al = rc.trainer, rc.algorithm
         kind = schedule_name(tr)
         sched = f"lr {tr.lr:g} {kind}" + (f" to {tr.min_lr_ratio:g}x" if kind == "cosine" else "") + (
             f", {tr.warmup_steps} warm-up steps" if tr.warmup_steps else "")
-        lines += [f"## {task}", "", f"Learning rate in all three frameworks: {sched}.", "",
+        lines += [f"## {task}", "", f"In all three frameworks: {sched}, AdamW betas ({tr.betas[0]:g}, "
+                  f"{tr.betas[1]:g}), {al.prompts_per_step} prompts x {al.group_size} samples per step.", "",
                   "| framework | seed | time to 0.8, s from launch | from step 1 | at step | "
                   "best acc (s from launch) | steps run | steps/s | " + " | ".join(f"acc @ {t} s" for t in FIXED_TIMES)
                   + " | load start/end |",

@@ -118,6 +118,15 @@ def test_peers_refuses_a_schedule_trl_cannot_follow(monkeypatch: pytest.MonkeyPa
         peers.load_task("arithmetic", 0)
 
 
+def test_the_peers_take_rlexps_adam_betas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe that changes the optimiser's momentum is offered to TRL and the plain loop as well."""
+    from rlexp.cluster import plan_cli
+
+    real = plan_cli.compose_run_config
+    monkeypatch.setattr(plan_cli, "compose_run_config", lambda ov: real([*ov, "trainer.betas=[0.5,0.99]"]))
+    assert peers.load_task("arithmetic", 0).betas == (0.5, 0.99)
+
+
 def test_the_report_names_the_learning_rate_each_task_ran_at(tmp_path: Path) -> None:
     import argparse
 
@@ -126,7 +135,8 @@ def test_the_report_names_the_learning_rate_each_task_ran_at(tmp_path: Path) -> 
     args = argparse.Namespace(tasks=["sort"], eval_every=10, max_wall=0.0)
     out = tmp_path / "peers.md"
     peers.write_report(runs, args, ["--task", "sort"], out)
-    assert "Learning rate in all three frameworks: lr 0.001 constant." in out.read_text()
+    assert ("In all three frameworks: lr 0.001 constant, AdamW betas (0.9, 0.999), 64 prompts x 16 samples per step."
+            in out.read_text())
 
 
 def test_the_baselines_draw_rlexps_prompt_stream_for_the_same_seed():
