@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Torch threads per rlexp process (`cluster.threads_per_proc`), A/B on a quiet machine: 1 (the default until unset meant derived), 2, and 2 with
-# passive OpenMP waiting, on sort's first steps (every sample distinct: the compute-heavy phase, results/peers_phases.md)
+# Torch threads per rlexp process (`cluster.threads_per_proc`), A/B on a quiet machine: 1 (the default until unset
+# meant derived), 2, and 2 with passive OpenMP waiting, on sort's first steps (every sample distinct: the
+# compute-heavy phase, results/peers_phases.md)
 # and on the default task. Two alternating repetitions; medians of time/step_s, time/train_step_s and time/generate_s
 # over steps 3-30 of both. Usage: OUT=/tmp/thr bash scripts/threads_ab.sh
 set -uo pipefail
