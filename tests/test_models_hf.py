@@ -227,3 +227,33 @@ def test_real_qwen_vocabulary_tokenizer_and_forward(tmp_path):
         got = model(ids)
     assert got.shape == (1, ids.shape[1], 151936)
     torch.testing.assert_close(got, _hf_logits(path, ids), atol=LOGITS_ATOL, rtol=LOGITS_RTOL)
+
+
+def test_deduplicated_forward_gives_the_same_gradients_at_two_threads() -> None:
+    """A GRPO batch repeats its rows; `forward_unique` runs each distinct row once and expands the logits. The
+    expansion's backward once summed duplicate rows' gradients with atomic adds when torch ran two threads, so two
+    identical runs parted in the last bits at step 2 (`rlexp train` with threads_per_proc=2). Here every row is one
+    of two, the worst case for that race: ten backward passes must give bit-identical gradients, equal to the
+    gradients of the plain forward up to summation order."""
+    from rlexp.models.policy import forward_unique
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.manual_seed(0)
+        weight = torch.randn(64, 128, requires_grad=True)
+        rows = torch.randint(0, 64, (2, 24))
+        tokens = rows[torch.randint(0, 2, (1024,))]
+        upstream = torch.randn(1024, 24, 128)
+        grads = set()
+        for _ in range(10):
+            weight.grad = None
+            forward_unique(lambda t: weight[t], tokens).backward(upstream)
+            grads.add(weight.grad.numpy().tobytes())
+        assert len(grads) == 1
+        dedup = weight.grad.clone()
+        weight.grad = None
+        weight[tokens].backward(upstream)
+        torch.testing.assert_close(dedup, weight.grad, rtol=1e-4, atol=1e-3)  # sums of ~12k terms
+    finally:
+        torch.set_num_threads(old)

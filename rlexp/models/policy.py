@@ -50,6 +50,11 @@ def forward_unique(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     up to the last position, so this cuts the forward (and backward) by up to `group_size`x. Rows are
     deduplicated in sorted order, which also gives the sampler and the trainer the same batch shape and
     order for the same prompts, one of the conditions for bit-identical logprobs.
+
+    Rows are expanded with `index_select`, never `out[inverse]`: the backward of advanced indexing on the CPU
+    adds duplicate rows' gradients with atomic float adds when torch runs more than one thread, so the sum's
+    order (and its last bits) changed from run to run; `index_select`'s backward adds them in index order (and
+    is several times faster).
     """
     uniq, inverse = torch.unique(tokens, dim=0, return_inverse=True)
     if uniq.shape[0] == tokens.shape[0]:
@@ -58,8 +63,8 @@ def forward_unique(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     if _is_dtensor(out):  # tensor-parallel logits: rows are whole on every rank, so index the local shard
         from torch.distributed.tensor import DTensor
 
-        return DTensor.from_local(out.to_local()[inverse], out.device_mesh, out.placements, run_check=False)
-    return out[inverse]
+        return DTensor.from_local(out.to_local().index_select(0, inverse), out.device_mesh, out.placements, run_check=False)
+    return out.index_select(0, inverse)
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
