@@ -63,7 +63,8 @@ def forward_unique(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     if _is_dtensor(out):  # tensor-parallel logits: rows are whole on every rank, so index the local shard
         from torch.distributed.tensor import DTensor
 
-        return DTensor.from_local(out.to_local().index_select(0, inverse), out.device_mesh, out.placements, run_check=False)
+        rows = out.to_local().index_select(0, inverse)
+        return DTensor.from_local(rows, out.device_mesh, out.placements, run_check=False)
     return out.index_select(0, inverse)
 
 
