@@ -53,8 +53,7 @@ def forward_unique(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
     Rows are expanded with `index_select`, never `out[inverse]`: the backward of advanced indexing on the CPU
     adds duplicate rows' gradients with atomic float adds when torch runs more than one thread, so the sum's
-    order (and its last bits) changed from run to run; `index_select`'s backward adds them in index order (and
-    is several times faster).
+    order (and its last bits) changed from run to run; `index_select`'s backward adds them in index order.
     """
     uniq, inverse = torch.unique(tokens, dim=0, return_inverse=True)
     if uniq.shape[0] == tokens.shape[0]:
