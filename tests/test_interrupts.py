@@ -42,3 +42,23 @@ def test_ctrl_c_ends_in_one_line_with_exit_code_130(capsys: pytest.CaptureFixtur
         raise KeyboardInterrupt
     assert e.value.code == 130
     assert capsys.readouterr().err == "rlexp: interrupted; run folder X\n"
+
+
+def test_a_signal_while_the_run_is_recorded_does_not_cut_the_record_short() -> None:
+    """The second Ctrl-C racing the first one's teardown: once the run's `with` body is left, the trackers'
+    finish (which writes the manifest's final status) runs to its end; graph teardown after it stays
+    interruptible."""
+    i = Interrupts()
+    i.deferred = True
+    i.handler(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt), i.record_on_exit():
+        i.check()  # the first signal ends the step loop
+    i.handler(signal.SIGINT, None)  # the second, while the trackers finish: returns, nothing raised
+    with pytest.raises(KeyboardInterrupt):  # a third (a hung upload) stops at once
+        i.handler(signal.SIGINT, None)
+    j = Interrupts()
+    with j.record_on_exit():
+        pass
+    j.recording = False  # the launcher's teardown, after the trackers finished
+    with pytest.raises(SystemExit):
+        j.handler(signal.SIGTERM, None)

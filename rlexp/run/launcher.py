@@ -12,7 +12,7 @@ import shutil
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -378,7 +378,7 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     previous_hook = monarch.actor.unhandled_fault_hook
     monarch.actor.unhandled_fault_hook = report_fault  # handled here: callers see the error, services recover
     try:
-        with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers:
+        with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers, interrupts.record_on_exit():
             graph = Graph(Hosts(p.cfg.cluster))
             phases.done(f"hosts up (cluster={p.cfg.cluster.name})")
             build_graph(p, run_name, graph, run_dir, phase=phases.done)
@@ -411,7 +411,7 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
             trackers.final_metrics.update(final)
             return final
     finally:
-        interrupts.deferred = False
+        interrupts.deferred = interrupts.recording = False  # tearing the graph down stays interruptible
         if graph is not None:
             graph.stop()
         release_weights(p.cfg, run_name)
@@ -507,13 +507,30 @@ class Interrupts:
     run at the end of the current step, where no actor call is half-done: an exception raised inside
     Monarch's waiting code could leave teardown hanging. A second signal, or one during start-up or the
     final evaluation and export, stops at once. SIGINT ends as KeyboardInterrupt, SIGTERM as exit code
-    143; both mark the run interrupted."""
+    143; both mark the run interrupted. Except while the run's record is written (`recording`): a signal
+    raised inside the trackers' finish would leave the manifest saying "running", and the run is stopping
+    anyway, so the first one arriving then is only announced; another stops at once (a hung upload)."""
 
     def __init__(self) -> None:
         self.deferred = False
         self.pending: int | None = None
+        self.recording = False
+
+    @contextlib.contextmanager
+    def record_on_exit(self) -> Iterator[None]:
+        """Entered just inside the trackers' `with`: from its exit (the run ending, however) until
+        `recording` is cleared, signals no longer interrupt the trackers' finish."""
+        try:
+            yield
+        finally:
+            self.recording = True
 
     def handler(self, signum: int, frame: Any) -> None:
+        if self.recording:
+            self.recording = False
+            print(f"\n[rlexp] {signal.Signals(signum).name}: writing the run's record first (send it again to stop "
+                  f"now)", file=sys.stderr, flush=True)
+            return
         if not self.deferred or self.pending is not None:
             raise self._exception(signum)
         self.pending = signum
