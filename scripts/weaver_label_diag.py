@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -39,7 +40,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from rlexp.rewards.base import strip_gold  # noqa: E402
 from rlexp.types import Sample  # noqa: E402
 
-SETS = {"A": "arithmetic", "B": "arithmetic_b", "C": "arithmetic_c"}
+SETS = {"A": "arithmetic", "B": "arithmetic_b", "C": "arithmetic_c", "D": "arithmetic_d"}
 POOL_GROUPS, GROUP, STEP_GROUPS = 128, 16, 64  # experiment=weaver_cpu: 64 prompts x 16 samples, 2 pool steps
 
 
@@ -285,7 +286,7 @@ def boot_pool(a: np.ndarray, b: np.ndarray, y: np.ndarray, group: int, n_boot: i
 
 
 # --- the study ----------------------------------------------------------------------------------------------------
-BEST = {"A": "rm_small", "B": "b_rm_wide", "C": "c_rm_d"}  # chosen on labelled verifier-split data (pre-registration)
+BEST = {"A": "rm_small", "B": "b_rm_wide", "C": "c_rm_d", "D": "d_judge_a"}  # chosen on labelled verifier-split data (pre-registration)
 WEIGHTINGS = ("posterior", "quality", "logodds")
 HAND = "## What the numbers say (written after the run"  # the results file's hand-written part starts here
 NO_FILTERS = {"min_quality": -1.0, "max_imbalance": 1.0, "max_correlation": 1.0}
@@ -555,7 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in panels:
         res["panels"][p] = study(data, p, env)
         print(f"panel {p} done", flush=True)
-    res["default_weighting"] = choose_default(res["panels"]["A"]) if "A" in res["panels"] else "n/a"
+    # Without panel A the rule cannot run; the weighting it chose is the one the shipped config holds.
+    res["default_weighting"] = (choose_default(res["panels"]["A"]) if "A" in res["panels"] else
+                                str(OmegaConf.load(REPO / "rlexp/conf/reward/weaver_paper.yaml").options.weighting))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(res, indent=2, default=float) + "\n")
     md = markdown(res, command)

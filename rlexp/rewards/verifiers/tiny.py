@@ -696,9 +696,34 @@ PANEL_C: dict[str, TinyVerifierSpec] = {
     "c_judge_b": TinyVerifierSpec(kind="lm_judge", dim=12, n_layers=1, n_heads=2, head_dim=6, hidden_dim=24,
                                   n_examples=1024, label_noise=0.15, seed=36, train_steps=300, lr=5e-3, mix=_MIX_C),
 }
-PANELS: dict[str, dict[str, TinyVerifierSpec]] = {"A": dict(TINY_VERIFIERS), "B": PANEL_B, "C": PANEL_C}
+# Panel D (issue 23 item 4): panels B and C have no strong verifier on the policy's own outputs, whose wrong
+# answers are mostly near misses (results/weaver_panels.md). D was screened on the starting policy's samples for the
+# spread a real panel has: one reward model that counts (AUC ~0.9), an LM judge trained on responses shaped like the
+# policy's (correct 0.35, near 0.42, other digits 0.15, junk 0.08) that partly counts, a reward model and a judge
+# that mostly reject far-off digits and junk, and two small or noisy reward models near chance. Each is trained on
+# its own data (seed) and mix. d_rm_b was swapped in (for a near-chance model) so that three verifiers pass the
+# shared filters on the starting policy's pool: with two, the label model is not fit and weaver_paper is the mean.
+# Fixed before any RL run on it; results/weaver_panels_d.md and results/weaver_label_model_d.md measure it.
+_MIX_D = (0.35, 0.15, 0.42, 0.08)
+PANEL_D: dict[str, TinyVerifierSpec] = {
+    "d_rm_a": TinyVerifierSpec(kind="reward_model", dim=16, n_layers=2, n_heads=2, head_dim=8, hidden_dim=32,
+                               n_examples=1024, label_noise=0.1, seed=52, train_steps=250, mix=(0.5, 0.25, 0.2, 0.05)),
+    "d_rm_b": TinyVerifierSpec(kind="reward_model", dim=24, n_layers=2, n_heads=3, head_dim=8, hidden_dim=48,
+                               n_examples=768, label_noise=0.1, seed=55, train_steps=200, mix=DEFAULT_MIX),
+    "d_rm_c": TinyVerifierSpec(kind="reward_model", dim=16, n_layers=1, n_heads=2, head_dim=8, hidden_dim=32,
+                               n_examples=1024, label_noise=0.15, seed=53, train_steps=200, mix=(0.5, 0.3, 0.0, 0.2)),
+    "d_rm_d": TinyVerifierSpec(kind="reward_model", dim=12, n_layers=1, n_heads=2, head_dim=6, hidden_dim=24,
+                               n_examples=512, label_noise=0.25, seed=44, train_steps=500, lr=5e-3, mix=_MIX_D),
+    "d_judge_a": TinyVerifierSpec(kind="lm_judge", dim=24, n_layers=2, n_heads=3, head_dim=8, hidden_dim=48,
+                                  n_examples=4096, label_noise=0.05, seed=45, train_steps=1200, lr=5e-3, mix=_MIX_D),
+    "d_judge_b": TinyVerifierSpec(kind="lm_judge", dim=16, n_layers=2, n_heads=2, head_dim=8, hidden_dim=32,
+                                  n_examples=2048, label_noise=0.1, seed=54, train_steps=330),
+}
+PANELS: dict[str, dict[str, TinyVerifierSpec]] = {"A": dict(TINY_VERIFIERS), "B": PANEL_B, "C": PANEL_C,
+                                                   "D": PANEL_D}
 TINY_VERIFIERS.update(PANEL_B)
 TINY_VERIFIERS.update(PANEL_C)
+TINY_VERIFIERS.update(PANEL_D)
 
 
 def smallest_spec(specs: dict[str, TinyVerifierSpec] | None = None, kind: str = "reward_model") -> TinyVerifierSpec:
