@@ -1,0 +1,28 @@
+"""The tiny verifier panels (issue 23 item 4) are independently trained and wired as their verifier sets say:
+a panel that shared a member's training data with another, or a set that listed another panel's member, would make
+"the result holds on more than one panel" a statement about one panel."""
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlexp.rewards.verifiers.tiny import PANELS, TINY_VERIFIERS
+from tests.conftest import REPO
+
+SETS = {"A": "arithmetic", "B": "arithmetic_b", "C": "arithmetic_c", "D": "arithmetic_d"}
+
+
+def test_every_member_of_every_panel_draws_its_own_training_data() -> None:
+    seeds = [spec.seed for panel in PANELS.values() for spec in panel.values()]
+    assert len(seeds) == len(set(seeds)), "two tiny verifiers share a seed, so the same training examples"
+    assert set(TINY_VERIFIERS) == {n for panel in PANELS.values() for n in panel}
+
+
+@pytest.mark.parametrize("panel", sorted(SETS))
+def test_each_verifier_set_lists_exactly_its_panel_with_single_rm_first(panel: str) -> None:
+    members = OmegaConf.load(REPO / "rlexp" / "conf" / "verifier_set" / f"{SETS[panel]}.yaml").members
+    learned = [m for m in members if m.kind in ("reward_model", "lm_judge")]
+    assert {m.options.tiny for m in learned} == set(PANELS[panel])
+    assert all(m.kind == PANELS[panel][m.options.tiny].kind for m in learned)
+    assert learned[0].kind == "reward_model", "single_rm takes the set's first reward model"
+    assert {m.kind for m in members} - {"reward_model", "lm_judge"} == {"majority", "format"}
