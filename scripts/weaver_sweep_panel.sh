@@ -18,9 +18,13 @@ run() {  # name, then overrides
   fi
   echo "$(date +%T) $PANEL $name: $(grep -h 'done:' "$SWEEP/$PANEL-$name.log" | tail -1)"
 }
-for seed in 0 1 2 3 4; do
-  for arm in single_rm verifier_mean verifier_vote weaver_paper annotated weaver; do
-    run "$arm-$seed" reward=$arm seed=$seed
+# SEEDS and ARMS narrow a later extension (e.g. addendum v7: seeds 5-9 of the headline arms); defaults: the addendum.
+for seed in ${SEEDS:-0 1 2 3 4}; do
+  for arm in ${ARMS:-single_rm verifier_mean verifier_vote weaver_paper annotated weaver best_verifier}; do
+    if [ "$arm" = best_verifier ]; then
+      run "best_verifier-$seed" reward=single_rm +reward.options.verifier="$BEST" seed=$seed
+    else
+      run "$arm-$seed" reward=$arm seed=$seed
+    fi
   done
-  run "best_verifier-$seed" reward=single_rm +reward.options.verifier="$BEST" seed=$seed
 done
