@@ -1,5 +1,6 @@
 """Why `reward=weaver_paper`'s label model ranks candidates worse than the unweighted mean (issue 23), and whether
-`WeaverOptions.score_weights` fixes it: static best-of-10 and AUC for each ablation on panels A, B and C.
+`WeaverOptions.score_weights` fixes it: static best-of-10 and AUC for each ablation on panels A, B, C and D; and
+whether putting the dev-labelled responses into the fit (`dev_in_fit`, the `quality+dev` rows) helps further.
 
     python scripts/weaver_label_diag.py --out results/weaver_label_model [--panels A,B,C]
 
@@ -298,7 +299,9 @@ def arms() -> dict[str, dict[str, Any]]:
     paper = {**reward_options("weaver_paper")}
     out = {"verifier_mean": {**paper, "combine": "mean"}, "verifier_vote": {**paper, "combine": "vote"}}
     for w in WEIGHTINGS:
-        out[f"weaver_paper[{w}]"] = {**paper, "combine": "label_model", "weighting": w}
+        out[f"weaver_paper[{w}]"] = {**paper, "combine": "label_model", "weighting": w, "dev_in_fit": False}
+    # The dev-labelled responses in the fit with their classes known (semi-supervised EM; `dev_in_fit`).
+    out["weaver_paper[quality+dev]"] = {**out["weaver_paper[quality]"], "dev_in_fit": True}
     # Ablations for the diagnosis (not candidates): the filters and the debiasing off.
     out["weaver_paper[posterior] no filters"] = {**out["weaver_paper[posterior]"], **NO_FILTERS}
     out["verifier_mean no filters"] = {**out["verifier_mean"], **NO_FILTERS}
@@ -420,7 +423,7 @@ def study(data: dict[str, Any], panel: str, env: Any) -> dict[str, Any]:
     # Paired differences of the candidate fixes against the mean and the old posterior.
     res["paired"] = {}
     for setting in ("static", "pool"):
-        for w in ("quality", "logodds"):
+        for w in ("quality", "logodds", "quality+dev"):
             for other in ("verifier_mean", "weaver_paper[posterior]", "verifier_vote"):
                 a, b = kept[setting][f"weaver_paper[{w}]"], kept[setting][other]
                 key = f"{setting}: weaver_paper[{w}] - {other}"
@@ -458,6 +461,7 @@ def markdown(res: dict[str, Any], command: str) -> str:
             (f"weaver_paper[{default}]", f"weaver_paper, fixed (`weighting: {default}`)")]
     rows += [(f"weaver_paper[{w}]", f"weaver_paper, `weighting: {w}` (not chosen)")
              for w in WEIGHTINGS if w not in ("posterior", default)]
+    rows.append(("weaver_paper[quality+dev]", "weaver_paper, `weighting: quality` + `dev_in_fit` (dev labels in the fit)"))
     rows.append(("best_verifier", "best single verifier (raw score)"))
     L = [f"Produced by `{command}` (this file and its .json; the raw scores are cached in /tmp).", "",
          "# Why weaver_paper's label model ranks worse than the unweighted mean, and the fix (issue 23)", ""]

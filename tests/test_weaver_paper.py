@@ -17,6 +17,7 @@ import pytest
 
 from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.envs.base import Check
+from rlexp.rewards.label_model import BinaryLabelModel
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import Rule, register_rule
 from rlexp.run.controller import zero_adv_warning
@@ -260,6 +261,7 @@ def test_dev_labels_without_gold_say_how_to_fix():
     ({"majority_as": "vote"}, "model|gate|term|off"),
     ({"normalise": "rank"}, "minmax|quantile"),
     ({"weighting": "weighted"}, "posterior|quality|logodds"),
+    ({"dev_in_fit": True}, "set class_balance=dev"),
 ])
 def test_paper_option_errors(options, match):
     with pytest.raises(ValueError, match=match):
@@ -520,3 +522,68 @@ def test_weaver_paper_config_uses_the_weighting_chosen_on_panel_a():
     json_path = CONF_DIR.parents[1] / "results" / "weaver_label_model.json"
     if json_path.exists():
         assert json.loads(json_path.read_text())["default_weighting"] == "quality"
+
+
+def _correlated_panel(rng: np.random.Generator, n: int, prior: float = 0.35) -> tuple[np.ndarray, np.ndarray]:
+    """One independent strong verifier (TPR 0.85, FPR 0.09) and three that say yes together on the same 40% of the
+    wrong responses: conditional independence fails, and the unlabelled fit takes the trio's agreement for truth."""
+    y = rng.random(n) < prior
+    shared = rng.random(n) < 0.4
+    strong = np.where(y, rng.random(n) < 0.85, rng.random(n) < 0.09)
+    trio = [np.where(y, rng.random(n) < 0.6, shared & (rng.random(n) < 0.9)) for _ in range(3)]
+    return np.stack([strong, *trio], axis=1).astype(np.float64), y
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_labelled_responses_pull_the_label_models_rates_towards_the_truth(seed):
+    """dev_in_fit's core: responses of known class enter EM with that class fixed. With 256 of 2048 labelled the
+    estimates move towards the true rates; with most rows labelled they are the true rates."""
+    rng = np.random.default_rng(seed)
+    votes, y = _correlated_panel(rng, 2048)
+    true = np.array([[votes[y, i].mean(), votes[~y, i].mean()] for i in range(4)])
+    lm = BinaryLabelModel()
+
+    def error(labelled: int) -> float:
+        lab = rng.choice(len(y), labelled, replace=False)
+        rest = np.setdiff1d(np.arange(len(y)), lab)
+        p = lm.fit(votes[rest], prior=float(y.mean()), labelled=(votes[lab], y[lab]) if labelled else None)
+        return float(np.abs(np.stack([p.tpr, p.fpr], axis=1) - true).max()), float(
+            np.abs(np.stack([p.tpr, p.fpr], axis=1) - true).sum())
+
+    none, some, most = error(0), error(256), error(1900)
+    assert some[1] < none[1] - 0.1  # closer overall
+    assert none[0] > 0.3 and most[0] < 0.06  # unlabelled: far off; mostly labelled: the truth
+
+
+def test_labelled_votes_must_pair_with_labels():
+    lm = BinaryLabelModel()
+    votes = np.zeros((10, 3))
+    with pytest.raises(ValueError, match="must pair up"):
+        lm.fit(votes, labelled=(np.zeros((4, 3)), np.zeros(5)))
+    with pytest.raises(ValueError, match="must pair up"):
+        lm.fit(votes, labelled=(np.zeros((4, 2)), np.zeros(4)))
+
+
+def test_dev_in_fit_moves_the_dev_rows_from_unlabelled_to_labelled():
+    """With dev_in_fit the fit sees each dev-labelled pool response once, with its label, and the rest unlabelled;
+    the fitted rates then differ from the fit that uses the labels for the class balance only."""
+    rng = np.random.default_rng(11)
+    y = rng.random(64 * 16) < 0.35
+    votes = _correlated_panel(rng, len(y))[0]
+    votes[:, 0] = np.where(y, rng.random(len(y)) < 0.85, rng.random(len(y)) < 0.09)
+    fitted = {}
+    for dev_in_fit in (False, True):
+        reward = build_reward(cfg(4, **dict(PAPER, fit_thresholds=False, normalise="minmax"), dev_in_fit=dev_in_fit),
+                              LastCharEnv())
+        want = reward.label_request(len(y), 16)
+        reward.score(*_texts(votes, y), 16)
+        assert reward.dev_rows == want and reward.dev_labels == [bool(y[i]) for i in want]
+        unlabelled, labelled = reward._split_dev(votes)
+        if dev_in_fit:
+            assert len(unlabelled) == len(y) - 200 and np.array_equal(labelled[0], votes[want])
+            assert np.array_equal(labelled[1], y[want].astype(float))
+        else:
+            assert labelled is None and len(unlabelled) == len(y)
+        fitted[dev_in_fit] = reward.params
+        assert reward.state_dict()["dev_rows"] == want
+    assert np.abs(fitted[True].tpr - fitted[False].tpr).max() > 0.02

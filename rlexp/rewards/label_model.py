@@ -61,11 +61,20 @@ class BinaryLabelModel:
 
     # --- public ------------------------------------------------------------------------------------
     def fit(self, votes: np.ndarray, warm: LabelModelParams | None = None,
-            prior: float | None = None) -> LabelModelParams:
+            prior: float | None = None, labelled: tuple[np.ndarray, np.ndarray] | None = None) -> LabelModelParams:
         """Fit on an (n, m) 0/1 vote matrix; `warm` (the previous fit) is tried as a second start. `prior`
         holds the class balance fixed (read from labelled data or stated), which the votes of an optimised
-        policy cannot then move: with it free, a collapsed policy's agreeing verifiers read as "mostly right"."""
+        policy cannot then move: with it free, a collapsed policy's agreeing verifiers read as "mostly right".
+        `labelled` = (votes (k, m), y (k,)): responses whose class is known enter EM with it fixed
+        (semi-supervised), so a handful of labels anchor the rates that correlated verifiers pull together."""
         votes = _as_votes(votes)
+        lab = None
+        if labelled is not None:
+            lv, ly = _as_votes(labelled[0]), np.asarray(labelled[1], dtype=np.float64).reshape(-1)
+            if lv.shape[0] != ly.shape[0] or lv.shape[1] != votes.shape[1] or not np.isin(ly, (0.0, 1.0)).all():
+                raise ValueError(f"label model: labelled votes {lv.shape} and labels {ly.shape} must pair up, with "
+                                 f"{votes.shape[1]} verifiers and labels 0/1")
+            lab = (lv, ly)
         if prior is not None and not 0.0 < prior < 1.0:
             raise ValueError(f"label model: a fixed class balance must be in (0, 1), got {prior}")
         n, m = votes.shape
@@ -79,14 +88,14 @@ class BinaryLabelModel:
             starts.append(("warm", warm if prior is None else LabelModelParams(prior, warm.tpr, warm.fpr)))
         best: LabelModelParams | None = None
         for name, start in starts:
-            p = self._em(pats, counts, start, fixed_prior=prior is not None)
+            p = self._em(pats, counts, start, fixed_prior=prior is not None, labelled=lab)
             p.init = name
             if best is None or p.loglik > best.loglik + 1e-12:
                 best = p
         assert best is not None
-        # With the class balance fixed the two labellings are no longer symmetric (swapping changes the prior),
-        # so the fit stands as EM left it.
-        return self._orient(best) if prior is None else best
+        # With the class balance fixed, or labels given, the two labellings are no longer symmetric, so the fit
+        # stands as EM left it.
+        return self._orient(best) if prior is None and lab is None else best
 
     def posterior(self, votes: np.ndarray, params: LabelModelParams) -> np.ndarray:
         """P(y=1 | votes) for each row."""
@@ -128,9 +137,13 @@ class BinaryLabelModel:
         return best
 
     def _em(self, pats: np.ndarray, counts: np.ndarray, start: LabelModelParams,
-            fixed_prior: bool = False) -> LabelModelParams:
+            fixed_prior: bool = False, labelled: tuple[np.ndarray, np.ndarray] | None = None) -> LabelModelParams:
         s = self.smoothing
-        n = counts.sum()
+        # Known classes add fixed counts to every M-step; without labels these are zeros.
+        m = pats.shape[1]
+        lv, ly = labelled if labelled is not None else (np.zeros((0, m)), np.zeros(0))
+        lq_pats, lr_pats, lq, lr = ly @ lv, (1 - ly) @ lv, float(ly.sum()), float((1 - ly).sum())
+        n = counts.sum() + len(ly)
         p = LabelModelParams(prior=float(np.clip(start.prior, *self.prior_bounds)),
                              tpr=self._clip(np.asarray(start.tpr, dtype=np.float64)),
                              fpr=self._clip(np.asarray(start.fpr, dtype=np.float64)))
@@ -139,11 +152,11 @@ class BinaryLabelModel:
             l1, l0 = self._joint(pats, p)
             q = _sigmoid(l1 - l0) * counts  # expected number of correct responses per pattern
             r = counts - q
-            n1, n0 = q.sum(), r.sum()
+            n1, n0 = q.sum() + lq, r.sum() + lr
             new = LabelModelParams(
                 prior=p.prior if fixed_prior else float(np.clip((n1 + s) / (n + 2 * s), *self.prior_bounds)),
-                tpr=self._clip((q @ pats + s) / (n1 + 2 * s)),
-                fpr=self._clip((r @ pats + s) / (n0 + 2 * s)),
+                tpr=self._clip((q @ pats + lq_pats + s) / (n1 + 2 * s)),
+                fpr=self._clip((r @ pats + lr_pats + s) / (n0 + 2 * s)),
             )
             delta = max(abs(new.prior - p.prior), np.abs(new.tpr - p.tpr).max(), np.abs(new.fpr - p.fpr).max())
             p = new
@@ -151,6 +164,9 @@ class BinaryLabelModel:
                 break
         p.iters = it
         p.loglik = self._loglik(pats, counts, p)
+        if len(ly):  # the starts compete on the whole objective: the labelled rows' complete-data likelihood too
+            l1, l0 = self._joint(lv, p)
+            p.loglik = float((p.loglik * counts.sum() + (ly * l1 + (1 - ly) * l0).sum()) / n)
         return p
 
     @staticmethod

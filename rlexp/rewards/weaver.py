@@ -91,6 +91,11 @@ class WeaverOptions:
     class_balance: str = "estimate"
     prior: float = 0.5
     dev_labels: int = 0
+    # The dev-labelled responses enter the label model's fit with their class known (semi-supervised EM), not only
+    # as the class balance: where verifiers' errors correlate, unlabelled EM pulls their estimated rates together
+    # (panel D's pool: the counting reward model at TPR/FPR 0.73/0.14 against its true 0.85/0.09,
+    # results/weaver_label_model_d.md); a few labels anchor them. Needs class_balance=dev.
+    dev_in_fit: bool = False
     # Groups of the reference pool (the first steps' samples: the starting policy's). 0: no pool, the sliding
     # window above is the fit data every step.
     reference_groups: int = 0
@@ -156,6 +161,9 @@ class WeaverOptions:
             bad(f"class_balance=dev reads gold labels of responses in the reference pool: set options.dev_labels "
                 f"(the budget, > 0; got {self.dev_labels}) and options.reference_groups (> 0; got "
                 f"{self.reference_groups})")
+        if self.dev_in_fit and self.class_balance != "dev":
+            bad("options.dev_in_fit puts the dev-labelled responses into the fit: set class_balance=dev (with "
+                "dev_labels and reference_groups)")
         if self.class_balance != "dev" and self.dev_labels:
             bad(f"options.dev_labels={self.dev_labels} is only read with class_balance=dev; set it to 0 or "
                 f"use class_balance=dev")
@@ -233,6 +241,7 @@ class WeaverReward(Reward):
         self.steps = 0
         self.dev_scores: list[list[float]] = []  # raw scores of the gold-labelled responses (class_balance=dev)
         self.dev_labels: list[bool] = []
+        self.dev_rows: list[int] = []  # each dev response's row in the pool (the pool's groups laid end to end)
         self.pending: dict[int, bool] = {}  # labels handed over for the batch being scored
         # debias_answers: the extracted answer of each pool row and dev row, and the per-answer offsets
         # (answer -> one offset per verifier) fixed when the pool fills.
@@ -269,9 +278,11 @@ class WeaverReward(Reward):
         keys = [self.env.extract(p, t) or "" for p, t in zip(problems, texts)] if self.opts.debias_answers else []
         if self.offsets is not None:
             raw = raw - self._offset_rows(keys)
+        pool_rows = sum(len(g) for g in self.pool)  # labels are only requested for responses entering the pool
         for i, label in sorted(self.pending.items()):
             self.dev_scores.append([float(x) for x in raw[i]])
             self.dev_labels.append(bool(label))
+            self.dev_rows.append(pool_rows + i)
             if keys:
                 self.dev_keys.append(keys[i])
         self.pending = {}
@@ -316,7 +327,7 @@ class WeaverReward(Reward):
             rewards = np.where(share > 0.5, 1.0, np.where(share < 0.5, 0.0, 0.5))
         elif act.sum() >= self.opts.min_active:
             if refit or self.fit_names != self.active:
-                bounded = self._fit(self._binarise(norm_of(fit_rows))[:, act])
+                bounded = self._fit(*self._split_dev(self._binarise(norm_of(fit_rows))[:, act]))
             if self.opts.weighting == "posterior":
                 rewards = self.label_model.posterior(votes[:, act], self.params)  # type: ignore[arg-type]
             else:
@@ -363,7 +374,17 @@ class WeaverReward(Reward):
         w = np.clip(tpr - fpr if self.opts.weighting == "quality" else logit, 0.0, None)
         return w if w.sum() > 0 else np.ones_like(w)
 
-    def _fit(self, fit_votes: np.ndarray) -> float:
+    def _split_dev(self, fit_votes: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+        """With dev_in_fit, the dev responses' rows (the pool comes first in the fit rows) leave the unlabelled
+        votes and come back with their labels; otherwise every row is unlabelled."""
+        if not (self.opts.dev_in_fit and self.dev_informative and self.dev_rows):
+            return fit_votes, None
+        idx = np.asarray(self.dev_rows)
+        unlabelled = np.ones(len(fit_votes), dtype=bool)
+        unlabelled[idx] = False
+        return fit_votes[unlabelled], (fit_votes[idx], np.asarray(self.dev_labels, dtype=np.float64))
+
+    def _fit(self, fit_votes: np.ndarray, labelled: tuple[np.ndarray, np.ndarray] | None = None) -> float:
         """Fit the label model on the active verifiers' votes; after the reference pool, bound each move.
         Returns 1.0 when a refit wanted to move the prior or a rate by more than `max_change`.
 
@@ -372,7 +393,7 @@ class WeaverReward(Reward):
         puts it."""
         same = self.fit_names == self.active
         old = self.params
-        new = self.label_model.fit(fit_votes, warm=old if same else None, prior=self.class_prior())
+        new = self.label_model.fit(fit_votes, warm=old if same else None, prior=self.class_prior(), labelled=labelled)
         bounded = 0.0
         if self.pool_full and old is not None and self.since_refit > 0:
             c = self.opts.max_change
@@ -617,6 +638,7 @@ class WeaverReward(Reward):
             "pool": [g.tolist() for g in self.pool],
             "dev_scores": [list(r) for r in self.dev_scores],
             "dev_labels": [bool(x) for x in self.dev_labels],
+            "dev_rows": list(self.dev_rows),
             "thresholds": [float(x) for x in self.thresholds],
             "since_refit": self.since_refit,
             "verifiers": list(self.names),
@@ -648,6 +670,7 @@ class WeaverReward(Reward):
         self.pool = [np.asarray(g, dtype=np.float64).reshape(-1, m) for g in state.get("pool", [])]
         self.dev_scores = [list(map(float, r)) for r in state.get("dev_scores", [])]
         self.dev_labels = [bool(x) for x in state.get("dev_labels", [])]
+        self.dev_rows = [int(x) for x in state.get("dev_rows", [])]
         self.thresholds = np.asarray(state.get("thresholds", self.given_thresholds), dtype=np.float64)
         self.since_refit = int(state.get("since_refit", 0))
         self.pool_keys = [str(k) for k in state.get("pool_keys", [])]
