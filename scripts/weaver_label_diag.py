@@ -287,7 +287,8 @@ def boot_pool(a: np.ndarray, b: np.ndarray, y: np.ndarray, group: int, n_boot: i
 
 
 # --- the study ----------------------------------------------------------------------------------------------------
-BEST = {"A": "rm_small", "B": "b_rm_wide", "C": "c_rm_d", "D": "d_judge_a"}  # chosen on labelled verifier-split data (pre-registration)
+# Chosen on labelled verifier-split data (pre-registration).
+BEST = {"A": "rm_small", "B": "b_rm_wide", "C": "c_rm_d", "D": "d_judge_a"}
 WEIGHTINGS = ("posterior", "quality", "logodds")
 HAND = "## What the numbers say (written after the run"  # the results file's hand-written part starts here
 NO_FILTERS = {"min_quality": -1.0, "max_imbalance": 1.0, "max_correlation": 1.0}
@@ -461,7 +462,8 @@ def markdown(res: dict[str, Any], command: str) -> str:
             (f"weaver_paper[{default}]", f"weaver_paper, fixed (`weighting: {default}`)")]
     rows += [(f"weaver_paper[{w}]", f"weaver_paper, `weighting: {w}` (not chosen)")
              for w in WEIGHTINGS if w not in ("posterior", default)]
-    rows.append(("weaver_paper[quality+dev]", "weaver_paper, `weighting: quality` + `dev_in_fit` (dev labels in the fit)"))
+    rows.append(("weaver_paper[quality+dev]",
+                 "weaver_paper, `weighting: quality` + `dev_in_fit` (dev labels in the fit)"))
     rows.append(("best_verifier", "best single verifier (raw score)"))
     L = [f"Produced by `{command}` (this file and its .json; the raw scores are cached in /tmp).", "",
          "# Why weaver_paper's label model ranks worse than the unweighted mean, and the fix (issue 23)", ""]

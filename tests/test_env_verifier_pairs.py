@@ -54,7 +54,8 @@ def test_every_pair_prepares_or_is_refused_before_spawning(tmp_path: Path, monke
             else:
                 refused[(env, vs)] = msg
     expected = RUNS | PANEL_RUNS
-    assert prepared == expected, f"prepared {sorted(prepared - expected)} not run; expected {sorted(expected - prepared)}"
+    assert prepared == expected, (f"prepared {sorted(prepared - expected)} not run; "
+                                  f"expected {sorted(expected - prepared)}")
     # A refusal names what to change: an environment or verifier key, or a checkpoint's download command.
     unexplained = {k: m for k, m in refused.items() if not any(w in m for w in ("environment", "verifier"))}
     assert not unexplained, unexplained
