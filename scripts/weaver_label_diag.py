@@ -32,16 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import OmegaConf
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 from rlexp.rewards.base import strip_gold  # noqa: E402
+from rlexp.rewards.verifiers.tiny import PANEL_SETS as SETS  # noqa: E402
 from rlexp.types import Sample  # noqa: E402
 
-SETS = {"A": "arithmetic", "B": "arithmetic_b", "C": "arithmetic_c", "D": "arithmetic_d"}
 POOL_GROUPS, GROUP, STEP_GROUPS = 128, 16, 64  # experiment=weaver_cpu: 64 prompts x 16 samples, 2 pool steps
 
 
@@ -564,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"panel {p} done", flush=True)
     # Without panel A the rule cannot run; the weighting it chose is the one the shipped config holds.
     res["default_weighting"] = (choose_default(res["panels"]["A"]) if "A" in res["panels"] else
-                                str(OmegaConf.load(REPO / "rlexp/conf/reward/weaver_paper.yaml").options.weighting))
+                                str(reward_options("weaver_paper")["weighting"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(res, indent=2, default=float) + "\n")
     md = markdown(res, command)

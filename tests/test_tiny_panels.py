@@ -6,10 +6,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from rlexp.rewards.verifiers.tiny import PANELS, TINY_VERIFIERS
+from rlexp.rewards.verifiers.tiny import PANEL_SETS as SETS, PANELS, TINY_VERIFIERS
 from tests.conftest import REPO
-
-SETS = {"A": "arithmetic", "B": "arithmetic_b", "C": "arithmetic_c", "D": "arithmetic_d"}
 
 
 def test_every_member_of_every_panel_draws_its_own_training_data() -> None:

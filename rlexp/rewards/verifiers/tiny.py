@@ -721,6 +721,8 @@ PANEL_D: dict[str, TinyVerifierSpec] = {
 }
 PANELS: dict[str, dict[str, TinyVerifierSpec]] = {"A": dict(TINY_VERIFIERS), "B": PANEL_B, "C": PANEL_C,
                                                    "D": PANEL_D}
+# The verifier set (rlexp/conf/verifier_set/) that wires each panel.
+PANEL_SETS: dict[str, str] = {"A": "arithmetic", "B": "arithmetic_b", "C": "arithmetic_c", "D": "arithmetic_d"}
 TINY_VERIFIERS.update(PANEL_B)
 TINY_VERIFIERS.update(PANEL_C)
 TINY_VERIFIERS.update(PANEL_D)
