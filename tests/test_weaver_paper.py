@@ -587,3 +587,19 @@ def test_dev_in_fit_moves_the_dev_rows_from_unlabelled_to_labelled():
         fitted[dev_in_fit] = reward.params
         assert reward.state_dict()["dev_rows"] == want
     assert np.abs(fitted[True].tpr - fitted[False].tpr).max() > 0.02
+
+
+def test_a_checkpoint_whose_dev_rows_do_not_fit_its_pool_is_refused():
+    """A reward state from elsewhere (edited, or another run's) must not index past the pool at the next refit."""
+    rng = np.random.default_rng(12)
+    reward = build_reward(cfg(4, **dict(PAPER, dev_in_fit=True)), LastCharEnv())
+    y = rng.random(64 * 16) < 0.35
+    reward.label_request(len(y), 16)
+    reward.score(*_texts(simulate_votes(y, GOOD, rng), y), 16)
+    state = reward.state_dict()
+    fresh = build_reward(cfg(4, **dict(PAPER, dev_in_fit=True)), LastCharEnv())
+    fresh.load_state_dict(json.loads(json.dumps(state)))
+    assert fresh.dev_rows == reward.dev_rows
+    state["dev_rows"] = [*state["dev_rows"][:-1], len(y) + 5]
+    with pytest.raises(ValueError, match="dev rows"):
+        build_reward(cfg(4, **dict(PAPER, dev_in_fit=True)), LastCharEnv()).load_state_dict(state)

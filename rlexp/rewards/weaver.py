@@ -671,6 +671,12 @@ class WeaverReward(Reward):
         self.dev_scores = [list(map(float, r)) for r in state.get("dev_scores", [])]
         self.dev_labels = [bool(x) for x in state.get("dev_labels", [])]
         self.dev_rows = [int(x) for x in state.get("dev_rows", [])]
+        rows = sum(len(g) for g in self.pool)
+        fits = len(self.dev_rows) == len(self.dev_labels) and all(0 <= i < rows for i in self.dev_rows)
+        if self.dev_rows and not fits:
+            raise ValueError(f"weaver: checkpoint state has {len(self.dev_rows)} dev rows for {len(self.dev_labels)} "
+                             f"dev labels in a pool of {rows} responses; it is not one this reward wrote: resume from "
+                             f"another checkpoint or start the run again")
         self.thresholds = np.asarray(state.get("thresholds", self.given_thresholds), dtype=np.float64)
         self.since_refit = int(state.get("since_refit", 0))
         self.pool_keys = [str(k) for k in state.get("pool_keys", [])]
