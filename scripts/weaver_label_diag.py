@@ -287,7 +287,7 @@ def boot_pool(a: np.ndarray, b: np.ndarray, y: np.ndarray, group: int, n_boot: i
 
 # --- the study ----------------------------------------------------------------------------------------------------
 # Chosen on labelled verifier-split data (pre-registration).
-BEST = {"A": "rm_small", "B": "b_rm_wide", "C": "c_rm_d", "D": "d_judge_a"}
+BEST = {"A": "rm_small", "B": "b_rm_wide", "C": "c_rm_d", "D": "d_judge_a", "E": "e_rm_a"}
 WEIGHTINGS = ("posterior", "quality", "logodds")
 HAND = "## What the numbers say (written after the run"  # the results file's hand-written part starts here
 NO_FILTERS = {"min_quality": -1.0, "max_imbalance": 1.0, "max_correlation": 1.0}

@@ -42,7 +42,7 @@ def outcome(env: str, vs: str) -> str | None:
     return None
 
 
-@pytest.mark.slow  # prepares 64 pairs, training the tiny stand-in verifiers once (cached after)
+@pytest.mark.slow  # prepares every pair (8 x 12), training the tiny stand-in verifiers once (cached after)
 def test_every_pair_prepares_or_is_refused_before_spawning(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf_cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

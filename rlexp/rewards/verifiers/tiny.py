@@ -719,13 +719,34 @@ PANEL_D: dict[str, TinyVerifierSpec] = {
     "d_judge_b": TinyVerifierSpec(kind="lm_judge", dim=16, n_layers=2, n_heads=2, head_dim=8, hidden_dim=32,
                                   n_examples=2048, label_noise=0.1, seed=54, train_steps=330),
 }
+# Panel E (issue 23 item 4 asks for three panels spanning strong to near-chance on the policy's outputs; A and D do):
+# its own seeds, shapes and mixes, none of them D's. A deeper reward model trained on near-miss-heavy data that
+# should count, a wide one-layer reward model and two judges in the middle, a small noisy reward model and one that
+# never saw a near miss near chance. Screened on the starting policy's samples before any RL run on it
+# (results/weaver_panels_e.md); pre-registered in results/weaver_preregistration.md, addendum v9.
+_MIX_E = (0.4, 0.2, 0.3, 0.1)
+PANEL_E: dict[str, TinyVerifierSpec] = {
+    "e_rm_a": TinyVerifierSpec(kind="reward_model", dim=20, n_layers=3, n_heads=2, head_dim=10, hidden_dim=40,
+                               n_examples=1536, label_noise=0.05, seed=61, train_steps=700,
+                               mix=(0.45, 0.2, 0.3, 0.05)),
+    "e_rm_b": TinyVerifierSpec(kind="reward_model", dim=32, n_layers=1, n_heads=4, head_dim=8, hidden_dim=64,
+                               n_examples=1024, label_noise=0.1, seed=63, train_steps=500, mix=_MIX_E),
+    "e_rm_c": TinyVerifierSpec(kind="reward_model", dim=12, n_layers=1, n_heads=2, head_dim=6, hidden_dim=24,
+                               n_examples=384, label_noise=0.3, seed=65, train_steps=150, mix=_MIX_E),
+    "e_rm_d": TinyVerifierSpec(kind="reward_model", dim=16, n_layers=2, n_heads=2, head_dim=8, hidden_dim=32,
+                               n_examples=512, label_noise=0.2, seed=66, train_steps=120, mix=(0.5, 0.3, 0.0, 0.2)),
+    "e_judge_a": TinyVerifierSpec(kind="lm_judge", dim=24, n_layers=2, n_heads=3, head_dim=8, hidden_dim=48,
+                                  n_examples=3072, label_noise=0.1, seed=62, train_steps=1000, lr=5e-3, mix=_MIX_E),
+    "e_judge_b": TinyVerifierSpec(kind="lm_judge", dim=16, n_layers=1, n_heads=2, head_dim=8, hidden_dim=32,
+                                  n_examples=1024, label_noise=0.15, seed=64, train_steps=300, mix=_MIX_E),
+}
 PANELS: dict[str, dict[str, TinyVerifierSpec]] = {"A": dict(TINY_VERIFIERS), "B": PANEL_B, "C": PANEL_C,
-                                                   "D": PANEL_D}
+                                                   "D": PANEL_D, "E": PANEL_E}
 # The verifier set (rlexp/conf/verifier_set/) that wires each panel.
-PANEL_SETS: dict[str, str] = {"A": "arithmetic", "B": "arithmetic_b", "C": "arithmetic_c", "D": "arithmetic_d"}
-TINY_VERIFIERS.update(PANEL_B)
-TINY_VERIFIERS.update(PANEL_C)
-TINY_VERIFIERS.update(PANEL_D)
+PANEL_SETS: dict[str, str] = {"A": "arithmetic", "B": "arithmetic_b", "C": "arithmetic_c", "D": "arithmetic_d",
+                              "E": "arithmetic_e"}
+for _panel in (PANEL_B, PANEL_C, PANEL_D, PANEL_E):
+    TINY_VERIFIERS.update(_panel)
 
 
 def smallest_spec(specs: dict[str, TinyVerifierSpec] | None = None, kind: str = "reward_model") -> TinyVerifierSpec:
