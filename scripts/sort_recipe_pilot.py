@@ -29,7 +29,8 @@ from scipy import stats
 THRESHOLD = 0.8
 NEED_STABLE = 4
 RECIPE_KEYS = ("trainer.lr", "trainer.lr_schedule", "trainer.warmup_steps", "trainer.min_lr_ratio",
-               "algorithm.norm_adv_by_std", "trainer.freeze_pad_row", "trainer.betas", "algorithm.prompts_per_step")
+               "algorithm.norm_adv_by_std", "trainer.freeze_pad_row", "trainer.betas", "algorithm.prompts_per_step",
+               "trainer.ema_decay")
 CONTROL = "defaults (lr 1e-3 constant)"
 
 

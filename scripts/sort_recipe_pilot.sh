@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 25 item 2, the sort task's learning-rate recipe (results/sort_recipe_pilot.md): rlexp only, pilot seeds
-# 100-104 (a later peers run confirms on seeds 0-4), two recipes. Usage: scripts/sort_recipe_pilot.sh DIR [ROUND: 1, or 2 / 3 / 4 / 5 / 6 for the addenda]; then
+# 100-104 (a later peers run confirms on seeds 0-4), two recipes. Usage: scripts/sort_recipe_pilot.sh DIR [ROUND: 1, or 2 / 3 / 4 / 5 / 6 / 7 for the addenda]; then
 # python scripts/sort_recipe_pilot.py DIR --out results/sort_recipe_pilot
 set -uo pipefail
 DIR=${1:?usage: scripts/sort_recipe_pilot.sh DIR}
@@ -26,6 +26,9 @@ for seed in 100 101 102 103 104; do
   elif [ "$ROUND" = 4 ]; then  # the fourth round (third addendum): the pad row frozen, against today's defaults
     run "const1e-3-$seed" seed=$seed
     run "const1e-3-padfrozen-$seed" seed=$seed trainer.freeze_pad_row=true
+  elif [ "$ROUND" = 7 ]; then  # the confirmation (seventh addendum): the EMA readout through the actor graph
+    s=$((seed - 100))  # fresh seeds 0-4
+    run "cos1e-3-ema099-$s" seed=$s trainer.lr_schedule=cosine trainer.warmup_steps=10 trainer.ema_decay=0.99
   elif [ "$ROUND" = 6 ]; then  # the sixth round (fifth addendum): 128 prompts a step with less lr or less momentum
     cos=(trainer.lr_schedule=cosine trainer.warmup_steps=10)
     run "cos1e-3-$seed" seed=$seed "${cos[@]}"

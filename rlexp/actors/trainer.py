@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,26 @@ class Trainer(Actor):
                 self.transports[spec.name] = build_publisher(spec, keep=4)
                 await self.transports[spec.name].astart()
         self.version = 0
+        # The weight average (trainer.ema_decay): fp32 copies of this rank's parameters (shards when sharded).
+        self.ema: list[torch.Tensor] | None = [p.detach().clone() for p in self.model.parameters()] \
+            if t.ema_decay > 0 else None
         return sum(p.numel() for p in self.model.parameters())
+
+    @contextmanager
+    def _weights(self, ema: bool) -> Iterator[None]:
+        """The model holds the weight average inside (when asked for and kept), the live weights again after."""
+        if not ema or self.ema is None:
+            yield
+            return
+        params = [p.detach() for p in self.model.parameters()]  # copied in place: FSDP keeps its own views
+        with torch.no_grad():
+            live = [p.clone() for p in params]
+            torch._foreach_copy_(params, self.ema)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                torch._foreach_copy_(params, live)
 
     @endpoint
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -148,6 +168,10 @@ class Trainer(Actor):
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
         self.optim.step()
         self.sched.step()
+        if self.ema is not None:
+            with torch.no_grad():
+                torch._foreach_lerp_(self.ema, [p.detach() for p in self.model.parameters()],
+                                     1.0 - self.tcfg.ema_decay)
         d = torch.cat(diffs) if diffs else torch.zeros(0)
         d_max, d_sum, d_n = (float(d.max()) if d.numel() else 0.0), float(d.sum()), float(d.numel())
         if self.world > 1:
@@ -179,16 +203,18 @@ class Trainer(Actor):
         return dict(zip(keys, vals[:-2])), float(mx.item()), vals[-2], vals[-1]
 
     @endpoint
-    async def push_weights(self, version: int) -> dict[str, str]:
+    async def push_weights(self, version: int, ema: bool = False) -> dict[str, str]:
         """Publish the current weights (HF naming) as `version`, once per transport the generators need;
         returns {transport: location} (rank 0's answer; every rank takes part in the all-gather when
-        sharded). Each generator picks its own transport's location."""
+        sharded). Each generator picks its own transport's location. `ema`: the weight average instead, for
+        evaluating it (the controller publishes the live weights again afterwards, under the same version)."""
         self.version = version
-        sd = (hf_state_dict(self.model, self.model_cfg.arch) if self.world == 1
-              else titan_full_hf_state_dict(self.model, self.model_cfg))
-        if self.rank != 0:
-            return {}
-        return {name: await t.apublish(version, sd) for name, t in self.transports.items()}
+        with self._weights(ema):  # published inside: on one rank the state dict views the parameters' storage
+            sd = (hf_state_dict(self.model, self.model_cfg.arch) if self.world == 1
+                  else titan_full_hf_state_dict(self.model, self.model_cfg))
+            if self.rank != 0:
+                return {}
+            return {name: await t.apublish(version, sd) for name, t in self.transports.items()}
 
     def _full_state(self) -> dict[str, Any]:
         """Model and optimizer state as full CPU tensors (the single-rank file format). Collective."""
@@ -200,12 +226,17 @@ class Trainer(Actor):
             model[k] = gathered[id(v)]
         osd = self.optim.state_dict()
         osd["state"] = {i: {k: full_tensor(v) for k, v in st.items()} for i, st in osd["state"].items()}
-        return {"model": model, "optim": osd}
+        out: dict[str, Any] = {"model": model, "optim": osd}
+        if self.ema is not None:
+            out["ema"] = [full_tensor(e) for e in self.ema]
+        return out
 
     @endpoint
     async def save(self, path: str) -> None:
         state = {"model": self.model.state_dict(), "optim": self.optim.state_dict()} if self.world == 1 \
             else self._full_state()
+        if self.world == 1 and self.ema is not None:
+            state["ema"] = self.ema
         if self.rank != 0:
             return
         tmp = Path(path + ".tmp")
@@ -240,6 +271,12 @@ class Trainer(Actor):
             osd["state"] = {i: {k: (shard(v, params[i]) if k != "step" and isinstance(params[i], DTensor) else v)
                                 for k, v in st.items()} for i, st in osd["state"].items()}
             self.optim.load_state_dict(osd)
+        if self.ema is not None:
+            if "ema" not in state:
+                raise ValueError(f"{path} holds no weight average, but trainer.ema_decay={self.tcfg.ema_decay}: resume "
+                                 f"with the setting the run was started with (trainer.ema_decay=0)")
+            params = list(self.model.parameters())
+            self.ema = [shard(v, p.detach()) if self.world > 1 else v.to(p.dtype) for v, p in zip(state["ema"], params)]
         self.sched.load_state_dict(state["sched"])
         self.version = int(state["version"])
         return self.version
@@ -247,10 +284,11 @@ class Trainer(Actor):
     @endpoint
     async def export_hf(self, out_dir: str) -> str:
         """Final checkpoint as an HF folder (what `rlexp eval run_dir=...` and vLLM load); rank 0 writes."""
-        if self.rank == 0:
-            save_titan_as_hf(self.model, out_dir, self.model_cfg, source_dir=self.model_dir)
-        else:
-            titan_full_hf_state_dict(self.model, self.model_cfg)  # the same all-gathers rank 0 runs
+        with self._weights(ema=True):  # the run's product is the weight average, when one is kept
+            if self.rank == 0:
+                save_titan_as_hf(self.model, out_dir, self.model_cfg, source_dir=self.model_dir)
+            else:
+                titan_full_hf_state_dict(self.model, self.model_cfg)  # the same all-gathers rank 0 runs
         return out_dir
 
     @endpoint

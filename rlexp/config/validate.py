@@ -139,6 +139,13 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
     _positive("logger.system_metrics_interval_s", c.logger.system_metrics_interval_s)
     if c.cluster.threads_per_proc is not None:  # unset: derived in `rlexp.run.prepare.check_config`
         _positive("cluster.threads_per_proc", c.cluster.threads_per_proc, zero_ok=True)
+    if not 0.0 <= c.trainer.ema_decay < 1.0:
+        raise ConfigError(f"trainer.ema_decay={c.trainer.ema_decay} must be in [0, 1): 0 turns the weight average off, "
+                          f"0.99 averages over about 100 steps")
+    if c.trainer.ema_decay > 0 and c.sync.mode == "async":
+        raise ConfigError("trainer.ema_decay > 0 needs sync=on_policy: the average is evaluated by loading it into the "
+                          "generators between steps, and under sync=async they are sampling then; use "
+                          "sync=on_policy or trainer.ema_decay=0")
     for key, lo, hi in (("trainer.min_lr_ratio", 0.0, 1.0), ("generator.gpu_memory_utilization", 0.0, 1.0),
                         *((f"trainer.betas.{i}", 0.0, 1.0) for i in range(len(c.trainer.betas)))):
         v = _get(c, key)

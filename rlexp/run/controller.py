@@ -97,6 +97,34 @@ class Controller:
             self.between_steps()
 
     def evaluate(self) -> dict[str, float]:
+        """Held-out accuracy of the run's product: the live policy, or the weight average when the trainer keeps
+        one (`trainer.ema_decay`), which is then loaded into the generators for the evaluation and replaced by the
+        live weights after it, under the same version, so sampling never sees it. The live policy's accuracy on
+        the training environment is logged beside it as `eval/live/...`."""
+        t = time.perf_counter()
+        if self.c.trainer.ema_decay <= 0:
+            metrics = self._evaluate(benchmarks=True, samples=self.run_dir / "eval_samples")
+        else:
+            live = self._evaluate(benchmarks=False, samples=self.run_dir / "eval_samples" / "live")
+            version = self.state.version
+            loop.push_weights(self.svc, version, self.svc.trainer.push_weights.start(version, True))
+            try:
+                metrics = self._evaluate(benchmarks=True, samples=self.run_dir / "eval_samples")
+            finally:
+                loop.push_weights(self.svc, version)
+            metrics.update({"eval/live/" + k.removeprefix("eval/"): v for k, v in live.items()})
+        metrics["time/eval_s"] = time.perf_counter() - t
+        acc = metrics.get("eval/accuracy", float("nan"))
+        if self.first_eval is None:
+            self.first_eval = acc
+        self.last_eval = (self.state.step, acc)
+        self.evaluated_at = self.state.step
+        self.best_eval = max(self.best_eval, acc)
+        return metrics
+
+    def _evaluate(self, benchmarks: bool, samples: Path) -> dict[str, float]:
+        """The training environment's held-out set (and, with `benchmarks`, every extra benchmark), greedy through
+        the generators' current weights."""
         c = self.c
 
         def generate_fn(prompt_ids: list[list[int]], n: int, max_tokens: int, temperature: float, seed: int,
@@ -105,20 +133,11 @@ class Controller:
 
         # The training environment is scored with the training budget, so eval and reward agree.
         ecfg = EvalConfig(**{**vars(c.eval), "max_tokens": c.algorithm.max_tokens})
-        t = time.perf_counter()
-        metrics = evaluate(self.p.env, generate_fn, self.tok, ecfg, self.state.step,
-                           samples_dir=self.run_dir / "eval_samples")
-        for name, (env, max_tokens) in self.p.benchmarks.items():
+        metrics = evaluate(self.p.env, generate_fn, self.tok, ecfg, self.state.step, samples_dir=samples)
+        for name, (env, max_tokens) in (self.p.benchmarks.items() if benchmarks else ()):
             bench_cfg = EvalConfig(**{**vars(c.eval), "max_tokens": min(c.eval.max_tokens, max_tokens)})
             metrics.update(evaluate(env, generate_fn, self.tok, bench_cfg, self.state.step, benchmark=name,
-                                    samples_dir=self.run_dir / "eval_samples"))
-        metrics["time/eval_s"] = time.perf_counter() - t
-        acc = metrics.get("eval/accuracy", float("nan"))
-        if self.first_eval is None:
-            self.first_eval = acc
-        self.last_eval = (self.state.step, acc)
-        self.evaluated_at = self.state.step
-        self.best_eval = max(self.best_eval, acc)
+                                    samples_dir=samples))
         return metrics
 
     def progress(self, step: int, m: dict[str, float]) -> None:
