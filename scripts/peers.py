@@ -61,6 +61,26 @@ class Task:
     warmup_steps: int
     min_lr_ratio: float
     betas: tuple[float, float] = (0.9, 0.999)
+    ema_decay: float = 0.0  # rlexp's trainer.ema_decay: every framework is evaluated on its weight average
+
+
+class Average:
+    """The moving average of a model's weights that rlexp's `trainer.ema_decay` evaluates, kept the same way for a
+    peer (a copy updated after every optimizer step); with decay 0 it is the model itself."""
+
+    def __init__(self, model: Any, decay: float) -> None:
+        import copy
+
+        self.live, self.decay = model, decay
+        self.model = copy.deepcopy(model).requires_grad_(False) if decay > 0 else model
+
+    def update(self) -> None:
+        import torch
+
+        if self.decay > 0:
+            with torch.no_grad():
+                torch._foreach_lerp_(list(self.model.parameters()), [p.detach() for p in self.live.parameters()],
+                                     1.0 - self.decay)
 
 
 def run_config(name: str, seed: int) -> Any:
@@ -97,7 +117,7 @@ def load_task(name: str, seed: int) -> Task:
                 prompts=a.prompts_per_step, group=a.group_size, max_tokens=a.max_tokens, lr=t.trainer.lr,
                 clip=a.clip_low, grad_clip=t.trainer.grad_clip, schedule=schedule,
                 warmup_steps=t.trainer.warmup_steps, min_lr_ratio=t.trainer.min_lr_ratio,
-                betas=(float(t.trainer.betas[0]), float(t.trainer.betas[1])))
+                betas=(float(t.trainer.betas[0]), float(t.trainer.betas[1])), ema_decay=float(t.trainer.ema_decay))
 
 
 def trl_schedule(task: Task) -> dict[str, Any]:
@@ -249,7 +269,8 @@ def plain_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows,
     sched = torch.optim.lr_scheduler.LambdaLR(  # rlexp's own schedule function, so the two cannot drift apart
         opt, lr_lambda(task.schedule, task.warmup_steps, steps, task.min_lr_ratio))
     pad, eos, G = task.tok.pad_id, task.tok.eos_id, task.group
-    rows.evaluate(task, model, 0)
+    avg = Average(model, task.ema_decay)
+    rows.evaluate(task, avg.model, 0)
     rows.write(step=0, start=time.time())
     for step in range(1, steps + 1):
         samples = task.env.sample_batch(task.prompts, rng)
@@ -262,9 +283,10 @@ def plain_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows,
         torch.nn.utils.clip_grad_norm_(model.parameters(), task.grad_clip)
         opt.step()
         sched.step()
+        avg.update()
         over = time.time() > deadline
         if step % eval_every == 0 or step == steps or over:
-            rows.evaluate(task, model, step)
+            rows.evaluate(task, avg.model, step)
         if over:
             break
 
@@ -298,14 +320,19 @@ def trl_worker(task: Task, steps: int, seed: int, eval_every: int, rows: Rows, w
         return rewards_of(task, [samples[i] for i in idx], completions)
 
     class HeldOut(TrainerCallback):
+        avg: Average | None = None
+
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
-            rows.evaluate(task, model, 0)
+            self.avg = Average(model, task.ema_decay)
+            rows.evaluate(task, self.avg.model, 0)
             rows.write(step=0, start=time.time())
 
         def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> None:
+            assert self.avg is not None
+            self.avg.update()
             over = time.time() > deadline
             if state.global_step % eval_every == 0 or state.global_step == steps or over:
-                rows.evaluate(task, model, state.global_step)
+                rows.evaluate(task, self.avg.model, state.global_step)
             control.should_training_stop = over
 
     args = GRPOConfig(
@@ -540,8 +567,10 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
         kind = schedule_name(tr)
         sched = f"lr {tr.lr:g} {kind}" + (f" to {tr.min_lr_ratio:g}x" if kind == "cosine" else "") + (
             f", {tr.warmup_steps} warm-up steps" if tr.warmup_steps else "")
+        avg = (f" Held-out accuracy is every framework's moving average of the weights (decay {tr.ema_decay:g}, "
+               f"rlexp's trainer.ema_decay).") if tr.ema_decay > 0 else ""
         lines += [f"## {task}", "", f"In all three frameworks: {sched}, AdamW betas ({tr.betas[0]:g}, "
-                  f"{tr.betas[1]:g}), {al.prompts_per_step} prompts x {al.group_size} samples per step.", "",
+                  f"{tr.betas[1]:g}), {al.prompts_per_step} prompts x {al.group_size} samples per step.{avg}", "",
                   "| framework | seed | time to 0.8, s from launch | from step 1 | at step | "
                   "best acc (s from launch) | steps run | steps/s | " + " | ".join(f"acc @ {t} s" for t in FIXED_TIMES)
                   + " | load start/end |",

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import REPO
 
@@ -127,6 +128,27 @@ def test_the_peers_take_rlexps_adam_betas(monkeypatch: pytest.MonkeyPatch) -> No
     assert peers.load_task("arithmetic", 0).betas == (0.5, 0.99)
 
 
+def test_the_peers_are_evaluated_on_rlexps_weight_average(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recipe whose product is the moving average of the weights (trainer.ema_decay) is offered to the peers too:
+    their average moves toward the live weights by (1 - decay) a step, and evaluation reads it, not the live model."""
+    from rlexp.cluster import plan_cli
+
+    real = plan_cli.compose_run_config
+    monkeypatch.setattr(plan_cli, "compose_run_config", lambda ov: real([*ov, "trainer.ema_decay=0.75"]))
+    task = peers.load_task("arithmetic", 0)
+    assert task.ema_decay == 0.75
+    model = peers.load_model(task)
+    avg = peers.Average(model, task.ema_decay)
+    start = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    avg.update()
+    assert avg.model is not model
+    assert all(torch.allclose(a, s + 0.25) for a, s in zip(avg.model.parameters(), start))
+    assert peers.Average(model, 0.0).model is model
+
+
 def test_the_report_names_the_learning_rate_each_task_ran_at(tmp_path: Path) -> None:
     import argparse
 
@@ -135,8 +157,9 @@ def test_the_report_names_the_learning_rate_each_task_ran_at(tmp_path: Path) -> 
     args = argparse.Namespace(tasks=["sort"], eval_every=10, max_wall=0.0)
     out = tmp_path / "peers.md"
     peers.write_report(runs, args, ["--task", "sort"], out)
-    assert ("In all three frameworks: lr 0.001 constant, AdamW betas (0.9, 0.999), 64 prompts x 16 samples per step."
-            in out.read_text())
+    assert ("In all three frameworks: lr 0.001 cosine to 0.1x, 10 warm-up steps, AdamW betas (0.9, 0.999), 64 prompts "
+            "x 16 samples per step. Held-out accuracy is every framework's moving average of the weights (decay 0.99, "
+            "rlexp's trainer.ema_decay).") in out.read_text()
 
 
 def test_the_baselines_draw_rlexps_prompt_stream_for_the_same_seed():

@@ -53,3 +53,15 @@ def test_no_winner_when_no_recipe_has_four_stable_seeds(tmp_path: Path):
         _run(tmp_path, f"c-{seed}", seed, [], 64, {s: (0.9 if s in (100, 400) else 0.1) for s in range(0, 401, 10)})
     res = pilot.choose([r for job in sorted(tmp_path.iterdir()) if (r := pilot.load(job))])
     assert res["winner"] is None and res["recipes"][0]["recipe"] == pilot.CONTROL
+
+
+def test_the_defaults_earlier_rounds_pin_are_not_part_of_a_recipes_name(tmp_path: Path):
+    """Since round 7's recipe became the sort default, rounds 1-6 pin the defaults they ran under; their labels (and
+    so their analysis commands' --control) stay what they were."""
+    pinned = ["trainer.lr_schedule=constant", "trainer.warmup_steps=0", "trainer.ema_decay=0"]
+    _run(tmp_path, "const", 100, pinned, 64, {0: 0.0})
+    _run(tmp_path, "cos", 100, [*pinned, "trainer.lr_schedule=cosine", "trainer.warmup_steps=10"], 64, {0: 0.0})
+    _run(tmp_path, "ema", 100, ["trainer.ema_decay=0.99"], 64, {0: 0.0})
+    assert pilot.recipe(tmp_path / "const") == pilot.CONTROL
+    assert pilot.recipe(tmp_path / "cos") == "trainer.lr_schedule=cosine trainer.warmup_steps=10"
+    assert pilot.recipe(tmp_path / "ema") == "trainer.ema_decay=0.99"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,12 @@ from rlexp.models.policy import pad_rows, sequence_logprobs
 from rlexp.models.titan import hf_state_dict
 from rlexp.transport import TransportSpec, WeightTransport, build_publisher
 from rlexp.types import TrainBatch
+
+
+def _local(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's part of each tensor (a sharded parameter's local shard), detached: the weight average is
+    elementwise, so each rank keeps and updates its own shards (DTensor has no sharding rule for foreach ops)."""
+    return [t.detach().to_local() if hasattr(t, "to_local") else t.detach() for t in tensors]
 
 
 def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float):
@@ -109,10 +115,10 @@ class Trainer(Actor):
         if not ema or self.ema is None:
             yield
             return
-        params = [p.detach() for p in self.model.parameters()]  # copied in place: FSDP keeps its own views
+        params = _local(self.model.parameters())  # copied in place: FSDP keeps its own views of them
         with torch.no_grad():
             live = [p.clone() for p in params]
-            torch._foreach_copy_(params, self.ema)
+            torch._foreach_copy_(params, _local(self.ema))
         try:
             yield
         finally:
@@ -170,8 +176,7 @@ class Trainer(Actor):
         self.sched.step()
         if self.ema is not None:
             with torch.no_grad():
-                torch._foreach_lerp_(self.ema, [p.detach() for p in self.model.parameters()],
-                                     1.0 - self.tcfg.ema_decay)
+                torch._foreach_lerp_(_local(self.ema), _local(self.model.parameters()), 1.0 - self.tcfg.ema_decay)
         d = torch.cat(diffs) if diffs else torch.zeros(0)
         d_max, d_sum, d_n = (float(d.max()) if d.numel() else 0.0), float(d.sum()), float(d.numel())
         if self.world > 1:
