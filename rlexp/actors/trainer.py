@@ -104,9 +104,10 @@ class Trainer(Actor):
                 self.transports[spec.name] = build_publisher(spec, keep=4)
                 await self.transports[spec.name].astart()
         self.version = 0
-        # The weight average (trainer.ema_decay): fp32 copies of this rank's parameters (shards when sharded).
-        self.ema: list[torch.Tensor] | None = [p.detach().clone() for p in self.model.parameters()] \
-            if t.ema_decay > 0 else None
+        # The weight average (trainer.ema_decay): fp32 copies of this rank's parameters (shards when sharded). fp32
+        # whatever the model's dtype: at decay 0.99 a step moves it by 1% of the gap, below bf16's rounding.
+        self.ema: list[torch.Tensor] | None = [p.detach().to(torch.float32, copy=True)
+                                               for p in self.model.parameters()] if t.ema_decay > 0 else None
         return sum(p.numel() for p in self.model.parameters())
 
     @contextmanager
@@ -118,7 +119,8 @@ class Trainer(Actor):
         params = _local(self.model.parameters())  # copied in place: FSDP keeps its own views of them
         with torch.no_grad():
             live = [p.clone() for p in params]
-            torch._foreach_copy_(params, _local(self.ema))
+            for p, e in zip(params, _local(self.ema)):
+                p.copy_(e)  # cast to the model's dtype
         try:
             yield
         finally:
@@ -176,7 +178,8 @@ class Trainer(Actor):
         self.sched.step()
         if self.ema is not None:
             with torch.no_grad():
-                torch._foreach_lerp_(_local(self.ema), _local(self.model.parameters()), 1.0 - self.tcfg.ema_decay)
+                live = [p.float() for p in _local(self.model.parameters())]  # a copy only where not fp32
+                torch._foreach_lerp_(_local(self.ema), live, 1.0 - self.tcfg.ema_decay)
         d = torch.cat(diffs) if diffs else torch.zeros(0)
         d_max, d_sum, d_n = (float(d.max()) if d.numel() else 0.0), float(d.sum()), float(d.numel())
         if self.world > 1:
@@ -280,8 +283,9 @@ class Trainer(Actor):
             if "ema" not in state:
                 raise ValueError(f"{path} holds no weight average, but trainer.ema_decay={self.tcfg.ema_decay}: resume "
                                  f"with the setting the run was started with (trainer.ema_decay=0)")
-            params = list(self.model.parameters())
-            self.ema = [shard(v, p.detach()) if self.world > 1 else v.to(p.dtype) for v, p in zip(state["ema"], params)]
+            # Placed like the fresh average (fp32, this rank's device and shards): the file holds full CPU tensors.
+            self.ema = [shard(v, e) if self.world > 1 else v.to(device=e.device, dtype=torch.float32)
+                        for v, e in zip(state["ema"], self.ema)]
         self.sched.load_state_dict(state["sched"])
         self.version = int(state["version"])
         return self.version
