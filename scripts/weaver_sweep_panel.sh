@@ -19,12 +19,14 @@ run() {  # name, then overrides
   echo "$(date +%T) $PANEL $name: $(grep -h 'done:' "$SWEEP/$PANEL-$name.log" | tail -1)"
 }
 # SEEDS and ARMS narrow a later extension (e.g. addendum v7: seeds 5-9 of the headline arms); defaults: the addendum.
+# EXTRA adds the same overrides to every run of a variant recipe (addendum v10: EXTRA="algorithm=grpo_kl ...").
+read -ra extra <<< "${EXTRA:-}"
 for seed in ${SEEDS:-0 1 2 3 4}; do
   for arm in ${ARMS:-single_rm verifier_mean verifier_vote weaver_paper annotated weaver best_verifier}; do
     if [ "$arm" = best_verifier ]; then
-      run "best_verifier-$seed" reward=single_rm +reward.options.verifier="$BEST" seed=$seed
+      run "best_verifier-$seed" reward=single_rm +reward.options.verifier="$BEST" seed=$seed ${extra[@]+"${extra[@]}"}
     else
-      run "$arm-$seed" reward=$arm seed=$seed
+      run "$arm-$seed" reward=$arm seed=$seed ${extra[@]+"${extra[@]}"}
     fi
   done
 done

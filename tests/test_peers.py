@@ -8,6 +8,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -149,6 +150,38 @@ def test_the_peers_are_evaluated_on_rlexps_weight_average(monkeypatch: pytest.Mo
     assert peers.Average(model, 0.0).model is model
 
 
+def test_the_average_runs_its_own_weights_when_the_trainer_patched_forward() -> None:
+    """TRL's trainer (through accelerate) sets `forward` on the model instance to a wrapper around the live model's
+    bound forward. A deepcopy keeps that wrapper, so the 'average' ran the live weights; the copy must not."""
+    import functools
+
+    import torch
+
+    task = small_task("sort")
+    model = peers.load_model(task)
+    live_forward = model.forward
+
+    @functools.wraps(live_forward)
+    def patched(*args: Any, **kwargs: Any) -> Any:  # what accelerate's wrapper amounts to: a closure over `model`
+        return live_forward(*args, **kwargs)
+
+    model.forward = patched
+    avg = peers.Average(model, 0.5)
+    ids = torch.tensor([task.tok.encode("1010:")])
+    before = avg.model(input_ids=ids).logits
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+    assert torch.equal(avg.model(input_ids=ids).logits, before)  # the live change does not leak into the average
+    avg.update()
+    expected = peers.load_model(task)
+    with torch.no_grad():
+        for e in expected.parameters():
+            e.mul_(0.75)  # halfway between the start and the halved live weights
+    assert torch.allclose(avg.model(input_ids=ids).logits, expected(input_ids=ids).logits, atol=1e-5)
+    assert not torch.allclose(avg.model(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-3)
+
+
 def test_the_report_names_the_learning_rate_each_task_ran_at(tmp_path: Path) -> None:
     import argparse
 
@@ -249,3 +282,19 @@ def test_rlexp_overrides_reach_the_command(tmp_path: Path, monkeypatch: pytest.M
     curve, _, shown = peers.run_rlexp("sort", 4, 0, 2, tmp_path / "run", ("cluster.threads_per_proc=2",))
     assert "cluster.threads_per_proc=2" in seen[0] and seen[0][-1].startswith("hydra.run.dir=")
     assert "cluster.threads_per_proc=2" in shown and curve[0][1] == 0.5
+
+
+def test_a_later_runs_file_replaces_the_same_framework_task_and_seed(tmp_path: Path) -> None:
+    """Re-running one framework after a fix: the report combines the files, and the re-run's run is the one shown."""
+    def run(fw: str, t08: float) -> dict[str, Any]:
+        return vars(peers.Run(fw, "sort", 0, 0.0, [(0, 0.0, 1.0, 0.0), (10, 0.9, t08, t08 - 1.0)], (0.5, 0.6), 60.0,
+                              f"{fw} cmd"))
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps([run("rlexp", 20.0), run("trl", 10.0), run("plain", 40.0)]))
+    second.write_text(json.dumps([run("trl", 80.0)]))
+    out = tmp_path / "peers.md"
+    peers.main(["--task", "sort", "--seeds", "0", "--report-from", str(first), str(second), "--out", str(out)])
+    text = out.read_text()
+    assert "per seed 0: 0.25" in text  # 20 / 80: rlexp against the re-run TRL, not 20 / 10
+    assert text.count("| trl | 0 |") == 1
