@@ -75,6 +75,11 @@ def load_run(job: Path, best: str | None) -> dict[str, Any] | None:
             "start": bal[min(bal)], "curve": bal, "golds": golds}
 
 
+def load_sweep(sweep: Path, best: str | None) -> list[dict[str, Any]]:
+    """Every finished run (with at least two evaluations) in a sweep folder, in folder-name order."""
+    return [r for job in sorted(p for p in sweep.iterdir() if p.is_dir()) if (r := load_run(job, best)) is not None]
+
+
 # --- statistics ---------------------------------------------------------------------------------------------
 def t_quantile(df: int) -> float:
     from scipy.stats import t
@@ -290,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
                                                             indent=2) + "\n")
         print(json.dumps(selection, indent=2))
         return 0
-    runs = [r for sw in args.sweeps for job in sorted(p for p in sw.iterdir() if p.is_dir())
-            if (r := load_run(job, args.best)) is not None]
+    runs = [r for sw in args.sweeps for r in load_sweep(sw, args.best)]
     if not runs:
         raise SystemExit(f"no finished runs with evaluations under {[str(s) for s in args.sweeps]}")
     res = analyse(runs, selection)

@@ -22,22 +22,20 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from weaver_analysis import ORDER, load_run, paired_test, t_interval
+from weaver_analysis import ORDER, load_sweep, paired_test, t_interval
 
 
 def give_back(run: dict[str, Any]) -> float:
-    """Best balanced accuracy after the start minus the final; never below zero by construction of 'best'."""
+    """Best balanced accuracy after the start minus the final. Never below zero: the final is the mean of the last
+    two evaluations, which are among the later ones."""
     curve: dict[int, float] = run["curve"]
-    later = [v for s, v in curve.items() if s > min(curve)]
-    return max(max(later), run["final"]) - run["final"]
+    return max(v for s, v in curve.items() if s > min(curve)) - run["final"]
 
 
 def runs_by_arm(sweep: Path, best: str | None) -> dict[str, dict[int, dict[str, Any]]]:
     out: dict[str, dict[int, dict[str, Any]]] = {}
-    for job in sorted(p for p in sweep.iterdir() if p.is_dir()):
-        r = load_run(job, best)
-        if r is not None:
-            out.setdefault(r["arm"], {})[r["seed"]] = r
+    for r in load_sweep(sweep, best):
+        out.setdefault(r["arm"], {})[r["seed"]] = r
     return out
 
 
@@ -99,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--best", default=None, help="the best_verifier arm's verifier, as in weaver_analysis.py")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
+    for sweep in (a.anchored, a.base):
+        if not sweep.is_dir():
+            ap.error(f"{sweep} is not a sweep folder (one run folder per arm and seed, e.g. /tmp/h23/sweep10/E)")
     rows = compare(runs_by_arm(a.anchored, a.best), runs_by_arm(a.base, a.best))
     if not rows:
         print(f"no arm has runs in both {a.anchored} and {a.base}", file=sys.stderr)

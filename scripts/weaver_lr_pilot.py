@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from weaver_analysis import load_run
+from weaver_analysis import load_sweep
 
 DIP = 0.05
 RECIPE_KEYS = ("trainer.lr", "trainer.lr_schedule", "trainer.warmup_steps", "trainer.min_lr_ratio")
@@ -57,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="output prefix: PREFIX.json")
     args = ap.parse_args(argv)
     runs = []
-    for job in sorted(p for p in args.pilot.iterdir() if p.is_dir()):
-        r = load_run(job, None)
-        if r is None:
-            continue
+    for r in load_sweep(args.pilot, None):
+        job = Path(r["job"])
         if r["arm"] != "annotated":
             raise SystemExit(f"{job}: reward={r['arm']}; the recipe is chosen on the gold arm (reward=annotated) only")
         r["recipe"] = recipe(job)

@@ -155,8 +155,6 @@ def test_the_average_runs_its_own_weights_when_the_trainer_patched_forward() -> 
     bound forward. A deepcopy keeps that wrapper, so the 'average' ran the live weights; the copy must not."""
     import functools
 
-    import torch
-
     task = small_task("sort")
     model = peers.load_model(task)
     live_forward = model.forward
