@@ -72,7 +72,35 @@ def load_run(job: Path, best: str | None) -> dict[str, Any] | None:
     return {"job": str(job), "arm": arm, "seed": int(ov.get("seed", 0)), "auc": auc(bal),
             "final": st.mean(bal[s] for s in last), "plain_auc": auc(plain),
             "plain_final": st.mean(plain[s] for s in last), "top_share": share[max(share)],
-            "start": bal[min(bal)], "curve": bal, "golds": golds}
+            "start": bal[min(bal)], "curve": bal, "golds": golds, "stand_ins": stand_ins(job)}
+
+
+def stand_ins(job: Path) -> dict[str, str]:
+    """sha256 of the checkpoint the run starts from and of each verifier it loaded, from its manifest: the tiny
+    stand-ins are trained on first use on the machine that runs the sweep, so two machines (or two versions of
+    the code) can draw different ones from the same seeds; these name the draw."""
+    path = job / "manifest.json"
+    if not path.is_file():
+        return {}
+    m = json.loads(path.read_text())
+    out = {"start": m["model"]["sha256"]} if m.get("model", {}).get("sha256") else {}
+    return out | {name: v["sha256"] for name, v in (m.get("verifiers") or {}).items() if v.get("sha256")}
+
+
+def shared_stand_ins(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """The stand-ins every run of one replication shares (a run records those it loaded). Arms compared paired by
+    seed must start from one checkpoint and score with one panel: a sweep that mixes two draws is refused."""
+    seen: dict[str, dict[str, str]] = {}
+    for r in runs:
+        for name, digest in r.get("stand_ins", {}).items():
+            seen.setdefault(name, {}).setdefault(digest, r["job"])  # digest -> the first run that had it
+    mixed = {n: d for n, d in seen.items() if len(d) > 1}
+    if mixed:
+        n, d = next(iter(mixed.items()))
+        raise SystemExit(f"the runs do not share their stand-ins: {n} differs between "
+                         + " and ".join(f"{job} ({h[:12]})" for h, job in d.items())
+                         + "; analyse the runs of one machine and one draw together (their manifests name each sha256)")
+    return {n: next(iter(d)) for n, d in sorted(seen.items())}
 
 
 def load_sweep(sweep: Path, best: str | None) -> list[dict[str, Any]]:
@@ -182,7 +210,8 @@ def analyse(runs: list[dict[str, Any]], selection: dict[str, dict[str, float]] |
         by.setdefault(r["arm"], {})[r["seed"]] = r
     arms = [a for a in ORDER if a in by] + sorted(set(by) - set(ORDER))
     golds = runs[0]["golds"]
-    res: dict[str, Any] = {"statistic": "AUC of balanced held-out accuracy (pre-registered)", "arms": {}}
+    res: dict[str, Any] = {"statistic": "AUC of balanced held-out accuracy (pre-registered)", "arms": {},
+                           "stand_ins": shared_stand_ins(runs)}
     for a in arms:
         xs = list(by[a].values())
         # Every statistic is a proportion: interval ends clipped to [0, 1] (a t-interval over few seeds overshoots).
@@ -234,6 +263,9 @@ def markdown(res: dict[str, Any], command: str) -> str:
         lines.append(f"| {a} | {v['n_seeds']} | {fmt(v['auc'])} | {fmt(v['final'])} | {fmt(v['plain_final'])} "
                      f"| {fmt(v['top_share'], 2)} |")
     b = res["baselines"]
+    if res.get("stand_ins"):
+        lines += ["", "Stand-ins shared by every run (sha256, first 12 hex digits; the run manifests hold them whole): "
+                  + ", ".join(f"{n} {h[:12]}" for n, h in res["stand_ins"].items()) + "."]
     lines += ["", f"Baselines: best constant answer ({b['best_constant_answer']['answer']!r}) balanced "
               f"{b['best_constant_answer']['balanced']:.3f}, plain {b['best_constant_answer']['plain']:.3f}; "
               f"no-learning policy (step 0) balanced {fmt(b['no_learning_policy'])}."]

@@ -68,3 +68,29 @@ def test_sweep_to_table_json_and_verdict(tmp_path: Path):
     md = out.with_suffix(".md").read_text()
     assert "Gap fraction closed by weaver_paper" in md and "Fieller" in md and "python scripts/weaver_analysis.py" in md
     assert out.with_suffix(".png").stat().st_size > 0 and out.with_suffix(".csv").read_text().startswith("# produced")
+
+
+def _manifest(job: Path, start: str, verifiers: dict[str, str]) -> None:
+    (job / "manifest.json").write_text(json.dumps({"model": {"sha256": start},
+                                                   "verifiers": {n: {"sha256": h} for n, h in verifiers.items()}}))
+
+
+def test_the_stand_ins_are_named_and_a_sweep_mixing_two_draws_is_refused(tmp_path: Path):
+    """Arms paired by seed must start from one checkpoint and score with one panel; the tiny stand-ins are
+    trained per machine, so the analysis names the draw and refuses runs of two draws together."""
+    sweep = tmp_path / "sweep"
+    for seed in range(2):
+        _write_run(sweep, "annotated", seed, {0: 0.1, 50: 0.9})
+        _manifest(sweep / f"annotated_{seed}", "a" * 64, {})
+        _write_run(sweep, "single_rm", seed, {0: 0.1, 50: 0.2})
+        _manifest(sweep / f"single_rm_{seed}", "a" * 64, {"rm": "b" * 64})
+    res = wa.analyse(wa.load_sweep(sweep, None), None)
+    assert res["stand_ins"] == {"rm": "b" * 64, "start": "a" * 64}
+    assert "rm bbbbbbbbbbbb, start aaaaaaaaaaaa" in wa.markdown({**res, "command": "c"}, "c")
+    _manifest(sweep / "single_rm_1", "c" * 64, {"rm": "b" * 64})  # another machine's warm start
+    try:
+        wa.analyse(wa.load_sweep(sweep, None), None)
+    except SystemExit as e:
+        assert "start differs" in str(e) and "single_rm_1" in str(e) and "cccccccccccc" in str(e)
+    else:
+        raise AssertionError("runs from two warm starts were analysed together")
