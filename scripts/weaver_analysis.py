@@ -227,12 +227,8 @@ def analyse(runs: list[dict[str, Any]], selection: dict[str, dict[str, float]] |
         "static_best_of_k": selection or {},
     }
     if all(k in by for k in (HEADLINE, "single_rm", "annotated")):
-        seeds = sorted(set(by[HEADLINE]) & set(by["single_rm"]) & set(by["annotated"]))
-        num = [by[HEADLINE][s]["auc"] - by["single_rm"][s]["auc"] for s in seeds]
-        den = [by["annotated"][s]["auc"] - by["single_rm"][s]["auc"] for s in seeds]
-        g, lo, hi = fieller(num, den)
-        res["gap_fraction"] = {"point": g, "low": lo, "high": hi, "n_seeds": len(seeds), "interval": "Fieller 95%",
-                               "per_seed": {str(s): (n / d if d else math.nan) for s, n, d in zip(seeds, num, den)}}
+        auc_of = {a: {s: r["auc"] for s, r in by[a].items()} for a in (HEADLINE, "single_rm", "annotated")}
+        res["gap_fraction"] = gap_fraction(auc_of[HEADLINE], auc_of["single_rm"], auc_of["annotated"])
     res["paired"] = {}
     for other in ("verifier_vote", "verifier_mean", LABEL_FREE_WEAVER, "single_rm"):
         if HEADLINE in by and other in by and other != HEADLINE:
@@ -242,12 +238,31 @@ def analyse(runs: list[dict[str, Any]], selection: dict[str, dict[str, float]] |
     if HEADLINE in by and "annotated" in by:
         res["collapse"] = {"headline_top_share": res["arms"][HEADLINE]["top_share"]["mean"],
                            "gold_top_share": res["arms"]["annotated"]["top_share"]["mean"]}
-    gf, pv, pm = res.get("gap_fraction", {}), res["paired"].get("verifier_vote"), res["paired"].get("verifier_mean")
-    col = res.get("collapse")
-    res["goal_met"] = bool(gf and gf["point"] >= GOAL["gap_fraction"] and pv and pm and pv["low"] > 0
-                           and pm["low"] > 0 and col
-                           and abs(col["headline_top_share"] - col["gold_top_share"]) <= GOAL["collapse_margin"])
+    res["goal_met"] = all(goal_conditions(res).values())
     return res
+
+
+def gap_fraction(arm: dict[Any, float], single: dict[Any, float], gold: dict[Any, float]) -> dict[str, Any]:
+    """(arm - single_rm) / (annotated - single_rm) on the seeds all three have, each a per-seed AUC: the ratio of
+    paired means with Fieller's 95% interval, and the per-seed ratios beside it."""
+    seeds = sorted(set(arm) & set(single) & set(gold), key=int)
+    num = [arm[s] - single[s] for s in seeds]
+    den = [gold[s] - single[s] for s in seeds]
+    g, lo, hi = fieller(num, den)
+    return {"point": g, "low": lo, "high": hi, "n_seeds": len(seeds), "interval": "Fieller 95%",
+            "per_seed": {str(s): (n / d if d else math.nan) for s, n, d in zip(seeds, num, den)}}
+
+
+def goal_conditions(res: dict[str, Any]) -> dict[str, bool]:
+    """Issue 23's goal, condition by condition, from an analysis result (`analyse`, or its JSON); a condition whose
+    figure is missing is not met."""
+    gf, col = res.get("gap_fraction"), res.get("collapse")
+    pv, pm = res["paired"].get("verifier_vote"), res["paired"].get("verifier_mean")
+    return {"gap": bool(gf) and gf["point"] >= GOAL["gap_fraction"],
+            "beats vote": bool(pv) and pv["low"] > 0,
+            "beats mean": bool(pm) and pm["low"] > 0,
+            "no collapse": bool(col) and abs(col["headline_top_share"] - col["gold_top_share"])
+            <= GOAL["collapse_margin"]}
 
 
 def fmt(d: dict[str, float], p: int = 3) -> str:

@@ -18,6 +18,7 @@ so there is no pooled estimate.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from weaver_analysis import GOAL, HEADLINE, fieller
+from weaver_analysis import HEADLINE, gap_fraction, goal_conditions
 
 BASELINES = ("verifier_mean", "verifier_vote")
 HAND = "## What the numbers say (written after the run"  # the hand-written part starts here and is kept
@@ -50,6 +51,7 @@ PANELS = (
 )
 
 
+@functools.cache  # panels share label-model files
 def _load(root: Path, rel: str) -> dict[str, Any]:
     path = root / rel
     if not path.is_file():
@@ -59,13 +61,8 @@ def _load(root: Path, rel: str) -> dict[str, Any]:
 
 
 def gap(arms: dict[str, Any], arm: str) -> dict[str, Any]:
-    """(arm - single_rm) / (annotated - single_rm) on per-seed AUCs, Fieller 95% (as weaver_analysis's headline)."""
-    per = {a: arms[a]["per_seed"] for a in (arm, "single_rm", "annotated")}
-    seeds = sorted(set(per[arm]) & set(per["single_rm"]) & set(per["annotated"]), key=int)
-    num = [per[arm][s] - per["single_rm"][s] for s in seeds]
-    den = [per["annotated"][s] - per["single_rm"][s] for s in seeds]
-    point, low, high = fieller(num, den)
-    return {"point": point, "low": low, "high": high, "n_seeds": len(seeds)}
+    """The gap fraction of any arm, computed as weaver_analysis computes the headline's."""
+    return gap_fraction(*(arms[a]["per_seed"] for a in (arm, "single_rm", "annotated")))
 
 
 def weights(diag: dict[str, Any]) -> dict[str, float]:
@@ -83,13 +80,7 @@ def summarise(panel: Panel, root: Path) -> dict[str, Any]:
     arms = rep["arms"]
     w = weights(diag["pool_diagnosis"])
     pool = {b: diag["paired"][f"pool: {HEADLINE}[quality] - {b}"]["group_auc"] for b in BASELINES}
-    col = rep.get("collapse", {})
-    conditions = {
-        "gap": rep["gap_fraction"]["point"] >= GOAL["gap_fraction"],
-        "beats vote": rep["paired"]["verifier_vote"]["low"] > 0,
-        "beats mean": rep["paired"]["verifier_mean"]["low"] > 0,
-        "no collapse": bool(col) and abs(col["headline_top_share"] - col["gold_top_share"]) <= GOAL["collapse_margin"],
-    }
+    conditions = goal_conditions(rep)
     return {
         "panel": panel.name, "sweep": panel.sweep, "source": panel.replication, "command": rep["command"],
         "auc": {a: arms[a]["auc"] for a in ("single_rm", *BASELINES, HEADLINE, "annotated")},
