@@ -82,9 +82,14 @@ def stand_ins(job: Path) -> dict[str, str]:
     path = job / "manifest.json"
     if not path.is_file():
         return {}
-    m = json.loads(path.read_text())
-    out = {"start": m["model"]["sha256"]} if m.get("model", {}).get("sha256") else {}
-    return out | {name: v["sha256"] for name, v in (m.get("verifiers") or {}).items() if v.get("sha256")}
+    try:
+        m = json.loads(path.read_text())
+        model, verifiers = m.get("model") or {}, m.get("verifiers") or {}
+        out = {"start": str(model["sha256"])} if model.get("sha256") else {}
+        return out | {str(n): str(v["sha256"]) for n, v in verifiers.items() if v.get("sha256")}
+    except (ValueError, AttributeError, TypeError) as e:
+        raise SystemExit(f"{path}: not a run manifest rlexp wrote ({e}); remove the run folder from the sweep or "
+                         "re-run it") from None
 
 
 def shared_stand_ins(runs: list[dict[str, Any]]) -> dict[str, str]:

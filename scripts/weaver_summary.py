@@ -57,7 +57,10 @@ def _load(root: Path, rel: str) -> dict[str, Any]:
     if not path.is_file():
         raise SystemExit(f"{rel} is missing: it is written by the command its panel's addendum names "
                          "(results/weaver_preregistration.md); run that first")
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise SystemExit(f"{rel} is not JSON ({e}): restore it from git or run its panel's command again") from None
 
 
 def gap(arms: dict[str, Any], arm: str) -> dict[str, Any]:

@@ -94,3 +94,16 @@ def test_the_stand_ins_are_named_and_a_sweep_mixing_two_draws_is_refused(tmp_pat
         assert "start differs" in str(e) and "single_rm_1" in str(e) and "cccccccccccc" in str(e)
     else:
         raise AssertionError("runs from two warm starts were analysed together")
+
+
+def test_a_manifest_that_is_not_rlexps_is_named(tmp_path: Path):
+    sweep = tmp_path / "sweep"
+    _write_run(sweep, "annotated", 0, {0: 0.1, 50: 0.9})
+    for bad in ("not json", '{"model": "x"}', '{"verifiers": [1, 2]}'):
+        (sweep / "annotated_0" / "manifest.json").write_text(bad)
+        try:
+            wa.load_sweep(sweep, None)
+        except SystemExit as e:
+            assert "annotated_0/manifest.json: not a run manifest" in str(e)
+        else:
+            raise AssertionError(f"a manifest reading {bad!r} was accepted")

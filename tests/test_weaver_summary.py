@@ -82,10 +82,13 @@ def test_weights_sum_to_one_and_a_zero_weight_is_named(tmp_path: Path):
     assert "a weight is 0" in ws.markdown([row], "cmd")
 
 
-def test_missing_file_is_named(tmp_path: Path):
+def test_a_missing_or_broken_file_is_named(tmp_path: Path):
     missing = ws.PANELS[0].replication
     with pytest.raises(SystemExit, match=missing):
         ws.summarise(ws.PANELS[0], _root(tmp_path, skip=missing))
+    (tmp_path / missing).write_text("{truncated")
+    with pytest.raises(SystemExit, match=f"{missing} is not JSON"):
+        ws.summarise(ws.PANELS[0], tmp_path)
 
 
 def test_rerun_keeps_the_hand_written_part(tmp_path: Path):
