@@ -129,18 +129,18 @@ def test_writers_refuse_a_link_planted_after_the_check(tmp_path: Path) -> None:
     (run / "tables").mkdir(parents=True)
     before = _snapshot(out)
     (run / "metrics.jsonl").symlink_to(out / "log")
-    with pytest.raises(RunFolderUnsafe, match="metrics.jsonl is a symbolic link"):
+    with pytest.raises(RunFolderUnsafe, match=r"metrics\.jsonl is a symbolic link"):
         JsonlTracker().start({}, run, Manifest())
     (run / "metrics.jsonl").unlink()
     jt = JsonlTracker()
     jt.start({}, run, Manifest())
     (run / "tables" / "rollouts.jsonl").symlink_to(out / "log")
-    with pytest.raises(RunFolderUnsafe, match="rollouts.jsonl is a symbolic link"):
+    with pytest.raises(RunFolderUnsafe, match=r"rollouts\.jsonl is a symbolic link"):
         jt.log_table("rollouts", [{"a": 1}])
     jt.finish("completed")
     (run / "eval_samples").mkdir()
     (run / "eval_samples" / "train_step000002.jsonl").symlink_to(out / "log")
-    with pytest.raises(RunFolderUnsafe, match="train_step000002.jsonl is a symbolic link"):
+    with pytest.raises(RunFolderUnsafe, match=r"train_step000002\.jsonl is a symbolic link"):
         write_samples(run / "eval_samples" / "train_step000002.jsonl", [])
     (run / f".manifest.json.tmp.{os.getpid()}").symlink_to(out / "lock")
     with pytest.raises(RunFolderUnsafe, match=r"manifest\.json\.tmp"):

@@ -194,7 +194,7 @@ def _check_outputs(c: Any) -> None:
         raise ConfigError(f"checkpoint.keep={c.checkpoint.keep} would delete every periodic checkpoint as soon as "
                           f"it is written; keep at least 1 (checkpoint.keep=1), or write none with "
                           f"checkpoint.every_n_steps=0")
-    for key in ("logger.wandb.project", "logger.wandb.entity"):
+    for key in ("logger.wandb.project", "logger.wandb.entity") if c.logger.wandb.enabled else ():
         name = _get(c, key)
         if name is None and key.endswith("entity"):
             continue
