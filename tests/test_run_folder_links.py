@@ -88,16 +88,17 @@ def test_the_run_folder_itself_may_be_a_link(tmp_path: Path) -> None:
         assert json.loads((scratch / "run" / LOCK_FILE).read_text())["pid"] == os.getpid()
 
 
-def test_wandb_own_links_pass_and_any_other_link_in_wandb_does_not(tmp_path: Path) -> None:
+def test_links_inside_wandb_pass_and_wandb_itself_as_a_link_does_not(tmp_path: Path) -> None:
+    """`wandb/` is W&B's own area (its links lead to its cache); the folder itself must be real."""
     run = tmp_path / "run"
     w = run / "wandb"
     (w / "offline-run-1" / "logs").mkdir(parents=True)
-    (w / "offline-run-1" / "logs" / "debug.log").write_text("x")
-    (w / "latest-run").symlink_to("offline-run-1")  # as W&B makes them: relative, inside wandb/
-    (w / "debug.log").symlink_to("offline-run-1/logs/debug.log")
+    (w / "latest-run").symlink_to("offline-run-1")
+    (w / "offline-run-1" / "logs" / "debug-core.log").symlink_to(tmp_path / "cache.log")
     check_run_folder(run)
-    (w / "offline-run-1" / "files").symlink_to(tmp_path, target_is_directory=True)
-    with pytest.raises(RunFolderUnsafe, match=r"offline-run-1/files is a link to"):
+    shutil.move(w, tmp_path / "elsewhere")
+    w.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(RunFolderUnsafe, match=r"run/wandb is a link to"):
         check_run_folder(run)
 
 
@@ -259,6 +260,19 @@ def test_wandb_offline_uploads_no_file_reached_through_a_link(tmp_path: Path, of
     arts = {a["name"]: a["files"] for a in rec.manifest["wandb"]["artifacts"] if a["type"] != "run_table"}
     assert arts["checkpoint"] == ["config.json"] and arts["config"] == [".hydra/config.yaml"], arts
     assert _files_with_secret(tmp_path, skip=out) == []
+
+
+def test_a_real_wandb_folder_passes_the_check(tmp_path: Path, offline_trackers: None) -> None:
+    """The links W&B itself makes in `wandb/` (latest-run, debug logs) do not block resuming a W&B run."""
+    cfg = _cfg(tmp_path, wandb=True)
+    run = tmp_path / "run"
+    with build_trackers(cfg.logger, cfg, run, write_start_manifest(run, cfg, ["rlexp"], {"global": 1}, {})) as tr:
+        tr.log({"reward/mean": 0.5}, 1)
+    made = [str(p.relative_to(run)) for p in (run / "wandb").rglob("*") if p.is_symlink()]
+    assert made, f"W&B made no link: this test checks nothing ({sorted(os.listdir(run / 'wandb'))})"
+    check_run_folder(run)
+    with hold(run):
+        pass
 
 
 # --------------------------------------------------------------------------------------------- config

@@ -3,14 +3,16 @@ with, must not choose where rlexp's bytes go, nor which files a tracker uploads.
 
 The rule, one for every writer: the run folder itself, and any folder above it, may be a link (to scratch, to
 another disk): that is the user's own choice. Inside it, nothing is a link, a fifo, a socket or a device. The
-only exception is what W&B makes itself in a `wandb/` folder (`latest-run`, `debug.log`, `debug-internal.log`),
-which it replaces rather than writes through, and which must lead to a place inside that same `wandb/` folder.
+only exception is inside a `wandb/` folder (itself a real folder), W&B's own area: W&B makes links there
+(`latest-run`, `debug.log`, `logs/debug-core.log` into its cache), replaces rather than writes through the
+ones it keeps, writes each run into a new folder of its own, and rlexp neither writes nor uploads there.
 
 `check_run_folder` enforces it before anything is written (the run-folder lock, `rlexp.run.runlock.hold`, calls
 it, and `rlexp train` does so before Hydra writes `.hydra/` and opens `train.log`); it also refuses a folder that
 cannot be written, which would otherwise fail halfway through start-up. The files rlexp opens in place
 (`metrics.jsonl`, `tables/*.jsonl`, eval samples, the lock, temporary files) also go through `nofollow_opener`,
-so a link planted after the check is refused at open time instead of written through. `artifact_files` is what a
+so a link planted in place of one of them after the check is refused at open time instead of written
+through (a folder replaced by a link meanwhile is only caught by the next check). `artifact_files` is what a
 tracker uploads: only regular files whose real location is inside the run folder.
 """
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 WANDB_DIR = "wandb"
 _SHOWN = 5  # problems named in one message; the rest are counted
+_ELSEWHERE = "hydra.run.dir=..., or hydra.sweep.dir=... for a sweep"
 
 
 class RunFolderUnsafe(RuntimeError):
@@ -66,13 +69,9 @@ def _walk(root: Path) -> Iterator[tuple[Path, os.stat_result]]:
                 stack.append(p)
 
 
-def _wandb_own_link(link: Path, root: Path) -> bool:
-    """A link W&B made: inside a `wandb/` folder of the tree, leading to a place inside that same folder."""
-    rel = link.relative_to(root).parts
-    if WANDB_DIR not in rel[:-1]:
-        return False
-    wandb = root.joinpath(*rel[: len(rel) - 1 - rel[:-1][::-1].index(WANDB_DIR)])
-    return _inside(os.path.realpath(link), os.path.realpath(wandb))
+def _in_wandb(link: Path, root: Path) -> bool:
+    """Inside a `wandb/` folder of the tree: W&B's own area, where rlexp neither writes nor uploads."""
+    return WANDB_DIR in link.relative_to(root).parts[:-1]
 
 
 def problems(run_dir: Path) -> tuple[list[str], list[str]]:
@@ -85,7 +84,7 @@ def problems(run_dir: Path) -> tuple[list[str], list[str]]:
     read_only: list[str] = [] if os.access(run_dir, os.W_OK) else [str(run_dir)]
     for p, st in sorted(_walk(run_dir)):
         if stat.S_ISLNK(st.st_mode):
-            if not _wandb_own_link(p, run_dir):
+            if not _in_wandb(p, run_dir):
                 unsafe.append(f"{p} is a link to {os.readlink(p)}")
         elif not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             unsafe.append(f"{p} is {_kind(st.st_mode)}, not a regular file or folder")
@@ -108,18 +107,18 @@ def check_run_folder(run_dir: Path) -> None:
     """Raise `RunFolderUnsafe` naming what `problems` finds, and what to do about it."""
     if os.path.lexists(run_dir) and not Path(run_dir).is_dir():
         raise RunFolderUnsafe(f"run folder {run_dir} exists and is not a folder; move it away or write to "
-                              f"another folder (hydra.run.dir=...)")
+                              f"another folder ({_ELSEWHERE})")
     unsafe, read_only = problems(run_dir)
     if unsafe:
         raise RunFolderUnsafe(
             f"run folder {run_dir} holds what rlexp will not write through: {_listed(unsafe)}. rlexp never writes "
             f"through a link inside a run folder, nor uploads what one points to (the run folder itself may be a "
-            f"link). Remove them, or copy the folder without them, or write to another folder (hydra.run.dir=...)")
+            f"link). Remove them, or copy the folder without them, or write to another folder ({_ELSEWHERE})")
     if read_only:
         raise RunFolderUnsafe(
             f"run folder {run_dir} cannot be written: {_listed(read_only)} (read-only). Make it writable "
             f"(chmod -R u+w {run_dir}), or copy it somewhere writable, or write to another folder "
-            f"(hydra.run.dir=...)")
+            f"({_ELSEWHERE})")
 
 
 def artifact_files(path: str | os.PathLike[str], run_dir: Path) -> list[tuple[Path, Path]]:
