@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 # Matched by class name so this module needs none of the packages that define them.
 USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "ResumeError", "DatasetMissing",
-               "RunFolderBusy", "MetricsFileError", "ManifestError")
+               "RunFolderBusy", "MetricsFileError", "ManifestError", "RunFolderUnsafe")
 
 
 class RunStopped(RuntimeError):

@@ -58,6 +58,14 @@ class RunFolderGuard(Callback):
         with friendly_errors():
             self.stack.enter_context(runlock.hold(run_dir))
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: object) -> None:
+        """A sweep folder that exists already (a requeued or repeated sweep) is checked before Hydra writes in
+        it or opens a job's log: each job's own lock checks that job's folder only after that."""
+        from rlexp.core.runfolder import check_run_folder
+
+        with friendly_errors():
+            check_run_folder(Path(str(config.hydra.sweep.dir)).absolute())
+
     def on_job_start(self, config: DictConfig, **kwargs: object) -> None:
         """Hydra has just written `.hydra/*.yaml` with raw values: redact them before any check can refuse the
         run (a refused run never reaches the manifest, which redacts them again)."""

@@ -466,6 +466,97 @@ def _(work: Path) -> Outcome:
                    f"{beside}", p.returncode == 0 and not in_cwd and beside, secs)
 
 
+# --- issue 41: links and run-folder safety ---
+def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(q.relative_to(folder)): (q.read_bytes(), q.stat().st_mtime_ns)
+            for q in sorted(folder.rglob("*")) if q.is_file()}
+
+
+def one_error(p: subprocess.CompletedProcess, secs: float, needle: str, limit_s: float = 60.0) -> Outcome:
+    """Refused with exactly one `rlexp: error:` line holding `needle`, no traceback."""
+    errors = [x for x in p.stderr.splitlines() if x.startswith("rlexp: error:")]
+    out = refused(p, secs, needle, limit_s=limit_s)
+    out.ok = out.ok and p.returncode == 2 and len(errors) == 1 and needle in errors[0]
+    return out
+
+
+@case("run folders", "`.lock`, `train.log` and `eval_samples` are links outside the run folder, beside a linked "
+      "`secret.txt`", "rlexp train resume=auto logger=mlflow hydra.run.dir=RUN",
+      "refused before anything is written, naming each link; the outside files untouched, nothing uploaded")
+def _(work: Path) -> Outcome:
+    run, out = BASE.copy(work), work / "outside"
+    (out / "samples").mkdir(parents=True)
+    secret = f"S3CRET-{uuid.uuid4().hex}"
+    for name, text in (("secret.txt", secret), ("samples/secret.txt", secret), ("lock", "lock"), ("log", "log")):
+        (out / name).write_text(text + "\n")
+    for name in (".lock", "train.log", "eval_samples"):
+        shutil.rmtree(run / name) if (run / name).is_dir() else (run / name).unlink()
+    (run / ".lock").symlink_to(out / "lock")
+    (run / "train.log").symlink_to(out / "log")
+    (run / "eval_samples").symlink_to(out / "samples", target_is_directory=True)
+    (run / "secret.txt").symlink_to(out / "secret.txt")
+    before = snapshot(out)
+    p, secs = rlexp(["train", *TINY, "steps=8", "resume=auto", "logger=mlflow",
+                     f"logger.mlflow.tracking_uri=sqlite:///{work}/store/mlflow.db", f"hydra.run.dir={run}"], cwd=work)
+    res = one_error(p, secs, "is a link to")
+    named = all(f"{run / n} is a link to" in p.stderr for n in (".lock", "train.log", "eval_samples", "secret.txt"))
+    same = snapshot(out) == before
+    leaks = [str(q.relative_to(work)) for q in work.rglob("*") if q.is_file() and not q.is_symlink()
+             and out not in q.parents and secret.encode() in q.read_bytes()]
+    res.observed += f"; each link named: {named}; outside files unchanged: {same}; copies of the secret: " \
+                    f"{leaks or 'none'}"
+    res.ok = res.ok and named and same and not leaks
+    return res
+
+
+@case("run folders", "the run folder's `.lock` is a folder",
+      "mkdir RUN/.lock; rlexp train resume=auto hydra.run.dir=RUN",
+      "one message naming the lock and the fix (remove it), before anything loads")
+def _(work: Path) -> Outcome:
+    run = BASE.copy(work)
+    (run / ".lock").unlink()
+    (run / ".lock").mkdir()
+    p, secs = rlexp(["train", *TINY, "steps=8", "resume=auto", f"hydra.run.dir={run}"], cwd=work)
+    return one_error(p, secs, "is a folder; it must be a regular file", limit_s=30)
+
+
+@case("run folders", "a read-only run folder (`chmod -R a-w`; as root, run without CAP_DAC_OVERRIDE)",
+      "chmod -R a-w RUN; rlexp train resume=auto hydra.run.dir=RUN",
+      "one message naming what cannot be written and the fix (chmod -R u+w), before anything loads")
+def _(work: Path) -> Outcome:
+    run = BASE.copy(work)
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return Outcome("skipped: root without setpriv, permission bits cannot bind the run", True)
+    subprocess.run(["chmod", "-R", "a-w", str(run)], check=True)
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    t0 = time.time()
+    try:
+        p = subprocess.run([*drop, sys.executable, "-m", "rlexp", "train", *TINY, "steps=8", "resume=auto",
+                            f"hydra.run.dir={run}"], cwd=work, env=env_for(uuid.uuid4().hex), capture_output=True,
+                           text=True, timeout=600)
+    finally:
+        subprocess.run(["chmod", "-R", "u+w", str(run)], check=True)
+    out = one_error(p, time.time() - t0, "cannot be written", limit_s=30)
+    out.ok = out.ok and "chmod -R u+w" in p.stderr
+    return out
+
+
+@case("bad input", "`logger.wandb.project=../..`", "rlexp train logger=wandb logger.wandb.project=../..",
+      "refused before spawning, naming the key and a valid name")
+def _(work: Path) -> Outcome:
+    p, secs = rlexp(["train", *TINY, "logger=wandb", "logger.wandb.project=../..", f"hydra.run.dir={work / 'r'}"],
+                    cwd=work)
+    return one_error(p, secs, "logger.wandb.project='../..' is not a W&B name")
+
+
+@case("bad input", "`checkpoint.keep=0` (would delete every periodic checkpoint)",
+      "rlexp train checkpoint.every_n_steps=2 checkpoint.keep=0",
+      "refused before spawning, naming the key and the fix (keep=1, or every_n_steps=0)")
+def _(work: Path) -> Outcome:
+    p, secs = rlexp(["train", *TINY, "checkpoint.keep=0", f"hydra.run.dir={work / 'r'}"], cwd=work)
+    return one_error(p, secs, "checkpoint.keep=0 would delete every periodic checkpoint")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=REPO / "results" / "reliability.md")

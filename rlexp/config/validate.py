@@ -137,6 +137,7 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
                 "trainer.grad_clip", "eval.temperature", "generator.kv_cache_gb", "cluster.gpu_memory_gb"):
         _positive(key, _get(c, key), zero_ok=True)
     _positive("logger.system_metrics_interval_s", c.logger.system_metrics_interval_s)
+    _check_outputs(c)
     if c.cluster.threads_per_proc is not None:  # unset: derived in `rlexp.run.prepare.check_config`
         _positive("cluster.threads_per_proc", c.cluster.threads_per_proc, zero_ok=True)
     if not 0.0 <= c.trainer.ema_decay < 1.0:
@@ -181,6 +182,28 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
     if c.eval.every_n_steps < 0:
         raise ConfigError("eval.every_n_steps must be >= 0 (0 = only at the start and the end)")
     _check_trainer_layout(c)
+
+
+_WANDB_NAME_BAD = "/\\#?%:"  # what W&B refuses in a project name (after start-up, as a traceback)
+
+
+def _check_outputs(c: Any) -> None:
+    """Where a run's outputs go, refused before anything starts: a checkpoint count that would delete every
+    checkpoint it writes, and W&B names that W&B itself refuses or that read as a path."""
+    if c.checkpoint.keep < 1:
+        raise ConfigError(f"checkpoint.keep={c.checkpoint.keep} would delete every periodic checkpoint as soon as "
+                          f"it is written; keep at least 1 (checkpoint.keep=1), or write none with "
+                          f"checkpoint.every_n_steps=0")
+    for key in ("logger.wandb.project", "logger.wandb.entity") if c.logger.wandb.enabled else ():
+        name = _get(c, key)
+        if name is None and key.endswith("entity"):
+            continue
+        bad = sorted({ch for ch in str(name) if ch in _WANDB_NAME_BAD or not ch.isprintable()})
+        if not str(name).strip(". ") or len(str(name)) > 128 or bad:
+            why = (f"it holds {' '.join(repr(ch) for ch in bad)}" if bad else
+                   "it is longer than 128 characters" if len(str(name)) > 128 else "it is empty or only dots")
+            raise ConfigError(f"{key}={name!r} is not a W&B name: {why}. Use letters, digits, '-', '_' and '.' "
+                              f"(e.g. {key}=rlexp)")
 
 
 def _check_warmup(c: Any) -> None:

@@ -12,6 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlexp.core.runfolder import nofollow_opener
+
 if TYPE_CHECKING:  # types only: the runner imports this module to write samples, so no runtime import back
     from rlexp.evals.runner import BenchmarkResult, SampleRecord
 
@@ -21,7 +23,7 @@ COLUMNS = ("benchmark", "n_problems", "n_samples", "accuracy", "ci_low", "ci_hig
 def write_samples(path: str | Path, records: Iterable[SampleRecord]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    with open(path, "w", encoding="utf-8", opener=nofollow_opener) as f:  # never through a planted link
         for r in records:
             f.write(json.dumps(asdict(r), ensure_ascii=False) + "\n")
     return path

@@ -35,6 +35,7 @@ from rlexp.run.phases import Phases
 from rlexp.run.prepare import Prepared, prepare
 from rlexp.run.wiring import Role, generator_role, reward_in_controller, reward_role, wiring, with_master_port
 from rlexp.tracking import runlog
+from rlexp.tracking.files import atomic_write_text
 from rlexp.tracking.manifest import read_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
 from rlexp.transport import TransportSpec
@@ -98,9 +99,7 @@ class Graph:
     def write_placement(self, path: Path) -> None:
         """Where every role's processes run (name -> host label, hostname, pid), rewritten after a respawn."""
         data = {name: [{**w, "host": self.meshes[name][1].label} for w in where] for name, where in self.where.items()}
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, path)
+        atomic_write_text(path, json.dumps(data, indent=2))
 
     def stop(self) -> None:
         for name, (mesh, _) in reversed(list(self.meshes.items())):

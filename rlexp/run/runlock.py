@@ -8,6 +8,10 @@ when a crashed run's lock was taken over; it is emptied on a clean release, so l
 On a shared filesystem the holder may be on another host: its pid cannot be checked from here, which the
 message says (NFSv4 and Lustre pass flock between hosts; a filesystem that does not makes two hosts' locks
 independent, and the recorded host is then the only hint).
+
+Taking the lock is the gate to writing in a run folder, so it first checks the folder
+(`rlexp.core.runfolder.check_run_folder`: no link or special file inside, writable), and the lock itself must be
+a regular file: it is opened without following a link, so it can never truncate a file elsewhere.
 """
 from __future__ import annotations
 
@@ -16,11 +20,14 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from rlexp.core.runfolder import RunFolderUnsafe, check_run_folder, nofollow_opener
 
 LOCK_FILE = ".lock"
 _HELD: set[Path] = set()  # run folders this process holds: a nested `hold` of one of them is a no-op
@@ -54,6 +61,35 @@ def _describe(h: dict[str, Any]) -> str:
     return f"pid {h.get('pid', '?')} on host {h.get('host', '?')} (since {since})"
 
 
+def _read(fd: int) -> str:
+    return os.pread(fd, 4096, 0).decode("utf-8", errors="replace")
+
+
+def _open_lock(run_dir: Path) -> int:
+    """The lock's descriptor, after checking the folder; `RunFolderUnsafe` naming the problem and the fix when
+    the folder cannot be created or used, or the lock is not a regular file."""
+    check_run_folder(run_dir)  # an existing folder; one created just below is empty
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFolderUnsafe(f"cannot create the run folder {run_dir}: {e.strerror}; write to a folder you can "
+                              f"create (hydra.run.dir=...)") from None
+    path = run_dir / LOCK_FILE
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(path).st_mode
+        if not stat.S_ISREG(mode):
+            what = ("a link" if stat.S_ISLNK(mode) else "a folder" if stat.S_ISDIR(mode)
+                    else "not a regular file")
+            raise RunFolderUnsafe(f"the run-folder lock {path} is {what}; it must be a regular file that rlexp "
+                                  f"writes. Remove it (rm -r {path}) and run again")
+    try:  # O_NONBLOCK: a fifo planted after the check fails here instead of blocking the open
+        return nofollow_opener(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK)  # O_CLOEXEC: not inherited
+    except PermissionError as e:
+        raise RunFolderUnsafe(f"cannot open the run-folder lock {path}: {e.strerror}; make the run folder "
+                              f"writable (chmod -R u+w {run_dir}) or write to another folder "
+                              f"(hydra.run.dir=...)") from None
+
+
 @contextlib.contextmanager
 def hold(run_dir: Path) -> Iterator[None]:
     """Hold `run_dir`'s lock for the body, or raise `RunFolderBusy` at once when a live process holds it.
@@ -63,14 +99,12 @@ def hold(run_dir: Path) -> Iterator[None]:
     if run_dir.resolve() in _HELD:
         yield
         return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by spawned processes (O_CLOEXEC)
+    fd = _open_lock(run_dir)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            h = _holder(path.read_text(encoding="utf-8", errors="replace"))
+            h = _holder(_read(fd))
             here = h.get("host") == socket.gethostname()
             why = ("that process is alive" if here and isinstance(h.get("pid"), int) and _alive(h["pid"])
                    else "it is on another host, so whether it is still alive cannot be checked from here" if not here
@@ -78,7 +112,7 @@ def hold(run_dir: Path) -> Iterator[None]:
             raise RunFolderBusy(
                 f"run folder {run_dir} is in use by {_describe(h)}; {why}. Wait for that run to end (or stop it), "
                 f"or write to another folder (hydra.run.dir=...)") from None
-        previous = _holder(path.read_text(encoding="utf-8", errors="replace"))
+        previous = _holder(_read(fd))
         if previous:  # a holder that never released: it crashed (or ran on another host and is unreachable)
             where = ("that process is gone" if previous.get("host") == socket.gethostname()
                      else "on another host, which cannot be checked from here; the OS lock was free, so it is "

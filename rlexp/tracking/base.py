@@ -43,6 +43,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rlexp.core.runfolder import nofollow_opener
 from rlexp.errors import failure_reason
 
 from .manifest import GIT_DIFF_NAME, MANIFEST_NAME, Manifest, finish_manifest, update_manifest
@@ -108,7 +109,8 @@ class JsonlTracker(Tracker):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Append: a resumed run continues the same history file.
-        self._f = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
+        self._f = open(self.run_dir / METRICS_FILE, "a", encoding="utf-8",  # noqa: SIM115 - closed in finish()
+                       opener=nofollow_opener)
 
     def last_wall_s(self) -> float:
         """The last `time/wall_s` already in the file (0 for a new run): where a resumed run's clock goes on."""
@@ -140,7 +142,7 @@ class JsonlTracker(Tracker):
             return
         path = self.run_dir / TABLES_DIR / f"{safe_name(name)}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
+        with open(path, "a", encoding="utf-8", opener=nofollow_opener) as f:
             for r in rows:
                 f.write(json.dumps(r, default=str) + "\n")
 

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rlexp.core.runfolder import nofollow_opener
+
 
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via tmp file + fsync + rename so readers see either the old or the new file, never half."""
@@ -18,7 +20,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8", opener=nofollow_opener) as f:  # a planted link is refused
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -43,6 +43,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rlexp.core.runfolder import artifact_files
+
 from .base import Tracker, safe_name
 from .files import file_lock
 from .hydra_run import group_tags, name_from_overrides
@@ -152,6 +154,7 @@ class MlflowTracker(Tracker):
         self.monitor: Any = None
         self._sampler_due = False
         self.model_version: str | None = None
+        self.run_dir: Path | None = None  # artifacts are only regular files inside it
 
     @classmethod
     def from_config(cls, c: Any, runs_root: str | None = None,
@@ -242,7 +245,7 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Param, RunTag
         from mlflow.tracking import MlflowClient
 
-        run_dir = Path(run_dir)
+        run_dir = self.run_dir = Path(run_dir)
         # MLflow's download bars (it re-reads a table to append rows) would interleave with the progress lines.
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         self.uri, mlruns = self._resolve_store(run_dir, manifest)
@@ -356,10 +359,11 @@ class MlflowTracker(Tracker):
             return
         p = Path(path)
         folder = "checkpoints" if kind == "checkpoint" else None
-        if p.is_dir():
-            self.client.log_artifacts(self.run_id, str(p), artifact_path=f"{folder}/{p.name}" if folder else p.name)
-        else:
-            self.client.log_artifact(self.run_id, str(p), artifact_path=folder)
+        # File by file, never a folder at once: MLflow's own copy would follow a link out of the run folder.
+        base = (f"{folder}/{p.name}" if folder else p.name) if p.is_dir() else folder
+        for f, rel in artifact_files(p, self.run_dir or p.parent):
+            where = "/".join(x for x in (base, rel.parent.as_posix()) if x and x != ".")
+            self.client.log_artifact(self.run_id, str(f), artifact_path=where or None)
         if kind == "checkpoint" and self.registered_model:
             self._register(f"checkpoints/{p.name}")
 

@@ -43,6 +43,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rlexp.core.runfolder import artifact_files
+
 from .base import Tracker
 from .files import file_lock
 from .hydra_run import group_tags, name_from_overrides, override_key, sweep_size
@@ -124,6 +126,7 @@ class WandbTracker(Tracker):
         self._result: list[float] = []
         self._sweep_dir: Path | None = None
         self._last_step: int | None = None
+        self.run_dir: Path | None = None  # artifacts are only regular files inside it
 
     @classmethod
     def from_config(cls, c: Any, stats_interval_s: float | None = None) -> WandbTracker:
@@ -149,6 +152,7 @@ class WandbTracker(Tracker):
         import wandb
 
         self._sweep_dir = Path(manifest.identity.sweep_dir) if manifest.identity.sweep_dir else None
+        self.run_dir = Path(run_dir)
         # redacted already when built by write_start_manifest: belt and braces
         manifest = Manifest.from_dict(redact(manifest.to_dict()))
         ident = manifest.identity
@@ -220,11 +224,10 @@ class WandbTracker(Tracker):
                 continue
             name, typ = ARTIFACTS[kind]
             art = wandb.Artifact(name=name, type=typ, metadata={"files": [p.name for p in paths]})
-            for p in paths:
-                if p.is_dir():
-                    art.add_dir(str(p), name=p.name if kind != "checkpoint" else None)
-                else:
-                    art.add_file(str(p))
+            for p in paths:  # file by file: W&B's add_dir would follow a link out of the run folder
+                prefix = Path(p.name) if p.is_dir() and kind != "checkpoint" else Path()
+                for f, rel in artifact_files(p, self.run_dir or p.parent):
+                    art.add_file(str(f), name=(prefix / rel).as_posix())
             self.run.log_artifact(art)
 
     def log_table(self, name: str, rows: list[dict[str, Any]], step: int | None = None) -> None:
