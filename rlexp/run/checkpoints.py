@@ -93,7 +93,31 @@ def check_finished_config(run_dir: Path, cfg: DictConfig) -> None:
     """A finished run relaunched under another config is the mistake `check_resume_config` refuses on a
     resume: refuse it the same way instead of answering "nothing to do" for a config that never ran."""
     if (newest := find_resume("auto", run_dir, say=lambda _: None)) is not None:
-        check_resume_config(newest, resume_hash(cfg), bool(cfg.get("force_resume", False)))
+        check_resume_config(newest, resume_hash(cfg), bool(cfg.get("force_resume", False)),
+                            _recorded_hash(run_dir, cfg))
+
+
+# Values `prepare` derives when unset (None, or 0 for the micro-batch), as the run's manifest recorded them.
+DERIVED = {"cluster.threads_per_proc": None, "trainer.micro_batch_size": 0}
+
+
+def _recorded_hash(run_dir: Path, cfg: DictConfig) -> str | None:
+    """The hash a checkpoint written before derived values were left out of it recorded: `cfg` with the
+    values the run derived, from its manifest (plain numbers only; anything else gives no hash)."""
+    try:
+        recorded = read_manifest(run_dir).config
+    except (OSError, ValueError):
+        return None
+    filled = cfg.copy()
+    for key, unset in DERIVED.items():
+        section, name = key.split(".")
+        value = (recorded.get(section) or {}).get(name) if isinstance(recorded.get(section), dict) else None
+        if filled.get(section) is None or filled[section].get(name) != unset:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        filled[section][name] = value
+    return resume_hash(filled)
 
 
 def find_resume(resume: str, run_dir: Path, say: Callable[[str], None] | None = None) -> Path | None:
@@ -121,7 +145,7 @@ def find_resume(resume: str, run_dir: Path, say: Callable[[str], None] | None = 
         return ckpt
     if skipped:
         raise ResumeError(f"resume={resume}: no intact checkpoint under {checkpoint_root(root)} ("
-                          + "; ".join(skipped) + "); start again with resume=never")
+                          + "; ".join(skipped) + "); start again with resume=restart")
     if resume == "auto":
         return None
     raise ResumeError(f"resume={resume}: no complete checkpoint there "

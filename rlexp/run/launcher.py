@@ -441,7 +441,8 @@ def stop_message(e: BaseException, step: int, last: Path | None) -> str:
             f"the optimizer state, so the run cannot go on without them"
             if is_process_failure(e) else f"at step {step + 1}: {e}")
     return what + (f". The last checkpoint, {last}, is intact: continue with the same command plus resume=auto"
-                   if last else ". No checkpoint was written yet (checkpoint.every_n_steps): start again")
+                   if last else ". No checkpoint was written yet (checkpoint.every_n_steps): start again "
+                                                     "with resume=restart")
 
 
 def report_fault(failure: Any) -> None:
