@@ -92,7 +92,7 @@ def interrupted_hint() -> str:
     last = find_resume("auto", run_dir)
     return (f"run folder {run_dir}; "
             + (f"continue from {last} with the same command plus resume=auto" if last else
-               "no checkpoint was written yet (checkpoint.every_n_steps): start again"))
+               "no checkpoint was written yet (checkpoint.every_n_steps): start again with resume=restart"))
 
 
 def main(argv: list[str]) -> int:

@@ -555,6 +555,79 @@ def _(work: Path) -> Outcome:
 def _(work: Path) -> Outcome:
     p, secs = rlexp(["train", *TINY, "checkpoint.keep=0", f"hydra.run.dir={work / 'r'}"], cwd=work)
     return one_error(p, secs, "checkpoint.keep=0 would delete every periodic checkpoint")
+# --- issue 41: resume and SIGTERM ---
+def metric_steps(run: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def interrupted_copy(work: Path, at: int) -> Path:
+    """A copy of the base run as if stopped after step `at` before any checkpoint: no checkpoint, rows to
+    `at`, manifest status interrupted."""
+    run = BASE.copy(work)
+    shutil.rmtree(run / "checkpoints")
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("".join(x + "\n" for x in rows if json.loads(x)["step"] <= at))
+    m = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**m, "status": "interrupted"}))
+    return run
+
+
+@case("resume", "`resume=auto` on an interrupted run that wrote no checkpoint (`checkpoint.every_n_steps=0`)",
+      "rlexp train resume=auto hydra.run.dir=RUN  # RUN: stopped at step 4, no checkpoint",
+      "refused naming resume=restart, metrics.jsonl untouched (no silent restart at step 0)")
+def _(work: Path) -> Outcome:
+    run = interrupted_copy(work, 4)
+    before = (run / "metrics.jsonl").read_bytes()
+    p, secs = rlexp(["train", *TINY, "resume=auto", f"hydra.run.dir={run}"], cwd=work)
+    out = refused(p, secs, "no checkpoint to continue from", "resume=restart", limit_s=60)
+    same = (run / "metrics.jsonl").read_bytes() == before
+    out.observed += f"; metrics.jsonl unchanged: {same}"
+    out.ok = out.ok and same
+    return out
+
+
+@case("resume", "`resume=auto steps=3` when the newest checkpoint is step 4",
+      "rlexp train resume=auto steps=3 hydra.run.dir=RUN", "refused naming both numbers, nothing written")
+def _(work: Path) -> Outcome:
+    run = BASE.copy(work)
+    before = (run / "metrics.jsonl").read_bytes()
+    p, secs = rlexp(["train", *TINY, "steps=3", "resume=auto", f"hydra.run.dir={run}"], cwd=work)
+    out = refused(p, secs, "steps=3 is below the step of the checkpoint being resumed, 4", limit_s=60)
+    out.ok = out.ok and (run / "metrics.jsonl").read_bytes() == before
+    return out
+
+
+@case("resume", "SIGTERM at step 3 of a `cluster=process` run (checkpoints every 2), then `resume=auto`",
+      "rlexp train cluster=process hydra.run.dir=D & kill -TERM $! at step 3; rlexp train ... resume=auto",
+      "checkpoint of the step written, manifest interrupted with the signal and resume command, exit 143 "
+      "in < 60 s, nothing left running; resumed metrics identical to an uninterrupted run, each step once")
+def _(work: Path) -> Outcome:
+    tag, run = uuid.uuid4().hex, work / "r"
+    args = ["train", *TINY, "cluster=process", f"hydra.run.dir={run}"]
+    proc = start(args, work, tag)
+    while not ((run / "metrics.jsonl").exists() and max(metric_steps(run), default=-1) >= 3):
+        if proc.poll() is not None:
+            return Outcome(f"exited {proc.returncode} before step 3", False)
+        time.sleep(0.05)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    secs = time.time() - t0
+    left, _ = wait_clean(tag)
+    stop = json.loads((run / "manifest.json").read_text())
+    mark = stop.get("interrupted") or {}
+    ckpt = run / "checkpoints" / f"step_{mark.get('step', -1):06d}" / "COMPLETE"
+    stopped = (proc.returncode == 143 and secs < 60 and not left and stop["status"] == "interrupted"
+               and mark.get("signal") == "SIGTERM" and ckpt.is_file() and "resume=auto" in mark.get("resume", ""))
+    p, more = rlexp([*args, "resume=auto"], cwd=work)
+    code = ("from rlexp.tracking.reproduce import compare_metrics as c; "
+            f"print(c('{BASE.dir}/metrics.jsonl', '{run}/metrics.jsonl'))")
+    same = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    once = metric_steps(run) == list(range(7))
+    return Outcome(f"exit {proc.returncode} in {secs:.1f} s, checkpoint at step {mark.get('step')}, manifest "
+                   f"{stop['status']} ({mark.get('signal')}), left running {left}; resume exit {p.returncode} in "
+                   f"{more:.0f} s, compare_metrics -> {same}, each step once: {once}",
+                   stopped and p.returncode == 0 and same == "None" and once, secs + more)
 
 
 def main(argv: list[str] | None = None) -> int:

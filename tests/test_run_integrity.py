@@ -101,7 +101,7 @@ def test_a_corrupt_newest_checkpoint_falls_back_to_the_newest_intact_one(tmp_pat
     with pytest.raises(ResumeError, match="is corrupt"):  # chosen by path: no silent substitute
         checkpoints.find_resume(str(newest), tmp_path)
     _flip(older / "controller.pt", at=100, n=8)
-    with pytest.raises(ResumeError, match=r"no intact checkpoint.*start again with resume=never"):
+    with pytest.raises(ResumeError, match=r"no intact checkpoint.*start again with resume=restart"):
         checkpoints.find_resume("auto", tmp_path, say=said.append)
 
 

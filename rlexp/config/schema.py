@@ -237,7 +237,7 @@ class TrainConfig:
     seed: int = 0
     steps: int = 300
     determinism: Determinism = Determinism.seeded
-    resume: str = "never"  # never | auto | PATH
+    resume: str = "never"  # never | auto | restart | PATH
     force_resume: bool = False
     tags: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

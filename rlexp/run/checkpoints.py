@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shlex
 import shutil
 import sys
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from rlexp.config.paths import CHECKPOINTS, checkpoint_root
 from rlexp.core import weights
 from rlexp.core.weights import CheckpointError
 from rlexp.errors import disk_full
-from rlexp.tracking.base import METRICS_FILE
+from rlexp.tracking.base import METRICS_FILE, TABLES_DIR
 from rlexp.tracking.files import atomic_write_text, sha256_file
 from rlexp.tracking.manifest import MANIFEST_NAME, read_manifest
 from rlexp.tracking.metrics_file import read_metrics
@@ -78,7 +79,9 @@ def check_resumable(ckpt: Path) -> None:
 
 
 def resume_hash(cfg: DictConfig) -> str:
-    """Hash of the config minus the keys that may legitimately change across a resume."""
+    """Hash of the config minus the keys that may legitimately change across a resume. Taken from the config
+    as composed, before `prepare` derives unset values from the machine (`cluster.threads_per_proc`, a
+    `trainer.micro_batch_size` of 0): the same command must hash the same, also on a finished run."""
     # `hydra` is there only in Hydra's callbacks (never in the task's cfg), and does not resolve there yet.
     kept = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in (*RESUMABLE_KEYS, "hydra")])
     c = OmegaConf.to_container(kept, resolve=True)
@@ -90,7 +93,31 @@ def check_finished_config(run_dir: Path, cfg: DictConfig) -> None:
     """A finished run relaunched under another config is the mistake `check_resume_config` refuses on a
     resume: refuse it the same way instead of answering "nothing to do" for a config that never ran."""
     if (newest := find_resume("auto", run_dir, say=lambda _: None)) is not None:
-        check_resume_config(newest, resume_hash(cfg), bool(cfg.get("force_resume", False)))
+        check_resume_config(newest, resume_hash(cfg), bool(cfg.get("force_resume", False)),
+                            _recorded_hash(run_dir, cfg))
+
+
+# Values `prepare` derives when unset (None, or 0 for the micro-batch), as the run's manifest recorded them.
+DERIVED = {"cluster.threads_per_proc": None, "trainer.micro_batch_size": 0}
+
+
+def _recorded_hash(run_dir: Path, cfg: DictConfig) -> str | None:
+    """The hash a checkpoint written before derived values were left out of it recorded: `cfg` with the
+    values the run derived, from its manifest (plain numbers only; anything else gives no hash)."""
+    try:
+        recorded = read_manifest(run_dir).config
+    except (OSError, ValueError):
+        return None
+    filled = cfg.copy()
+    for key, unset in DERIVED.items():
+        section, name = key.split(".")
+        value = (recorded.get(section) or {}).get(name) if isinstance(recorded.get(section), dict) else None
+        if filled.get(section) is None or filled[section].get(name) != unset:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            return None
+        filled[section][name] = value
+    return resume_hash(filled)
 
 
 def find_resume(resume: str, run_dir: Path, say: Callable[[str], None] | None = None) -> Path | None:
@@ -118,7 +145,7 @@ def find_resume(resume: str, run_dir: Path, say: Callable[[str], None] | None = 
         return ckpt
     if skipped:
         raise ResumeError(f"resume={resume}: no intact checkpoint under {checkpoint_root(root)} ("
-                          + "; ".join(skipped) + "); start again with resume=never")
+                          + "; ".join(skipped) + "); start again with resume=restart")
     if resume == "auto":
         return None
     raise ResumeError(f"resume={resume}: no complete checkpoint there "
@@ -163,13 +190,100 @@ def finished(run_dir: Path, steps: int) -> str | None:
             f"to do. To train further, resume=auto with more steps; to start over, use another hydra.run.dir")
 
 
-def check_resume_config(ckpt: Path, cfg_hash: str, force: bool) -> None:
-    """Refuse to continue a run under a config other than the one that wrote the checkpoint."""
+def check_resume_config(ckpt: Path, cfg_hash: str, force: bool, legacy_hash: str | None = None) -> None:
+    """Refuse to continue a run under a config other than the one that wrote the checkpoint. `legacy_hash`:
+    the hash with derived values filled in, as checkpoints written before they were left out recorded it."""
     meta = read_meta(ckpt)
-    if meta["resume_hash"] != cfg_hash and not force:
+    if meta["resume_hash"] not in (cfg_hash, legacy_hash) and not force:
         raise ResumeError(f"refusing to resume from {ckpt}: the config differs from the one that wrote it "
                           f"(hash {meta['resume_hash'][:12]} vs {cfg_hash[:12]}); rerun with the original overrides, "
                           f"or add force_resume=true to continue under the new config")
+
+
+def _earlier_rows(run_dir: Path) -> list[int]:
+    """The steps `metrics.jsonl` already holds (a crash-cut last line is skipped, silently)."""
+    try:
+        rows = read_metrics(Path(run_dir) / METRICS_FILE, warn=lambda _: None)
+    except ValueError:  # damaged in the middle: it holds something all the same
+        return [-1]
+    return [r["step"] for r in rows if isinstance(r.get("step"), int)]
+
+
+def check_start(run_dir: Path, resume: str, resume_from: Path | None, steps: int, evaluated: bool) -> None:
+    """Refuse a start that would log a step twice, before anything is spawned: a run folder that already holds
+    steps, with no checkpoint to continue from (starting at step 0 would append a second history to its
+    metrics.jsonl), or `steps` below the checkpoint's own step. `evaluated`: the checkpoint's step was evaluated
+    (its last row is complete), so `steps` equal to it only finishes the run."""
+    if resume_from is None:
+        done = _earlier_rows(run_dir) if resume in ("auto", "never") else []
+        if done:
+            how = ("no checkpoint to continue from (checkpoint.every_n_steps=0 writes none before the end; a "
+                   "SIGTERM or SIGUSR1 writes one)" if resume == "auto" else
+                   "continue it with resume=auto" if find_resume("auto", run_dir, say=lambda _: None)
+                   else "it has no checkpoint")
+            raise ResumeError(f"resume={resume}: {run_dir} already holds a run ({_status(run_dir)}steps "
+                              f"{min(done)}-{max(done)} in {METRICS_FILE}) and {how}; starting at step 0 "
+                              f"would log those steps twice. To start over in this folder, discarding its "
+                              f"metrics and checkpoints, add resume=restart; or use another hydra.run.dir")
+        return
+    at = read_meta(resume_from)["step"]
+    if steps < at or (steps == at and not evaluated):
+        raise ResumeError(f"steps={steps} is {'below' if steps < at else 'not above'} the step of the checkpoint "
+                          f"being resumed, {at} ({resume_from}): a resume cannot go back. Use steps={at + 1} or "
+                          f"more, resume=PATH with an older checkpoint, or resume=restart to start over")
+
+
+def resume_point(run_dir: Path, resume: str, steps: int, force: bool, cfg_hash: str, legacy_hash: str,
+                 say: Callable[[str], None]) -> Path | None:
+    """Where the run starts, every check done and the folder made ready, before anything is spawned: the
+    checkpoint to continue from (None: step 0), refused when it would log a step twice (`check_start`) or
+    was written under another config; the folder's rows after it dropped (`truncate_metrics`); with
+    `resume=restart`, its old history removed first (`restart`)."""
+    if resume == "restart":
+        if removed := restart(run_dir):
+            say(f"[rlexp] resume=restart: removed {', '.join(removed)} from {run_dir}; starting at step 0")
+        resume = "never"
+    ckpt = find_resume(resume, run_dir, say=say)  # checked, intact
+    if ckpt is not None:
+        check_resume_config(ckpt, cfg_hash, force, legacy_hash)
+        evaluated = load_controller_state(ckpt).get("controller", {}).get("evaluated_at")
+        check_start(run_dir, resume, ckpt, steps, evaluated == read_meta(ckpt)["step"])
+        truncate_metrics(run_dir, read_meta(ckpt)["step"])
+    else:
+        check_start(run_dir, resume, None, steps, False)
+    return ckpt
+
+
+def _status(run_dir: Path) -> str:
+    try:
+        return f"status {read_manifest(run_dir).status}, "
+    except (OSError, ValueError):
+        return ""
+
+
+def restart(run_dir: Path) -> list[str]:
+    """`resume=restart`: the run folder's history is discarded (metrics, tables, evaluation samples,
+    checkpoints) so the new run starts at step 0 alone in it. Returns what was removed, to say so."""
+    removed = []
+    for name in (METRICS_FILE, TABLES_DIR, "eval_samples", "eval_results.json", CHECKPOINTS):
+        path = Path(run_dir) / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.is_dir():
+            shutil.rmtree(path)
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
+def resume_command(command: str | None, run_dir: Path) -> str:
+    """The command that continues this run: the recorded one (`manifest.command`) with `resume=auto` in place
+    of any `resume=...`, and the run folder named, so a timestamped default folder is found again."""
+    args = [a for a in shlex.split(command or "rlexp train") if not a.startswith(("resume=", "+resume="))]
+    if not any(a.startswith("hydra.run.dir=") for a in args):
+        args.append(f"hydra.run.dir={run_dir}")
+    return shlex.join([*args, "resume=auto"])
 
 
 def save(run_dir: Path, step: int, version: int, cfg_hash: str, keep: int,
@@ -211,14 +325,23 @@ def load_controller_state(ckpt: Path) -> dict[str, Any]:
 
 
 def truncate_metrics(run_dir: Path, last_step: int) -> int:
-    """Drop rows with step > last_step (atomically) and return how many were dropped: steps logged after
-    the checkpoint being resumed are logged again, and duplicates would break `rlexp compare`. A line cut by
-    a crash is dropped with a warning; damage elsewhere stops the resume (`read_metrics`)."""
-    path = Path(run_dir) / METRICS_FILE
+    """Drop rows with step > last_step from `metrics.jsonl` and every table (`tables/*.jsonl`), each file
+    atomically (the truncated copy is written, then replaces it, so a crash during resume loses nothing), and
+    return how many metrics rows were dropped: steps logged after the checkpoint being resumed are logged again
+    identically, and duplicates would break `rlexp compare`. A line cut by a crash is dropped with a warning;
+    damage elsewhere stops the resume (`read_metrics`)."""
+    tables = Path(run_dir) / TABLES_DIR
+    for table in sorted(tables.glob("*.jsonl")) if tables.is_dir() else []:
+        _truncate(table, last_step, default=str)
+    return _truncate(Path(run_dir) / METRICS_FILE, last_step)
+
+
+def _truncate(path: Path, last_step: int, default: Callable[[Any], Any] | None = None) -> int:
     if not path.exists():
         return 0
     rows = read_metrics(path)
-    keep = [r for r in rows if int(r.get("step", 0)) <= last_step]
+    keep = [r for r in rows if not (isinstance(r.get("step"), int) and r["step"] > last_step)]
     n_lines = sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip())
-    atomic_write_text(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in keep))
+    if len(keep) < n_lines:
+        atomic_write_text(path, "".join(json.dumps(r, allow_nan=True, default=default) + "\n" for r in keep))
     return n_lines - len(keep)

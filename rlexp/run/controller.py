@@ -17,7 +17,7 @@ from rlexp.evals.runner import evaluate
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.run import checkpoints
 from rlexp.run.prepare import Prepared
-from rlexp.tracking.base import Trackers
+from rlexp.tracking.base import Trackers, to_float
 from rlexp.tracking.runlog import announce
 from rlexp.types import Completion
 
@@ -48,6 +48,7 @@ class Controller:
         self.evaluated_at: int | None = None
         self.last: dict[str, float] = {}
         self.best_eval = float("-inf")
+        self.saved_at: Path | None = None  # the newest checkpoint this process wrote
 
     # --- the run -----------------------------------------------------------------------------------
     def run(self, resume_from: Path | None) -> dict[str, float]:
@@ -156,17 +157,30 @@ class Controller:
                  f"eval {ev} | {rate:.1f} steps/s, {samples_s:,.0f} samples/s | ETA {eta:.0f}s{zero_adv_warning(m)}")
 
     # --- checkpoints ---------------------------------------------------------------------------------
-    def save_checkpoint(self, step: int) -> Path:
+    def save_checkpoint(self, step: int, keep: int | None = None) -> Path:
         st = self.state
         state = {
             "loop": st.to_state(),
             "buffer": self.svc.buffer.state_dict.call(),
             "reward": self.svc.rewards.state_dict.fanout().get(),
+            # `last` and `evaluated_at`: a run checkpointed at its last step (a SIGTERM there) finishes on
+            # resume with the same final metrics, without evaluating that step a second time.
             "controller": {"first_eval": self.first_eval, "best_eval": self.best_eval,
-                           "last_eval": list(self.last_eval) if self.last_eval else None},
+                           "last_eval": list(self.last_eval) if self.last_eval else None,
+                           "evaluated_at": self.evaluated_at,
+                           "last": {k: f for k, v in self.last.items() if (f := to_float(v)) is not None}},
         }
-        return checkpoints.save(self.run_dir, step, st.version, self.resume_hash, self.c.checkpoint.keep,
-                                lambda path: self.svc.trainer.save.call(str(path)), state)
+        self.saved_at = checkpoints.save(self.run_dir, step, st.version, self.resume_hash,
+                                         self.c.checkpoint.keep if keep is None else keep,
+                                         lambda path: self.svc.trainer.save.call(str(path)), state)
+        return self.saved_at
+
+    def checkpoint_now(self) -> Path:
+        """A checkpoint of the step just done, for a run told to stop (SIGTERM): the periodic one when this
+        step wrote it, else a new one, kept whatever `checkpoint.keep` says (the run cannot go on without it)."""
+        if self.saved_at is not None and self.saved_at.name == f"step_{self.state.step:06d}":
+            return self.saved_at
+        return self.save_checkpoint(self.state.step, keep=max(1, self.c.checkpoint.keep))
 
     def load_checkpoint(self, ckpt: Path) -> None:
         state = checkpoints.load_controller_state(ckpt)
@@ -177,5 +191,7 @@ class Controller:
         self.best_eval = state["controller"]["best_eval"]
         last = state["controller"].get("last_eval")
         self.last_eval = (int(last[0]), float(last[1])) if last else None
+        self.evaluated_at = state["controller"].get("evaluated_at")
+        self.last = dict(state["controller"].get("last") or {})
         self.svc.trainer.load.call(str(ckpt / "trainer.pt"))
         loop.push_weights(self.svc, self.state.version)

@@ -36,7 +36,7 @@ from rlexp.run.prepare import Prepared, prepare
 from rlexp.run.wiring import Role, generator_role, reward_in_controller, reward_role, wiring, with_master_port
 from rlexp.tracking import runlog
 from rlexp.tracking.files import atomic_write_text
-from rlexp.tracking.manifest import read_manifest, write_start_manifest
+from rlexp.tracking.manifest import read_manifest, update_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
 from rlexp.transport import TransportSpec
 from rlexp.transport.registry import pair_transports, resolve, transport_spec
@@ -360,19 +360,17 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     if phases is None:
         phases = Phases(since_start=True)
         phases.done("started, config composed")
+    cfg_hash = checkpoints.resume_hash(cfg)  # before `prepare` fills in derived values
     p = prepare(cfg)
     phases.done("checks done (config, memory plan, data, reward, model files)")
-    resume_from = checkpoints.find_resume(p.cfg.resume, run_dir, say=runlog.announce)  # checked, intact
-    cfg_hash = checkpoints.resume_hash(cfg)
-    if resume_from is not None:
-        checkpoints.check_resume_config(resume_from, cfg_hash, p.cfg.force_resume)
-        checkpoints.truncate_metrics(run_dir, checkpoints.read_meta(resume_from)["step"])
+    resume_from = checkpoints.resume_point(run_dir, p.cfg.resume, p.cfg.steps, p.cfg.force_resume, cfg_hash,
+                                           checkpoints.resume_hash(cfg), say=runlog.announce)
     manifest = write_start_manifest(run_dir, cfg, sys.argv, p.seeds,
                                     {**p.extra, "resumed_from": str(resume_from) if resume_from else None})
     run_name = f"{run_dir.name}-{os.getpid()}"
     release_stale_weights(p.cfg)
     interrupts = Interrupts()
-    previous = {sig: signal.signal(sig, interrupts.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, interrupts.handler) for sig in Interrupts.SIGNALS}
     graph: Graph | None = None
     previous_hook = monarch.actor.unhandled_fault_hook
     monarch.actor.unhandled_fault_hook = report_fault  # handled here: callers see the error, services recover
@@ -392,6 +390,8 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
                 if first_step:  # the last start-up phase: the step-0 evaluation and the first step itself
                     phases.done("first step done")
                     first_step.clear()
+                if interrupts.pending in Interrupts.CHECKPOINT:
+                    stop_checkpoint(ctl, interrupts, run_dir)
                 interrupts.check(final)
                 if not final:
                     elastic.check()
@@ -419,12 +419,29 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
             signal.signal(sig, handler)
 
 
+def stop_checkpoint(ctl: Controller, interrupts: Interrupts, run_dir: Path) -> None:
+    """SIGTERM or SIGUSR1 (a scheduler's notice before it kills): the step just done is checkpointed,
+    whatever `checkpoint.every_n_steps` says, and the manifest says why the run stopped and how to continue
+    it, before the run stops (`Interrupts.check`). A second signal while the checkpoint is written is only
+    announced (the write is atomic either way: a cut one leaves no folder behind); a third stops at once."""
+    assert interrupts.pending is not None
+    name = signal.Signals(interrupts.pending).name
+    with interrupts.shielded(f"writing the checkpoint of step {ctl.state.step}"):
+        ckpt = ctl.checkpoint_now()
+        command = checkpoints.resume_command(read_manifest(run_dir).command, run_dir)
+        update_manifest(run_dir, interrupted={"signal": name, "step": ctl.state.step, "checkpoint": str(ckpt),
+                                              "resume": command})
+    runlog.announce(f"[rlexp] {name}: checkpoint {ckpt} written at step {ctl.state.step}; stopping. Continue "
+                    f"with: {command}")
+
+
 def stop_message(e: BaseException, step: int, last: Path | None) -> str:
     what = (f"a trainer process died at step {step + 1} ({_last_line(e)}). Trainer ranks hold the only copy of "
             f"the optimizer state, so the run cannot go on without them"
             if is_process_failure(e) else f"at step {step + 1}: {e}")
     return what + (f". The last checkpoint, {last}, is intact: continue with the same command plus resume=auto"
-                   if last else ". No checkpoint was written yet (checkpoint.every_n_steps): start again")
+                   if last else ". No checkpoint was written yet (checkpoint.every_n_steps): start again "
+                                                     "with resume=restart")
 
 
 def report_fault(failure: Any) -> None:
@@ -502,18 +519,34 @@ class Elastic:
 
 
 class Interrupts:
-    """Ctrl-C (SIGINT) and SIGTERM. From the first evaluation to the last step, the first signal stops the
-    run at the end of the current step, where no actor call is half-done: an exception raised inside
-    Monarch's waiting code could leave teardown hanging. A second signal, or one during start-up or the
-    final evaluation and export, stops at once. SIGINT ends as KeyboardInterrupt, SIGTERM as exit code
-    143; both mark the run interrupted. Except while the run's record is written (`recording`): a signal
+    """Ctrl-C (SIGINT), SIGTERM and SIGUSR1. From the first evaluation to the last step, the first signal
+    stops the run at the end of the current step, where no actor call is half-done: an exception raised
+    inside Monarch's waiting code could leave teardown hanging. SIGTERM and SIGUSR1 (what a scheduler sends
+    before it kills: Slurm at a time limit or preemption, SIGUSR1 ahead of it with `--signal`) first write a
+    checkpoint of that step (`stop_checkpoint`). A second signal, or one during start-up or the final
+    evaluation and export, stops at once. SIGINT ends as KeyboardInterrupt, SIGTERM as exit code 143,
+    SIGUSR1 as 138 (128 + the signal, as a shell reports a process killed by it); all mark the run
+    interrupted. Except while the run's record or that checkpoint is written (`recording`): a signal
     raised inside the trackers' finish would leave the manifest saying "running", and the run is stopping
     anyway, so the first one arriving then is only announced; another stops at once (a hung upload)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    CHECKPOINT = (signal.SIGTERM, signal.SIGUSR1)  # the step done is checkpointed before the run stops
 
     def __init__(self) -> None:
         self.deferred = False
         self.pending: int | None = None
         self.recording = False
+        self.busy = "writing the run's record"  # what `recording` protects, for the message
+
+    @contextlib.contextmanager
+    def shielded(self, busy: str) -> Iterator[None]:
+        """While the body runs, the first signal is only announced (`busy` says why); another acts at once."""
+        self.recording, self.busy = True, busy
+        try:
+            yield
+        finally:
+            self.recording, self.busy = False, "writing the run's record"
 
     @contextlib.contextmanager
     def record_on_exit(self) -> Iterator[None]:
@@ -527,13 +560,14 @@ class Interrupts:
     def handler(self, signum: int, frame: Any) -> None:
         if self.recording:
             self.recording = False
-            print(f"\n[rlexp] {signal.Signals(signum).name}: writing the run's record first (send it again to stop "
-                  f"now)", file=sys.stderr, flush=True)
+            print(f"\n[rlexp] {signal.Signals(signum).name}: {self.busy} first (send it again to stop now)",
+                  file=sys.stderr, flush=True)
             return
         if not self.deferred or self.pending is not None:
             raise self._exception(signum)
         self.pending = signum
-        print(f"\n[rlexp] {signal.Signals(signum).name}: stopping after this step (send it again to stop now)",
+        then = "checkpointing and stopping" if signum in self.CHECKPOINT else "stopping"
+        print(f"\n[rlexp] {signal.Signals(signum).name}: {then} after this step (send it again to stop now)",
               file=sys.stderr, flush=True)
 
     def check(self, final: bool = False) -> None:
@@ -545,4 +579,4 @@ class Interrupts:
 
     @staticmethod
     def _exception(signum: int) -> BaseException:
-        return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(143)
+        return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)

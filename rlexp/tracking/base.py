@@ -57,7 +57,7 @@ WALL_KEY = "time/wall_s"
 # The run folder's own files, uploaded by every tracker when the run finishes, with their artifact kind.
 RUN_FILES = ((MANIFEST_NAME, "manifest"), (GIT_DIFF_NAME, "manifest"), (".hydra", "config"),
              (METRICS_FILE, "record"), (TRAIN_LOG, "record"), ("eval_samples", "eval"), ("eval_results.json", "eval"))
-INTERRUPT_EXIT_CODES = frozenset({130, 143, -2, -15})
+INTERRUPT_EXIT_CODES = frozenset({130, 138, 143, -2, -10, -15})  # SIGINT, SIGUSR1, SIGTERM
 
 
 def to_float(v: Any) -> float | None:

@@ -105,9 +105,36 @@ def first_difference(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> Me
 
 def compare_metrics(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> str | None:
     """None when the two metrics.jsonl files agree on every non-timing value, else a one-line description of
-    the first step and metric that differ."""
+    the first step and metric that differ, or of a step that either file logs twice (a run restarted or
+    resumed into its own folder without dropping the rows after its checkpoint: two equal files of that kind
+    must not pass as a match)."""
+    for path in (a, b):
+        if (dup := duplicate_step(path)) is not None:
+            return dup
     d = first_difference(a, b)
     return None if d is None else str(d)
+
+
+def duplicate_step(path: str | os.PathLike[str]) -> str | None:
+    """A one-line description of the first step `path` (a metrics.jsonl) logs twice, else None: a step lower
+    than one already logged (a second history appended), or a step whose rows both carry a metric. Several
+    rows of one step with different metrics (a loop logging its evaluation apart) are one step's."""
+    newest, first_row, seen = None, {}, {}
+    for line, row in enumerate(_rows(Path(path)), start=1):
+        step = row.get("step")
+        if not isinstance(step, int | float) or isinstance(step, bool):
+            continue  # not a step at all: `first_difference` reports it
+        keys = {k for k in row if k != "step" and not is_operational_key(k)}
+        if newest is not None and step < newest:
+            return (f"{path}: row {line} goes back to step {step} after step {newest}: a second history was "
+                    f"appended to the run's own (restarted or resumed in the same folder), so it is not one run's")
+        if step == newest and keys & seen[step]:
+            return (f"{path}: step {step} is logged twice (rows {first_row[step]} and {line} both carry "
+                    f"{sorted(keys & seen[step])[0]!r}), so the file is not one run's history")
+        if step != newest:
+            newest, first_row[step], seen[step] = step, line, set()
+        seen[step] |= keys
+    return None
 
 
 def _moving_average(ys: list[float], window: int) -> list[float]:
