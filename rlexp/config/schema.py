@@ -20,7 +20,7 @@ from rlexp.config.eval import EvalConfig
 from rlexp.config.logger import LoggerConfig
 from rlexp.config.model import ModelConfig
 from rlexp.config.reward import RewardConfig, VerifierSetConfig
-from rlexp.config.trust import CODE, DATA, ENDPOINT, LOCATION, OPTIONS, location_meta
+from rlexp.config.trust import CODE, DATA, ENDPOINT, LOCATION, OPTIONS, RUNS, location_meta
 
 
 def _choices(name: str, *values: str) -> Any:
@@ -135,8 +135,8 @@ class SlurmConfig:
     mem: str | None = field(default=None, metadata=DATA)  # sbatch --mem, e.g. "512G"
     job_name: str = field(default="rlexp", metadata=DATA)
     # the interpreter on the nodes (an environment with rlexp installed)
-    python_exe: str = field(default="python", metadata=CODE)
-    extra_args: list[str] = field(default_factory=list, metadata=CODE)  # further sbatch arguments, verbatim
+    python_exe: str = field(default="python", metadata=RUNS)
+    extra_args: list[str] = field(default_factory=list, metadata=RUNS)  # further sbatch arguments, verbatim
     start_timeout_s: int | None = None  # give up if the allocation has not started by then
 
 
@@ -146,7 +146,7 @@ class KubernetesConfig:
     (needs the Monarch operator), without it attaches to pods already labelled per mesh."""
 
     namespace: str = field(default="default", metadata=DATA)
-    image: str | None = field(default=None, metadata=CODE)
+    image: str | None = field(default=None, metadata=RUNS)
     gpus_per_pod: int = 0  # resources: nvidia.com/gpu per pod (one pod is one host)
     # memory-backed /dev/shm per pod, e.g. "64Gi" (the shm transport)
     shared_memory_size: str | None = field(default=None, metadata=DATA)
@@ -250,8 +250,8 @@ class TrainConfig:
     extra: dict[str, Any] = field(default_factory=dict, metadata=DATA)
     # A user's own code and configs (rlexp.core.plugins): modules imported in every process before anything is built,
     # and config folders searched beside the shipped presets (`rlexp train config_path=[DIR,...]`, absolute here).
-    plugins: list[str] = field(default_factory=list, metadata=CODE)
-    config_path: list[str] = field(default_factory=list, metadata=CODE)
+    plugins: list[str] = field(default_factory=list, metadata=RUNS)
+    config_path: list[str] = field(default_factory=list, metadata=RUNS)
 
 
 def register_configs() -> None:
