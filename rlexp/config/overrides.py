@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import re
 import types
 import typing
@@ -58,7 +59,7 @@ def schema_path_error(parts: Sequence[str], root: type = TrainConfig) -> str | N
         tp = _unwrap(tp)
         where = ".".join(parts[:i]) or "the config"
         if dataclasses.is_dataclass(tp):
-            hints = typing.get_type_hints(tp)
+            hints = _schema(tp)[1]
             if part not in hints:
                 return f"{where} has no key {part!r}"
             tp = hints[part]
@@ -77,6 +78,12 @@ def schema_path_error(parts: Sequence[str], root: type = TrainConfig) -> str | N
 
 
 _NUMERIC = (int, float, bool)
+
+
+@functools.cache
+def _schema(tp: type) -> tuple[dict[str, dataclasses.Field], dict[str, Any]]:
+    """A dataclass's fields and resolved type hints (resolving them each time is most of the gate's cost)."""
+    return {f.name: f for f in dataclasses.fields(tp)}, typing.get_type_hints(tp)
 
 
 def _is_plain_type(tp: Any) -> bool:
@@ -100,8 +107,7 @@ def _refusals(key: str, tp: Any, meta: Any, value: Any) -> Iterable[tuple[str, T
     data (`rlexp.config.trust.passes`). A key the schema does not declare counts as code: refused, never let by."""
     tp = _unwrap(tp)
     if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        fields = {f.name: f for f in dataclasses.fields(tp)}
-        hints = typing.get_type_hints(tp)
+        fields, hints = _schema(tp)
         for k, v in value.items():
             if str(k) in fields:
                 yield from _refusals(f"{key}.{k}", hints[str(k)], fields[str(k)].metadata, v)
@@ -147,10 +153,10 @@ def refusals(parts: Sequence[str], value: Any, root: type = TrainConfig) -> list
     for part in parts:
         tp = _unwrap(tp)
         if dataclasses.is_dataclass(tp):
-            fields = {f.name: f for f in dataclasses.fields(tp)}
+            fields, hints = _schema(tp)
             if part not in fields:
                 return [(".".join(parts), Trust.CODE, value)]
-            tp, meta = typing.get_type_hints(tp)[part], fields[part].metadata
+            tp, meta = hints[part], fields[part].metadata
         elif typing.get_origin(tp) is list:
             tp = typing.get_args(tp)[0] if typing.get_args(tp) else Any
         else:  # inside a free-form dict: classified by name (or all data, for `extra`)

@@ -194,8 +194,9 @@ def run_heldout(run_dir: Path, trust_plugins: bool = False) -> dict[str, Any]:
            "benchmark (benchmark=gsm8k)")
     code = recorded_code(m.extra.get("plugins"), m.extra.get("config_path"))
     if code and not trust_plugins:
-        raise PluginError(f"run={run_dir}: this run's task is code of its own ({'; '.join(code)}), which scoring it "
-                          f"would import and run as yours; nothing was imported. {fix}")
+        raise PluginError(f"run={run_dir}: refusing to score it: this run's task is code of its own "
+                          f"({'; '.join(code)}), which scoring it would import and run as yours; nothing was "
+                          f"imported. {fix}")
     c = m.config
     env, algo = c.get("environment"), c.get("algorithm")
     max_tokens = algo.get("max_tokens") if isinstance(algo, dict) else None
@@ -204,7 +205,7 @@ def run_heldout(run_dir: Path, trust_plugins: bool = False) -> dict[str, Any]:
                           f"(not a training run's manifest?); name a benchmark (benchmark=gsm8k)")
     bad = refusals(["environment"], env)
     if bad and not trust_plugins:
-        raise PluginError(f"run={run_dir}: {path} is not taken as data: "
+        raise PluginError(f"run={run_dir}: refusing {path}, which is data someone wrote: "
                           + "; ".join(refusal_text(*b) for b in bad) + f"; nothing was imported. {fix}")
     if trust_plugins:  # only now may a folder the manifest names (plug-ins, its working folder) reach sys.path
         for change in activate_recorded(m.extra.get("plugins"), m.extra.get("config_path"), m.hydra.runtime_cwd):
