@@ -309,7 +309,7 @@ def test_a_name_a_wrapper_script_registered_reaches_every_process(project: Path,
                             "config": {"plugins": []}, "plugins": p.extra["plugins"],
                             "config_path": p.extra["config_path"],
                             "hydra": {"config_name": "train", "runtime_cwd": str(project)}})
-    cmd = reproduce.build_command(m, tmp_path / "new")
+    cmd = reproduce.build_command(m, tmp_path / "new", trusted=True)  # code of its own: only with --trust-plugins
     assert "plugins=[wraptasks]" in cmd  # the re-run imports it itself, found in its recorded folder
     folders = recorded_folders(m.extra["plugins"])
     assert str(wrapped) in folders and str(project) in folders
