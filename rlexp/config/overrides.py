@@ -7,6 +7,11 @@ selection must name an option file that exists, no key or value may carry Hydra'
 (`_target_`, `_args_`, ...), and an interpolation may only be a plain `${a.b}` reference to a schema key.
 Hydra keys are refused except the run-folder ones rlexp itself sets. A refusal names the override.
 
+Beyond the syntax, every value is judged by what it does (`refusals`), as Hydra parses it (quotes, escapes, lists,
+dicts): each schema field declares whether it names code, a place on this machine, a network endpoint or data
+(`rlexp.config.trust`), and only data passes from a file someone else wrote. `rlexp eval run=` judges the
+manifest's recorded `config.environment` node the same way.
+
 What a user types on their own command line is theirs and is not checked here.
 """
 from __future__ import annotations
@@ -279,17 +284,18 @@ def check_overrides(overrides: Sequence[Any], source: str, conf_dirs: Sequence[P
             untrusted += [(raw, refusal_text(k, kind, v), kind) for k, kind, v in refusals(parts, o.value())
                           if not (allow_code and kind == Trust.CODE)]
     if untrusted:
-        kinds = sorted({kind for _, _, kind in untrusted})
-        raise OverrideError(f"{source}: refusing " + "; ".join(f"override {raw!r} ({why})" for raw, why, _ in untrusted)
-                            + ". " + (CODE_FIX if Trust.CODE in kinds else "")
-                            + "a manifest never chooses these: give what you want yourself on your own command line "
-                            + "(rlexp reproduce RUN_DIR -- " + " ".join(f"{_key(raw)}=..." for raw, _, _ in untrusted)
-                            + ")")
+        raise _untrusted_error(source, untrusted)
     return list(overrides)
 
 
-def _key(raw: str) -> str:
-    return raw.split("=", 1)[0].lstrip("~+")
+def _untrusted_error(source: str, untrusted: list[tuple[str, str, Trust]], most: int = 8) -> OverrideError:
+    """One message naming every override that is not plain data (the first `most`), and how to give them."""
+    shown = "; ".join(f"override {raw!r} ({why})" for raw, why, _ in untrusted[:most])
+    more = f"; and {len(untrusted) - most} more" if len(untrusted) > most else ""
+    keys = " ".join(dict.fromkeys(f"{raw.split('=', 1)[0].lstrip('~+')}=..." for raw, _, _ in untrusted[:most]))
+    fix = CODE_FIX if any(kind == Trust.CODE for _, _, kind in untrusted) else ""
+    return OverrideError(f"{source}: refusing {shown}{more}. {fix}a manifest never chooses these: give what you want "
+                         f"yourself on your own command line (rlexp reproduce RUN_DIR -- {keys})")
 
 
 def check_composed_keys(cfg: Any) -> None:
