@@ -156,3 +156,30 @@ def test_reproduce_starts_in_this_folder_without_trust(tmp_path: Path, monkeypat
     reproduce.main([str(run)], runner=lambda c, cwd=None: seen.append(cwd) or 1)
     reproduce.main([str(run), "trust_plugins=true"], runner=lambda c, cwd=None: seen.append(cwd) or 1)
     assert seen == [None, str(run)]
+
+
+def test_weights_cleanup_deletes_only_folders_rlexp_made(tmp_path: Path) -> None:
+    """Finding 4's second half: whatever `cluster.shm_dir` names (a user's own choice included), cleanup deletes
+    only run folders the shm transport made (its marker, this user's, no link), never a folder's other contents,
+    even one whose name ends in a pid no process has."""
+    from rlexp.config.schema import TrainConfig
+    from rlexp.run.launcher import release_stale_weights, release_weights
+    from rlexp.transport import TransportError
+    from rlexp.transport.shm import ShmTransport, owned
+
+    root = tmp_path / "shm"
+    (root / "photos-3999999").mkdir(parents=True)
+    (root / "photos-3999999" / "a.jpg").write_text("x")
+    (root / "link-3999998").symlink_to(root / "photos-3999999")
+    t = ShmTransport("crashed-3999997", root=root)  # a run of ours that died without tearing down
+    assert owned(t.dir) and not owned(root / "photos-3999999") and not owned(root / "link-3999998")
+    c = TrainConfig()
+    c.cluster.shm_dir = str(root)
+    release_stale_weights(c)
+    release_weights(c, "photos-3999999")
+    assert not t.dir.exists()
+    assert (root / "photos-3999999" / "a.jpg").read_text() == "x" and (root / "link-3999998").is_symlink()
+    (root / "theirs-5").mkdir()  # a folder of the name a run would take, not made by rlexp: refused, kept
+    with pytest.raises(TransportError, match=r"not made by rlexp"):
+        ShmTransport("theirs-5", root=root)
+    assert (root / "theirs-5").is_dir()
