@@ -321,12 +321,14 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
                                  epilog="exit codes: 0 identical metrics, 1 metrics differ (first difference printed), "
                                         "2 the re-run failed or could not be built")
     ap.add_argument("run_dir", type=Path, help="a finished run folder (holds manifest.json and metrics.jsonl)")
-    ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the manifest (the trust gate included), print the command, run nothing")
     ap.add_argument("--config-dir", type=Path, default=None,
                     help="the config folder the run used (its manifest names it; never taken from the manifest)")
     ap.add_argument("--trust-plugins", action="store_true",
-                    help="run the plug-in modules and config folders the manifest records (they run as your code: "
-                         "pass it only for a run folder whose author you trust)")
+                    help="run the plug-in modules, class paths and config folders the manifest records (they run "
+                         "as your code: pass it only for a run folder whose author you trust; trust_plugins=true "
+                         "too). Places and endpoints are never taken from a manifest: give them after `--`")
     ap.add_argument("--allow-changed-plugins", action="store_true",
                     help="re-run even when a plug-in's source or a config folder changed since the run (warns)")
     ap.add_argument("extra", nargs="*", help="overrides appended after `--` (replace same-key ones)")
