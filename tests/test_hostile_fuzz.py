@@ -185,14 +185,20 @@ def _config(path: str, value: object, module: str | None = None) -> Callable[[Pa
     return _edit(fn)
 
 
+def _finding1_in_folder(m: dict, run: Path, victim: Path) -> None:
+    """Finding 1 as reported: the module in the run folder, the manifest naming it, no working folder recorded
+    (so the one the command runs in, the run folder, was searched)."""
+    _plant(run, "evilmod")
+    m["config"]["environment"]["name"] = "evilmod:Env"
+    m["hydra"]["runtime_cwd"] = None
+
+
 def fixed_cases(listener_port: int) -> list[Case]:
     """Issue 41's findings 1-4, as reported, plus their neighbours."""
     return [
         Case("finding1 eval run= imports config.environment.name from the folder", "eval",
              _config("environment.name", "evilmod:Env", "evilmod")),
-        Case("finding1 eval run=. from inside the folder, runtime_cwd unset", "eval",
-             _edit(lambda m, r, v: (_plant(r, "evilmod"), m["config"]["environment"].update(name="evilmod:Env"),
-                                    m["hydra"].update(runtime_cwd=None)))),
+        Case("finding1 eval run=. from inside the folder, runtime_cwd unset", "eval", _edit(_finding1_in_folder)),
         Case("finding2 quoted class path passes the reproduce gate", "reproduce",
              _override("environment.name='evilmod2:Env'", "evilmod2")),
         Case("finding3 manifest tracking_uri gets the token", "reproduce",
@@ -367,6 +373,10 @@ def test_the_four_findings_are_closed(finished_run: Path, tmp_path: Path, listen
     assert [f for f in failures if f] == []
     assert outcomes["untouched run: reproduce passes, the re-run's checks run"] == 0
     assert outcomes["untouched run: compare"] == 0
+    # The control: the user vouches for the folder, so finding 1's module is imported, and the hook sees it.
+    control = Case("control trusted", "eval", _edit(_finding1_in_folder), args=("--trust-plugins",))
+    p, events, _ = _run_case(control, finished_run, tmp_path, listener.port)
+    assert {"import", "write", "sentinel"} <= {e[0] for e in events}, (events, p.stderr[-2000:])
 
 
 @pytest.mark.parametrize("seed", [41])
