@@ -176,7 +176,8 @@ def run_heldout(run_dir: Path, trust_plugins: bool = False) -> dict[str, Any]:
     is data from whoever wrote it: its `environment` node passes the trust gate (`rlexp.config.overrides.refusals`),
     so without `trust_plugins` an import path (`environment.name='mod:Cls'`), a rule class, a local dataset file
     or an endpoint in it is refused, nothing is imported and no folder goes on the module path. With
-    `trust_plugins`, a run of a user's own task brings back its plug-ins from where the manifest recorded them (so
+    `trust_plugins` (the user vouches for the folder) the node is taken as recorded, and a run of a user's own
+    task brings back its plug-ins from where the manifest recorded them (so
     this works from any folder), with a warning when their source changed since; the benchmark is named by the
     config option (`count_a_heldout`), not by an import path."""
     from rlexp.config.overrides import refusal_text, refusals
