@@ -628,6 +628,112 @@ def _(work: Path) -> Outcome:
                    f"{stop['status']} ({mark.get('signal')}), left running {left}; resume exit {p.returncode} in "
                    f"{more:.0f} s, compare_metrics -> {same}, each step once: {once}",
                    stopped and p.returncode == 0 and same == "None" and once, secs + more)
+# --- issue 41: trust boundary ---
+EVIL_MODULE = "open({sentinel!r}, 'a').write('imported\\n')\nclass Env: pass\n"
+
+
+def planted(run: Path, work: Path, name: str) -> Path:
+    """A module planted in the run folder that leaves a file when imported: the evidence code ran."""
+    sentinel = work / f"{name}.ran"
+    (run / f"{name}.py").write_text(EVIL_MODULE.format(sentinel=str(sentinel)))
+    return sentinel
+
+
+@case("untrusted manifest", "a mailed run folder whose recorded `config.environment.name` is `evilmod:Env`, with "
+      "`evilmod.py` in the folder, scored from inside it",
+      "cd RUN && rlexp eval run=.  # manifest config.environment.name = evilmod:Env, RUN/evilmod.py",
+      "refused naming environment.name and --trust-plugins; nothing imported")
+def _(work: Path) -> Outcome:
+    run = BASE.copy(work)
+    sentinel = planted(run, work, "evilmod")
+    m = json.loads((run / "manifest.json").read_text())
+    m["config"]["environment"]["name"] = "evilmod:Env"
+    m["hydra"]["runtime_cwd"] = None
+    (run / "manifest.json").write_text(json.dumps(m))
+    p, secs = rlexp(["eval", "run=.", "--out", str(work / "out")], cwd=run)
+    out = refused(p, secs, "environment.name", "--trust-plugins")
+    out.ok = out.ok and not sentinel.exists()
+    return out
+
+
+@case("untrusted manifest", "a mailed manifest's override with a quoted class path, `environment.name='evilmod2:Env'`",
+      "rlexp reproduce RUN  # overrides += environment.name='evilmod2:Env', RUN/evilmod2.py",
+      "refused as Hydra parses it (quotes removed), naming the key; nothing imported")
+def _(work: Path) -> Outcome:
+    run = BASE.copy(work)
+    sentinel = planted(run, work, "evilmod2")
+    m = json.loads((run / "manifest.json").read_text())
+    m["overrides"] = [*m["overrides"], "environment.name='evilmod2:Env'"]
+    (run / "manifest.json").write_text(json.dumps(m))
+    p, secs = rlexp(["reproduce", str(run)], cwd=run)
+    out = refused(p, secs, "environment.name", "--trust-plugins")
+    out.ok = out.ok and not sentinel.exists() and not (run.parent / "reproduce").exists()
+    return out
+
+
+@case("untrusted manifest", "a mailed manifest's `logger.mlflow.tracking_uri=http://127.0.0.1:PORT` with "
+      "`MLFLOW_TRACKING_TOKEN` set (a loopback listener on PORT)",
+      "MLFLOW_TRACKING_TOKEN=... rlexp reproduce RUN  # overrides += logger=mlflow logger.mlflow.tracking_uri=...",
+      "refused naming the key (an endpoint: pass it yourself); no connection, the token goes nowhere")
+def _(work: Path) -> Outcome:
+    seen: list[bytes] = []
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = srv.accept()
+                with conn:
+                    seen.append(conn.recv(4096))
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    run = hostile_manifest(work, ["logger=mlflow", f"logger.mlflow.tracking_uri=http://127.0.0.1:"
+                                                   f"{srv.getsockname()[1]}"])
+    p, secs = rlexp(["reproduce", str(run)], cwd=work, MLFLOW_TRACKING_TOKEN="tok-issue41")
+    stop.set()
+    thread.join(timeout=5)
+    srv.close()
+    out = refused(p, secs, "logger.mlflow.tracking_uri")
+    out.observed += f"; connections to the listener: {len(seen)}"
+    out.ok = out.ok and not seen
+    return out
+
+
+@case("untrusted manifest", "a mailed manifest's `cluster.shm_dir=/some/folder` naming a folder of yours",
+      "rlexp reproduce RUN  # overrides += cluster.shm_dir=DIR (DIR holds your files)",
+      "refused naming the key (a place: pass it yourself); DIR untouched")
+def _(work: Path) -> Outcome:
+    victim = work / "mine"
+    (victim / "photos-3999999").mkdir(parents=True)
+    (victim / "photos-3999999" / "a.jpg").write_text("x")
+    (victim / "notes.txt").write_text("mine")
+    run = hostile_manifest(work, [f"cluster.shm_dir={victim}"])
+    p, secs = rlexp(["reproduce", str(run)], cwd=work)
+    out = refused(p, secs, "cluster.shm_dir")
+    intact = (victim / "notes.txt").is_file() and (victim / "photos-3999999" / "a.jpg").is_file()
+    out.observed += f"; {victim.name}/ intact: {intact}"
+    out.ok = out.ok and intact
+    return out
+
+
+@case("untrusted manifest", "weights cleanup in a `cluster.shm_dir` you chose that holds other folders "
+      "(`photos-3999999`: a name ending in a pid no process has)",
+      "rlexp train steps=2 cluster.shm_dir=DIR  # DIR/photos-3999999/a.jpg, DIR/notes.txt",
+      "only folders rlexp's shm transport made (its marker file) are deleted; DIR's other contents kept")
+def _(work: Path) -> Outcome:
+    shm = work / "shm"
+    (shm / "photos-3999999").mkdir(parents=True)
+    (shm / "photos-3999999" / "a.jpg").write_text("x")
+    (shm / "notes.txt").write_text("mine")
+    p, secs = rlexp(["train", "steps=2", "eval.every_n_steps=0", "cluster.transport=shm", f"cluster.shm_dir={shm}",
+                     f"hydra.run.dir={work / 'r'}"], cwd=work)
+    kept = sorted(str(q.relative_to(shm)) for q in shm.rglob("*"))
+    ok = p.returncode == 0 and kept == ["notes.txt", "photos-3999999", "photos-3999999/a.jpg"]
+    return Outcome(f"exit {p.returncode} in {secs:.1f} s; left in DIR: {kept}", ok, secs)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,15 +4,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlexp.config.trust import CODE, DATA, OPTIONS, location_meta
+
 
 @dataclass
 class EnvConfig:
-    name: str = "arithmetic"  # registry key in rlexp.envs.registry
+    name: str = field(default="arithmetic", metadata=CODE)  # registry key in rlexp.envs.registry
     # Dataset source (HF id or package data); ignored by generated environments.
-    dataset: str | None = None
-    revision: str | None = None
-    split: str = "train"
-    eval_split: str = "test"
+    dataset: str | None = field(default=None, metadata=location_meta(hub_ids=True))
+    revision: str | None = field(default=None, metadata=DATA)
+    split: str = field(default="train", metadata=DATA)
+    eval_split: str = field(default="test", metadata=DATA)
     eval_size: int = 0  # 0 = the whole eval split
     max_turns: int = 1  # policy responses per episode; > 1 (with an environment that implements `step`): multi-turn
     # Multi-turn limits: response tokens per episode, the policy's and the environment's (0: the model's context
@@ -22,4 +24,4 @@ class EnvConfig:
     # Seconds one `step` (a tool call) may take before the model is told it timed out (0: no limit, run inline).
     step_timeout_s: float = 10.0
     # Environment-specific knobs (e.g. arithmetic's operand range); validated by the environment itself.
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlexp.config.trust import CODE
+
 
 @dataclass
 class EvalConfig:
     every_n_steps: int = 50
     # Held-out split of the training environment is always evaluated; these are extra benchmarks
     # (names of files in rlexp/conf/benchmark/, e.g. ["gsm8k"]).
-    benchmarks: list[str] = field(default_factory=list)
+    benchmarks: list[str] = field(default_factory=list, metadata=CODE)  # config file names
     max_samples: int | None = None
     temperature: float = 0.0
     k: int = 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from rlexp.config.trust import DATA, ENDPOINT, LOCATION
+
 # auto: WANDB_DISABLED / WANDB_MODE when set, else offline unless WANDB_API_KEY is set.
 WandbMode = StrEnum("WandbMode", {v: v for v in ("auto", "offline", "online", "disabled")})
 
@@ -12,8 +14,8 @@ WandbMode = StrEnum("WandbMode", {v: v for v in ("auto", "offline", "online", "d
 class WandbConfig:
     enabled: bool = False
     mode: WandbMode = WandbMode.auto
-    project: str = "rlexp"
-    entity: str | None = None
+    project: str = field(default="rlexp", metadata=DATA)
+    entity: str | None = field(default=None, metadata=ENDPOINT)
     system_metrics: bool = True  # W&B's own CPU/memory/disk/GPU sampler (its System panel)
     git: bool = True  # the manifest's commit and (redacted) remote in W&B's git fields
 
@@ -21,11 +23,12 @@ class WandbConfig:
 @dataclass
 class MlflowConfig:
     enabled: bool = False
-    tracking_uri: str | None = None  # default: MLFLOW_TRACKING_URI, else a SQLite store under the runs folder
-    experiment: str = "rlexp"
+    # default: MLFLOW_TRACKING_URI, else a SQLite store under the runs folder
+    tracking_uri: str | None = field(default=None, metadata=ENDPOINT)
+    experiment: str = field(default="rlexp", metadata=DATA)
     system_metrics: bool = True  # MLflow's own sampler (system/* metrics; needs psutil)
     # Register the final checkpoint (artifact `checkpoints/final`) as a version of this model name; None: don't.
-    registered_model: str | None = None
+    registered_model: str | None = field(default=None, metadata=DATA)
 
 
 @dataclass
@@ -39,4 +42,4 @@ class LoggerConfig:
     system_metrics_interval_s: float = 10.0  # sampling period of both trackers' system metrics
     # Where the default MLflow store lives (<runs_root>/mlruns). None: the folder holding the run dir (single
     # runs) or the sweep dir (multiruns), so a sweep's jobs share one store without any setting.
-    runs_root: str | None = None
+    runs_root: str | None = field(default=None, metadata=LOCATION)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from rlexp.config.trust import DATA, LOCATION, location_meta
+
 DType = StrEnum("DType", {v: v for v in ("float32", "bfloat16", "float16")})
 TokenizerKind = StrEnum("TokenizerKind", {v: v for v in ("char", "hf")})
 
@@ -54,13 +56,13 @@ class WarmupConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny"
+    name: str = field(default="tiny", metadata=DATA)
     # Hugging Face repo id and pinned revision; `path` (a local folder) wins when set.
-    hf_repo: str | None = None
-    revision: str = "main"
-    path: str | None = None
+    hf_repo: str | None = field(default=None, metadata=location_meta(hub_ids=True))
+    revision: str = field(default="main", metadata=DATA)
+    path: str | None = field(default=None, metadata=LOCATION)
     # TorchTitan flavour (qwen3_configs key) or "tiny" for the embedded random model.
-    flavor: str = "tiny"
+    flavor: str = field(default="tiny", metadata=DATA)
     tokenizer: TokenizerKind = TokenizerKind.char
     chat_template: bool = False
     dtype: DType = DType.float32

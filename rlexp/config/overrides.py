@@ -7,11 +7,18 @@ selection must name an option file that exists, no key or value may carry Hydra'
 (`_target_`, `_args_`, ...), and an interpolation may only be a plain `${a.b}` reference to a schema key.
 Hydra keys are refused except the run-folder ones rlexp itself sets. A refusal names the override.
 
+Beyond the syntax, every value is judged by what it does (`refusals`), as Hydra parses it (quotes, escapes, lists,
+dicts): each schema field declares whether it names code, a place on this machine, a network endpoint or data
+(`rlexp.config.trust`), and only data passes from a file someone else wrote. `rlexp eval run=` judges the
+manifest's recorded `config.environment` node the same way.
+
 What a user types on their own command line is theirs and is not checked here.
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
 import re
 import types
 import typing
@@ -21,6 +28,7 @@ from typing import Any
 
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import TrainConfig
+from rlexp.config.trust import TRUST, Trust, option_kind, passes
 from rlexp.config.validate import ConfigError
 
 # The only Hydra keys a recorded run may carry: where its folder goes (reproduce replaces them anyway).
@@ -56,7 +64,7 @@ def schema_path_error(parts: Sequence[str], root: type = TrainConfig) -> str | N
         tp = _unwrap(tp)
         where = ".".join(parts[:i]) or "the config"
         if dataclasses.is_dataclass(tp):
-            hints = typing.get_type_hints(tp)
+            hints = _schema(tp)[1]
             if part not in hints:
                 return f"{where} has no key {part!r}"
             tp = hints[part]
@@ -72,6 +80,105 @@ def schema_path_error(parts: Sequence[str], root: type = TrainConfig) -> str | N
         else:
             return f"{where} is a value, it has no key {part!r}"
     return None
+
+
+_NUMERIC = (int, float, bool)
+
+
+@functools.cache
+def _schema(tp: type) -> tuple[dict[str, dataclasses.Field], dict[str, Any]]:
+    """A dataclass's fields and resolved type hints (resolving them each time is most of the gate's cost)."""
+    return {f.name: f for f in dataclasses.fields(tp)}, typing.get_type_hints(tp)
+
+
+def _is_plain_type(tp: Any) -> bool:
+    """int, float, bool or a string enum (or a list of them): data by its type alone."""
+    tp = _unwrap(tp)
+    if typing.get_origin(tp) is list:
+        args = typing.get_args(tp)
+        return bool(args) and _is_plain_type(args[0])
+    return isinstance(tp, type) and (issubclass(tp, _NUMERIC) or issubclass(tp, enum.Enum))
+
+
+def _declared(tp: Any, meta: Any) -> Trust | None:
+    kind = (meta or {}).get(TRUST)
+    if kind is not None:
+        return Trust(kind)
+    return Trust.DATA if _is_plain_type(tp) else None
+
+
+def _refusals(key: str, tp: Any, meta: Any, value: Any) -> Iterable[tuple[str, Trust, Any]]:
+    """(key, kind, value) for every part of `value` at schema node (`tp`, field metadata `meta`) that is not plain
+    data (`rlexp.config.trust.passes`). A key the schema does not declare counts as code: refused, never let by."""
+    tp = _unwrap(tp)
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        fields, hints = _schema(tp)
+        for k, v in value.items():
+            if str(k) in fields:
+                yield from _refusals(f"{key}.{k}", hints[str(k)], fields[str(k)].metadata, v)
+            else:
+                yield f"{key}.{k}", Trust.CODE, v  # not a key of the schema: nothing vouches for it
+        return
+    kind = _declared(tp, meta)
+    if typing.get_origin(tp) is list and isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _refusals(f"{key}.{i}", typing.get_args(tp)[0] if typing.get_args(tp) else Any, meta, v)
+        return
+    if kind == Trust.OPTIONS:
+        yield from _option_refusals(key, key.rsplit(".", 1)[-1], value)
+        return
+    if kind == Trust.DATA and (typing.get_origin(tp) is dict or tp is dict):
+        return  # free-form data (`extra`): recorded, never read
+    if kind is None:
+        kind = Trust.CODE
+    if not passes(kind, value, meta):
+        yield key, kind, value
+
+
+def _option_refusals(key: str, name: str, value: Any) -> Iterable[tuple[str, Trust, Any]]:
+    """A free-form options dict: each key classified by its name and its value's shape."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _option_refusals(f"{key}.{k}", str(k), v)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _option_refusals(f"{key}.{i}", name, v)
+    else:
+        kind = option_kind(name, value)
+        if not passes(kind, value):
+            yield key, kind, value
+
+
+def refusals(parts: Sequence[str], value: Any, root: type = TrainConfig) -> list[tuple[str, Trust, Any]]:
+    """What in `value`, given for the key `parts` (`["cluster", "shm_dir"]`; a whole node such as
+    `["environment"]` with a dict), is not plain data: [(key, kind, value)], empty when all of it may come from
+    a file someone else wrote. A key outside the schema is refused (as code)."""
+    tp: Any = root
+    meta: Any = {}
+    for part in parts:
+        tp = _unwrap(tp)
+        if dataclasses.is_dataclass(tp):
+            fields, hints = _schema(tp)
+            if part not in fields:
+                return [(".".join(parts), Trust.CODE, value)]
+            tp, meta = hints[part], fields[part].metadata
+        elif typing.get_origin(tp) is list:
+            tp = typing.get_args(tp)[0] if typing.get_args(tp) else Any
+        else:  # inside a free-form dict: classified by name (or all data, for `extra`)
+            if _declared(tp, meta) == Trust.DATA:
+                return []
+            return list(_option_refusals(".".join(parts), parts[-1], value))
+    return list(_refusals(".".join(parts), tp, meta, value))
+
+
+HOW = {Trust.CODE: "it names code to import or run; a manifest may name only rlexp's own registered names",
+       Trust.LOCATION: "it names a place on this machine that the run would read, write or delete",
+       Trust.ENDPOINT: "it names a network endpoint or credentials, where your tokens and data would be sent"}
+
+
+def refusal_text(key: str, kind: Trust, value: Any) -> str:
+    """One line: the key, its value, and why a file someone else wrote may not choose it."""
+    return f"{key}={value!r}: {HOW.get(kind, HOW[Trust.CODE])}"
 
 
 def _strings(value: Any) -> Iterable[tuple[str, bool]]:
@@ -110,11 +217,20 @@ def check_config_name(name: Any, conf_dirs: Sequence[Path], source: str) -> str:
     return name
 
 
-def check_overrides(overrides: Sequence[Any], source: str, conf_dirs: Sequence[Path] = (CONF_DIR,)) -> list[str]:
+CODE_FIX = "If you trust who wrote this run folder, pass --trust-plugins (or trust_plugins=true) for code; "
+
+
+def check_overrides(overrides: Sequence[Any], source: str, conf_dirs: Sequence[Path] = (CONF_DIR,),
+                    allow_code: bool = False) -> list[str]:
     """The overrides, unchanged, when every one may pass (see the module docstring); else `OverrideError`
     naming the first one refused and `source` (the file it came from). `conf_dirs`: where group options live
-    (rlexp's own configs, plus a `--config-dir` the user gave)."""
+    (rlexp's own configs, plus a `--config-dir` the user gave). Every value is judged as Hydra parses it
+    (quotes, escapes, lists, dicts) by what it does (`refusals`): one that names code, a place on this machine
+    or a network endpoint is refused, all of them named in one message; `allow_code` (the user passed
+    `--trust-plugins`) lets code through (the caller still checks it against the recorded plug-ins)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    untrusted: list[tuple[str, str, Trust]] = []
 
     if not isinstance(overrides, (list, tuple)):
         raise OverrideError(f"{source}: overrides must be a list of strings, got {type(overrides).__name__}")
@@ -164,7 +280,22 @@ def check_overrides(overrides: Sequence[Any], source: str, conf_dirs: Sequence[P
         why = _value_error(o.value())  # a delete's value too (`~k=v` deletes only when it matches)
         if why:
             raise refuse(why)
+        if not o.is_delete():  # a delete brings back rlexp's own default
+            untrusted += [(raw, refusal_text(k, kind, v), kind) for k, kind, v in refusals(parts, o.value())
+                          if not (allow_code and kind == Trust.CODE)]
+    if untrusted:
+        raise _untrusted_error(source, untrusted)
     return list(overrides)
+
+
+def _untrusted_error(source: str, untrusted: list[tuple[str, str, Trust]], most: int = 8) -> OverrideError:
+    """One message naming every override that is not plain data (the first `most`), and how to give them."""
+    shown = "; ".join(f"override {raw!r} ({why})" for raw, why, _ in untrusted[:most])
+    more = f"; and {len(untrusted) - most} more" if len(untrusted) > most else ""
+    keys = " ".join(dict.fromkeys(f"{raw.split('=', 1)[0].lstrip('~+')}=..." for raw, _, _ in untrusted[:most]))
+    fix = CODE_FIX if any(kind == Trust.CODE for _, _, kind in untrusted) else ""
+    return OverrideError(f"{source}: refusing {shown}{more}. {fix}a manifest never chooses these: give what you want "
+                         f"yourself on your own command line (rlexp reproduce RUN_DIR -- {keys})")
 
 
 def check_composed_keys(cfg: Any) -> None:

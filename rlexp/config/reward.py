@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from rlexp.config.trust import CODE, DATA, OPTIONS
+
 # rule: a task-specific check (registered rules); format: the response states a readable answer; majority:
 # it agrees with its group's most common answer; reward_model / lm_judge: a model, served apart.
 VerifierKind = StrEnum("VerifierKind", {v: v for v in ("rule", "format", "majority", "reward_model", "lm_judge")})
@@ -12,11 +14,11 @@ VerifierKind = StrEnum("VerifierKind", {v: v for v in ("rule", "format", "majori
 
 @dataclass
 class VerifierConfig:
-    name: str = ""
+    name: str = field(default="", metadata=DATA)
     kind: VerifierKind = VerifierKind.rule
     # Model kinds take their checkpoint as `path` (a local folder), `hf_repo` + `revision` (the Hugging Face
     # cache; never downloaded implicitly) or `tiny` (a stand-in trained here: rlexp.rewards.verifiers.tiny.py).
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)
     # Model kinds: processes of the verifier's own service (one GPU each on CUDA), and the memory one
     # replica needs, which `rlexp plan` counts.
     replicas: int = 1
@@ -28,17 +30,17 @@ class VerifierSetConfig:
     """The weak verifiers available for one environment; `verifier_set` defaults to the environment's name
     (rlexp/conf/verifier_set/<environment>.yaml), so `reward=weaver` finds a set that fits the task."""
 
-    name: str = ""
+    name: str = field(default="", metadata=DATA)
     members: list[VerifierConfig] = field(default_factory=list)
 
 
 @dataclass
 class RewardConfig:
-    name: str = "rule"  # registry key: rule | single_rm | weaver | annotated
+    name: str = field(default="rule", metadata=CODE)  # registry key: rule | single_rm | weaver | annotated
     # Empty: the members of `verifier_set`. A reward that lists its own verifiers uses those instead.
     verifiers: list[VerifierConfig] = field(default_factory=list)
     replicas: int = 1
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)
 
 
 # Verifier kinds that hold a model of their own: each gets a service (and, on CUDA, one GPU per replica).

@@ -20,6 +20,7 @@ from rlexp.config.eval import EvalConfig
 from rlexp.config.logger import LoggerConfig
 from rlexp.config.model import ModelConfig
 from rlexp.config.reward import RewardConfig, VerifierSetConfig
+from rlexp.config.trust import CODE, DATA, ENDPOINT, LOCATION, OPTIONS, RUNS, location_meta
 
 
 def _choices(name: str, *values: str) -> Any:
@@ -38,7 +39,7 @@ Determinism = _choices("Determinism", "off", "seeded", "full")
 
 @dataclass
 class AlgorithmConfig:
-    name: str = "grpo"
+    name: str = field(default="grpo", metadata=CODE)
     group_size: int = 16
     prompts_per_step: int = 64
     max_prompt_tokens: int = 64
@@ -51,7 +52,8 @@ class AlgorithmConfig:
     # token_mean: every token weighs the same; seq_mean_token_mean: every sequence; seq_mean_token_sum_norm:
     # Dr.GRPO's constant normaliser (no length bias).
     loss_agg: LossAgg = LossAgg.token_mean
-    loss: str = "grpo"  # rlexp.algorithm.grpo.LOSSES: a built-in name or a user's package.module:Class (a PolicyLoss)
+    # rlexp.algorithm.grpo.LOSSES: a built-in name or a user's package.module:Class (a PolicyLoss)
+    loss: str = field(default="grpo", metadata=CODE)
     # Drop groups whose rewards are all equal (zero advantage carries no gradient, only noise in the mean).
     filter_zero_adv_groups: bool = False
 
@@ -125,15 +127,16 @@ class SlurmConfig:
     """`cluster.job=slurm`: Monarch's SlurmJob submits one allocation whose nodes are split among the roles
     (`cluster.hosts_per_role`). Nothing site-specific is built in: every value here is the site's to set."""
 
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time_limit: str | None = None  # sbatch --time, e.g. "04:00:00"
+    partition: str | None = field(default=None, metadata=DATA)
+    account: str | None = field(default=None, metadata=DATA)
+    qos: str | None = field(default=None, metadata=DATA)
+    time_limit: str | None = field(default=None, metadata=DATA)  # sbatch --time, e.g. "04:00:00"
     cpus_per_task: int | None = None
-    mem: str | None = None  # sbatch --mem, e.g. "512G"
-    job_name: str = "rlexp"
-    python_exe: str = "python"  # the interpreter on the nodes (an environment with rlexp installed)
-    extra_args: list[str] = field(default_factory=list)  # further sbatch arguments, verbatim
+    mem: str | None = field(default=None, metadata=DATA)  # sbatch --mem, e.g. "512G"
+    job_name: str = field(default="rlexp", metadata=DATA)
+    # the interpreter on the nodes (an environment with rlexp installed)
+    python_exe: str = field(default="python", metadata=RUNS)
+    extra_args: list[str] = field(default_factory=list, metadata=RUNS)  # further sbatch arguments, verbatim
     start_timeout_s: int | None = None  # give up if the allocation has not started by then
 
 
@@ -142,11 +145,13 @@ class KubernetesConfig:
     """`cluster.job=kubernetes`: Monarch's KubernetesJob; with `image` it provisions one MonarchMesh per role
     (needs the Monarch operator), without it attaches to pods already labelled per mesh."""
 
-    namespace: str = "default"
-    image: str | None = None
+    namespace: str = field(default="default", metadata=DATA)
+    image: str | None = field(default=None, metadata=RUNS)
     gpus_per_pod: int = 0  # resources: nvidia.com/gpu per pod (one pod is one host)
-    shared_memory_size: str | None = None  # memory-backed /dev/shm per pod, e.g. "64Gi" (the shm transport)
-    kubeconfig: str | None = None  # out-of-cluster access; None: the in-cluster service account
+    # memory-backed /dev/shm per pod, e.g. "64Gi" (the shm transport)
+    shared_memory_size: str | None = field(default=None, metadata=DATA)
+    # out-of-cluster access; None: the in-cluster service account
+    kubeconfig: str | None = field(default=None, metadata=ENDPOINT)
     timeout_s: int | None = None  # seconds to wait for each mesh's pods
 
 
@@ -172,11 +177,11 @@ class HostsPerRole:
 
 @dataclass
 class ClusterConfig:
-    name: str = "local"
+    name: str = field(default="local", metadata=DATA)
     # Which Monarch job provides the hosts: local (this host), process (simulated hosts: local process groups,
     # for tests and rehearsal), slurm, kubernetes; any registered job kind (rlexp/cluster/registry.py, checked in
     # `prepare`, which lists them), or package.module:Class for one outside rlexp.
-    job: str = "local"
+    job: str = field(default="local", metadata=CODE)
     device: Device = Device.cpu
     # Hosts the GPU planner counts (`rlexp plan`); with `hosts_per_role` it must equal their sum.
     hosts: int = 1
@@ -189,14 +194,14 @@ class ClusterConfig:
     gpu_peak_tflops: float = 0.0
     mfu: float = 0.4
     # Where the weight transport stages safetensors (shared memory on one host).
-    shm_dir: str = "/dev/shm/rlexp"
+    shm_dir: str = field(default="/dev/shm/rlexp", metadata=LOCATION)
     # How weights go from the trainer to each generator: auto = shm when the pair shares a host, monarch
     # (chunked Monarch actor messages) across hosts; rlexp/transport/registry.py pair_transport. Any registered
     # transport's name (checked in `prepare`, which lists them), or package.module:Class for one outside rlexp.
-    transport: str = "auto"
+    transport: str = field(default="auto", metadata=CODE)
     # Per-transport settings, {transport name: {option: value}}, defaulted and checked by the transport
     # (`rlexp.transport.base.WeightTransport.settings`); shm and monarch read shm_dir / transport_chunk_mb.
-    transport_options: dict[str, Any] = field(default_factory=dict)
+    transport_options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)
     transport_chunk_mb: int = 64  # monarch: bytes per actor message, so no message is unbounded
     # torch intra-op threads per generator/trainer/verifier process; 0 = torch's default. Unset: this host's
     # cores divided by the most processes that compute at the same moment (`rlexp.cluster.layout.auto_threads`),
@@ -237,14 +242,16 @@ class TrainConfig:
     seed: int = 0
     steps: int = 300
     determinism: Determinism = Determinism.seeded
-    resume: str = "never"  # never | auto | restart | PATH
+    # never | auto | restart | PATH (restart from a manifest is refused: it deletes the folder's rows)
+    resume: str = field(default="never", metadata=location_meta(words=("never", "auto")))
     force_resume: bool = False
-    tags: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list, metadata=DATA)
+    # recorded only: rlexp reads nothing from it
+    extra: dict[str, Any] = field(default_factory=dict, metadata=DATA)
     # A user's own code and configs (rlexp.core.plugins): modules imported in every process before anything is built,
     # and config folders searched beside the shipped presets (`rlexp train config_path=[DIR,...]`, absolute here).
-    plugins: list[str] = field(default_factory=list)
-    config_path: list[str] = field(default_factory=list)
+    plugins: list[str] = field(default_factory=list, metadata=RUNS)
+    config_path: list[str] = field(default_factory=list, metadata=RUNS)
 
 
 def register_configs() -> None:

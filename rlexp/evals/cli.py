@@ -38,6 +38,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.paths import CONF_DIR as DEFAULT_CONF
+from rlexp.config.validate import ConfigError
 from rlexp.envs.base import Environment
 from rlexp.envs.data import DatasetMissing
 from rlexp.evals.benchmarks import benchmark_envs
@@ -58,6 +59,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="Hydra overrides of eval.yaml: model=NAME, benchmark=NAME, or any key below")
     p.add_argument("-h", "--help", action="store_true", help="show this message and exit")
     p.add_argument("--out", metavar="PATH", help="results folder (same as out=PATH)")
+    p.add_argument("--trust-plugins", action="store_true",
+                   help="run=PATH: import the run's own code (its plug-ins, an import path in its environment) and "
+                        "read the files its manifest names; only for a folder whose author you trust (same as "
+                        "trust_plugins=true)")
     p.add_argument("--config-dir", metavar="DIR", default=str(DEFAULT_CONF),
                    help="compose from this conf folder instead of the packaged one (default: %(default)s)")
     return p
@@ -167,11 +172,16 @@ def compose(overrides: list[str], config_dir: str | Path = DEFAULT_CONF) -> Dict
 
 def run_heldout(run_dir: Path, trust_plugins: bool = False) -> dict[str, Any]:
     """The `benchmark` node that scores a run's own task: its environment's held-out split (`eval_split`), at the
-    run's answer length, as evaluation during training does. Read from the run's manifest (resolved config). A
-    run of a user's own task brings back its plug-ins from where the manifest recorded them (so this works from
-    any folder), with a warning when their source changed since, but only with `trust_plugins` (the manifest is
-    data from whoever wrote it); the benchmark is named by the config option (`count_a_heldout`), not by an import
-    path."""
+    run's answer length, as evaluation during training does. Read from the run's manifest (resolved config), which
+    is data from whoever wrote it: its `environment` node passes the trust gate (`rlexp.config.overrides.refusals`),
+    so without `trust_plugins` an import path (`environment.name='mod:Cls'`), a rule class, a local dataset file
+    or an endpoint in it is refused, nothing is imported and no folder goes on the module path. With
+    `trust_plugins` (the user vouches for the folder) the node is taken as recorded, and a run of a user's own
+    task brings back its plug-ins from where the manifest recorded them (so
+    this works from any folder), with a warning when their source changed since; the benchmark is named by the
+    config option (`count_a_heldout`), not by an import path."""
+    from rlexp.config.overrides import refusal_text, refusals
+    from rlexp.config.trust import PLAIN_NAME
     from rlexp.core.plugins import activate_recorded, recorded_code
     from rlexp.registry import PluginError
     from rlexp.tracking.manifest import MANIFEST_NAME, read_manifest
@@ -181,17 +191,31 @@ def run_heldout(run_dir: Path, trust_plugins: bool = False) -> dict[str, Any]:
         raise FileNotFoundError(f"run={run_dir}: no manifest.json (not an rlexp run folder?); or name a benchmark, "
                                 f"e.g. benchmark=gsm8k")
     m = read_manifest(path.parent)
+    fix = ("If you trust who wrote this run folder, add --trust-plugins (or trust_plugins=true); or name a "
+           "benchmark (benchmark=gsm8k)")
     code = recorded_code(m.extra.get("plugins"), m.extra.get("config_path"))
     if code and not trust_plugins:
-        raise PluginError(f"run={run_dir}: this run's task is code of its own ({'; '.join(code)}), which scoring it "
-                          f"would import and run as yours; nothing was imported. If you trust who wrote this run "
-                          f"folder, add trust_plugins=true; or name a benchmark (benchmark=gsm8k)")
-    for change in activate_recorded(m.extra.get("plugins"), m.extra.get("config_path"), m.hydra.runtime_cwd):
-        log.warning("%s: the held-out split is built by today's code, not the run's", change)
+        raise PluginError(f"run={run_dir}: refusing to score it: this run's task is code of its own "
+                          f"({'; '.join(code)}), which scoring it would import and run as yours; nothing was "
+                          f"imported. {fix}")
     c = m.config
-    env = c["environment"]
-    name = str(m.choices.get("environment") or env["name"]) if ":" in str(env["name"]) else str(env["name"])
-    return {f"{name}_heldout": {"environment": env, "max_tokens": c["algorithm"]["max_tokens"]}}
+    env, algo = c.get("environment"), c.get("algorithm")
+    max_tokens = algo.get("max_tokens") if isinstance(algo, dict) else None
+    if not isinstance(env, dict) or not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise PluginError(f"run={run_dir}: {path} records no environment and algorithm.max_tokens in its config "
+                          f"(not a training run's manifest?); name a benchmark (benchmark=gsm8k)")
+    bad = refusals(["environment"], env)
+    if bad and not trust_plugins:
+        raise PluginError(f"run={run_dir}: refusing {path}, which is data someone wrote: "
+                          + "; ".join(refusal_text(*b) for b in bad) + f"; nothing was imported. {fix}")
+    if trust_plugins:  # only now may a folder the manifest names (plug-ins, its working folder) reach sys.path
+        for change in activate_recorded(m.extra.get("plugins"), m.extra.get("config_path"), m.hydra.runtime_cwd):
+            log.warning("%s: the held-out split is built by today's code, not the run's", change)
+    name = str(m.choices.get("environment") or env.get("name")) if ":" in str(env.get("name")) else str(env["name"])
+    if not PLAIN_NAME.match(name):
+        raise PluginError(f"run={run_dir}: {path}: the environment's name {name!r} is not a plain name (it names "
+                          f"the results' files); name a benchmark (benchmark=gsm8k)")
+    return {f"{name}_heldout": {"environment": env, "max_tokens": max_tokens}}
 
 
 def model_dir_of(cfg: DictConfig, config_dir: str | Path = DEFAULT_CONF) -> tuple[Path, str]:
@@ -377,10 +401,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cfg.run_dir and not any(o.lstrip("+~").split("=")[0] == "benchmark" for o in overrides):
             # a run without benchmark=: its own task's held-out split
-            cfg.benchmark = run_heldout(Path(cfg.run_dir), bool(cfg.get("trust_plugins", False)))
+            trust = args.trust_plugins or bool(cfg.get("trust_plugins", False))
+            cfg.benchmark = run_heldout(Path(cfg.run_dir), trust)
         run(cfg, argv, args.config_dir)
     except Exception as e:
-        if not (isinstance(e, (DatasetMissing, FileNotFoundError, SelectionError)) or _is_checkpoint_error(e)):
+        from rlexp.tracking.manifest import ManifestError
+
+        if not (isinstance(e, (DatasetMissing, FileNotFoundError, SelectionError, ConfigError, ManifestError))
+                or _is_checkpoint_error(e)):
             raise
         print(f"rlexp eval: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -38,7 +37,7 @@ from rlexp.tracking import runlog
 from rlexp.tracking.files import atomic_write_text
 from rlexp.tracking.manifest import read_manifest, update_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
-from rlexp.transport import TransportSpec
+from rlexp.transport import TransportSpec, shm
 from rlexp.transport.registry import pair_transports, resolve, transport_spec
 
 
@@ -458,18 +457,20 @@ def _last_line(e: Any) -> str:
 
 def release_stale_weights(c: TrainConfig) -> None:
     """Remove weights published by runs that died without tearing down (kill -9, OOM): folder names end in
-    the controller's pid, so a folder whose process is gone belongs to nobody."""
+    the controller's pid, so a folder whose process is gone belongs to nobody. Only folders rlexp's shm
+    transport made (`rlexp.transport.shm.owned`: its marker file, this user's, no link) are touched: whatever
+    else `cluster.shm_dir` holds is never deleted."""
     root = Path(c.cluster.shm_dir)
     if c.cluster.transport not in ("shm", "auto") or not root.is_dir():
         return
     for d in root.iterdir():
         pid = d.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid():
+        if not pid.isdigit() or int(pid) == os.getpid() or not shm.owned(d):
             continue
         try:
             os.kill(int(pid), 0)
         except ProcessLookupError:
-            shutil.rmtree(d, ignore_errors=True)
+            shm.remove_owned(d)
         except PermissionError:  # alive, another user's
             pass
 
@@ -477,7 +478,7 @@ def release_stale_weights(c: TrainConfig) -> None:
 def release_weights(c: TrainConfig, run_name: str) -> None:
     """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died first."""
     if c.cluster.transport in ("shm", "auto"):
-        shutil.rmtree(Path(c.cluster.shm_dir) / run_name, ignore_errors=True)
+        shm.remove_owned(Path(c.cluster.shm_dir) / run_name)
 
 
 class Elastic:

@@ -259,11 +259,13 @@ def read_manifest(run_dir: str | os.PathLike[str]) -> Manifest:
     """`run_dir/manifest.json`, typed. OSError when it is missing; ManifestError (a ValueError) naming the file
     when it is not JSON or a field has the wrong type. JSON only: reading a manifest never runs anything."""
     path = Path(run_dir) / MANIFEST_NAME
-    text = path.read_text(encoding="utf-8")
+    text = path.read_bytes()
     try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise ManifestError(f"{path}: not JSON ({e})") from None
+        data = json.loads(text.decode("utf-8"))
+    except ValueError as e:  # not UTF-8, not JSON
+        raise ManifestError(f"{path}: not JSON ({str(e)[:200]})") from None
+    except RecursionError:  # nested deeper than any manifest rlexp writes: someone else's file
+        raise ManifestError(f"{path}: not a manifest rlexp wrote (JSON nested too deep to read)") from None
     return Manifest.from_dict(data, str(path))
 
 

@@ -3,11 +3,14 @@ re-run a run from its manifest and check that it produced the same metrics.
 
 The re-run is `python -m rlexp train <same overrides> hydra.run.dir=<RUN_DIR's parent>/reproduce/<name>-<time>`
 (plus `--config-name` when the original used one, and `--config-dir` when the user passes it: a manifest never
-picks a config folder), started from the original working directory, which is not put on the module path (`-P`).
+picks a config folder), started from this folder (the original working directory only with `--trust-plugins`),
+which is not put on the module path (`-P`).
 A manifest is data someone else may have written: its overrides pass `rlexp.config.overrides.check_overrides`
-(schema keys only; no Hydra callbacks, `_target_` or resolvers) before anything runs. A run's own code and
-configs (`plugins`, `config_path`: rlexp.core.plugins) are used again only as recorded: every folder and plug-in
-source must hash as it did, else the re-run is refused (`--allow-changed-plugins`: warned).
+(schema keys only; no Hydra callbacks, `_target_` or resolvers; no value that names code, a place on this
+machine or a network endpoint, judged by the schema's `rlexp.config.trust` declarations) before anything runs.
+A run's own code and configs (`plugins`, `config_path`: rlexp.core.plugins) run again only with `--trust-plugins`
+and only as recorded: every folder and plug-in source must hash as it did, else the re-run is refused
+(`--allow-changed-plugins`: warned).
 Exit codes: 0 identical metrics, 1 first differing step/metric printed, 2 the re-run itself failed or could
 not be built (a refused override, or one redacted as a secret: pass it again after `--`).
 
@@ -37,8 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlexp.config.overrides import RUN_DIR_KEYS, OverrideError, check_config_name, check_overrides
+from rlexp.config.overrides import RUN_DIR_KEYS, OverrideError, check_config_name, check_overrides, refusals
 from rlexp.config.paths import CONF_DIR
+from rlexp.config.trust import IMPORT_PATH, Trust
 from rlexp.core.plugins import recorded_changes, recorded_code, recorded_folders
 
 from .base import METRICS_FILE
@@ -188,11 +192,13 @@ def _override_key(o: str) -> str:
 
 
 def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
-                  config_dir: Path | None = None, source: str = "manifest.json") -> list[str]:
+                  config_dir: Path | None = None, source: str = "manifest.json", trusted: bool = False) -> list[str]:
     """The train command that re-creates the run. Raises ValueError when a needed value was redacted, and
-    `OverrideError` when the manifest asks for anything but rlexp's own config keys
-    (`rlexp.config.overrides.check_overrides`) or for a config folder the user did not give (`config_dir`):
-    configs there can run code, so only the user may choose it. `extra` is the user's own and not checked.
+    `OverrideError` when the manifest asks for anything but plain data in rlexp's own config keys
+    (`rlexp.config.overrides.check_overrides`: no code, no place on this machine, no network endpoint; code only
+    when `trusted`, and then only the recorded plug-ins) or for a config folder the user did not give
+    (`config_dir`): configs there can run code, so only the user may choose it. `extra` is the user's own and not
+    checked; a recorded override of a key the user gives is dropped before the check (the user chose it).
     The field types were checked when the manifest was read (`rlexp.tracking.manifest.read_manifest`)."""
     hyd = manifest.hydra
     user_dirs = user_config_dirs(manifest, source)
@@ -205,12 +211,15 @@ def build_command(manifest: Manifest, new_dir: Path, extra: Sequence[str] = (),
     name = hyd.config_name
     if name:
         check_config_name(name, conf_dirs, f"{source} hydra.config_name")
-    recorded = check_overrides(manifest.overrides, f"{source} overrides", conf_dirs)
+    extra_keys = {_override_key(e) for e in extra}
+    if not isinstance(manifest.overrides, list):
+        raise OverrideError(f"{source} overrides: must be a list of strings, got {type(manifest.overrides).__name__}")
+    mine = [o for o in manifest.overrides if not (isinstance(o, str) and _override_key(o) in extra_keys)]
+    recorded = check_overrides(mine, f"{source} overrides", conf_dirs, allow_code=trusted)
     check_user_code(recorded, user_dirs, manifest, source)
     overrides = [o for o in recorded if _override_key(o) not in RUN_DIR_KEYS]
     overrides += by_name_plugins(manifest)
     overrides += derived_pins(manifest, {_override_key(o) for o in overrides})
-    extra_keys = {_override_key(e) for e in extra}
     overrides = [o for o in overrides if _override_key(o) not in extra_keys] + list(extra)
     redacted = [o for o in overrides if REDACTED in o]
     if redacted:
@@ -268,31 +277,38 @@ def user_config_dirs(manifest: Manifest, source: str) -> list[Path]:
     return [Path(d["path"]) for d in dirs]
 
 
-_IMPORT_PATH = re.compile(r"([A-Za-z_][\w.]*):([A-Za-z_][\w.]*)")  # `package.module:Class`, as registries take it
-
-
 def check_user_code(overrides: Sequence[str], user_dirs: Sequence[Path], manifest: Manifest,
                     source: str) -> None:
-    """A recorded `config_path=` or `plugins=` override may name only folders and modules the manifest recorded
-    with a hash (checked by `recorded_changes` before the re-run), never one it slipped in unrecorded."""
+    """With `--trust-plugins`, code a recorded override names must still be what the manifest recorded with a
+    hash: an import path `package.module:Class` only from a recorded plug-in's package, a `config_path=` or
+    `plugins=` only the recorded folders and modules, never one slipped in unrecorded. Values are judged as Hydra
+    parses them (`'pkg:Cls'` quoted is the same import path)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     modules = {p.get("module") for p in manifest.extra.get("plugins") or [] if isinstance(p, dict)}
     known = {"config_path": {str(d) for d in user_dirs}, "plugins": modules}
     packages = {str(m).split(".")[0] for m in modules if m}
+    parser = OverridesParser.create()
     for o in overrides:
         key = _override_key(o)
-        value_text = o.split("=", 1)[1] if "=" in o else ""
-        if (path := _IMPORT_PATH.fullmatch(value_text)) and path.group(1).split(".")[0] not in packages:
-            raise OverrideError(f"{source}: refusing override {o!r}: it names code to import ({value_text}) from a "
-                                f"package the manifest did not record as a plug-in (with a hash); pass it yourself "
-                                f"after `--` if you trust it")
+        if key.startswith(("hydra.", "hydra/")) or "/" in key or ("." not in key and key not in known):
+            continue  # Hydra's run-folder keys and group options: checked by check_overrides
+        parsed = parser.parse_override(o)
+        if parsed.is_delete():
+            continue
+        value = parsed.value()
         if key in known:
-            value = OverridesParser.create().parse_override(o).value()
             names = {str(v) for v in (value if isinstance(value, list) else [value])}
             if not names <= known[key]:
                 raise OverrideError(f"{source}: refusing override {o!r}: {sorted(names - known[key])} not recorded "
                                     f"in the manifest's {key} (with a hash); pass it yourself after `--`")
+            continue
+        for k, kind, v in refusals(key.split("."), value):
+            path = IMPORT_PATH.match(v) if isinstance(v, str) and kind == Trust.CODE else None
+            if path and v.split(":")[0].strip().split(".")[0] not in packages:
+                raise OverrideError(f"{source}: refusing override {o!r}: {k} names code to import ({v.strip()}) "
+                                    f"from a package the manifest did not record as a plug-in (with a hash); pass "
+                                    f"it yourself after `--` if you trust it")
 
 
 def child_env(manifest: Manifest | None = None) -> dict[str, str]:
@@ -332,16 +348,21 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
                                  epilog="exit codes: 0 identical metrics, 1 metrics differ (first difference printed), "
                                         "2 the re-run failed or could not be built")
     ap.add_argument("run_dir", type=Path, help="a finished run folder (holds manifest.json and metrics.jsonl)")
-    ap.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the manifest (the trust gate included), print the command, run nothing")
     ap.add_argument("--config-dir", type=Path, default=None,
                     help="the config folder the run used (its manifest names it; never taken from the manifest)")
     ap.add_argument("--trust-plugins", action="store_true",
-                    help="run the plug-in modules and config folders the manifest records (they run as your code: "
-                         "pass it only for a run folder whose author you trust)")
+                    help="run the plug-in modules, class paths and config folders the manifest records (they run "
+                         "as your code: pass it only for a run folder whose author you trust; trust_plugins=true "
+                         "too). Places and endpoints are never taken from a manifest: give them after `--`")
     ap.add_argument("--allow-changed-plugins", action="store_true",
                     help="re-run even when a plug-in's source or a config folder changed since the run (warns)")
     ap.add_argument("extra", nargs="*", help="overrides appended after `--` (replace same-key ones)")
     args = ap.parse_args(argv)
+    if any(e.lower() in ("trust_plugins=true", "+trust_plugins=true") for e in args.extra):  # `rlexp eval`'s spelling
+        args.trust_plugins = True
+        args.extra = [e for e in args.extra if e.lower() not in ("trust_plugins=true", "+trust_plugins=true")]
     run_dir: Path = args.run_dir
     try:
         manifest = read_manifest(run_dir)
@@ -357,7 +378,8 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
         return 2
     new_dir = reproduce_dir(run_dir)
     try:
-        cmd = build_command(manifest, new_dir, args.extra, args.config_dir, source=f"{run_dir}/manifest.json")
+        cmd = build_command(manifest, new_dir, args.extra, args.config_dir, source=f"{run_dir}/manifest.json",
+                            trusted=args.trust_plugins)
     except ValueError as e:
         print(f"rlexp reproduce: {e}", file=sys.stderr)
         return 2
@@ -374,7 +396,9 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
         return 2
     for c in changed:
         print(f"warning: {c} (--allow-changed-plugins)", file=sys.stderr)
-    cwd = manifest.hydra.runtime_cwd
+    # The run's working folder, from the manifest, only with --trust-plugins: a plug-in run found its modules there.
+    # Otherwise the re-run starts here (with `-P`), and no folder the manifest names is searched for code.
+    cwd = manifest.hydra.runtime_cwd if args.trust_plugins else None
     cwd = cwd if cwd and Path(cwd).is_absolute() and Path(cwd).is_dir() else None
     print("+", " ".join(cmd), flush=True)
     differs = machine_differences(manifest)
@@ -387,7 +411,8 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     if args.dry_run:
         return 0
     _warn_code_drift(manifest)
-    run = runner or (lambda c, cwd=None: subprocess.run(c, cwd=cwd, env=child_env(manifest)).returncode)
+    env = child_env(manifest if args.trust_plugins else None)
+    run = runner or (lambda c, cwd=None: subprocess.run(c, cwd=cwd, env=env).returncode)
     rc = run(cmd, cwd=cwd)
     if rc != 0:
         print(f"rlexp reproduce: the re-run failed with exit code {rc} ({new_dir})", file=sys.stderr)

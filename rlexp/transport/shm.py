@@ -46,6 +46,7 @@ import mmap
 import os
 import re
 import shutil
+import stat
 import struct
 import tempfile
 import time
@@ -329,6 +330,27 @@ def check_intact(location: str | Path, version: int | None = None) -> None:
 
 
 default_root = staging_root  # /dev/shm when the host has one, else the temp dir
+# In every run folder the shm transport creates: cleanup (a crashed run's leftovers, a run's own folder at the end)
+# deletes only folders holding it, never what else lies in `cluster.shm_dir` (a folder the user, or a manifest
+# someone sent, may have pointed anywhere).
+OWNER = ".rlexp-weights"
+
+
+def owned(folder: str | Path) -> bool:
+    """A folder rlexp's shm transport made: a real folder (not a link), this user's, holding the `OWNER` file."""
+    try:
+        st, mark = os.lstat(folder), os.lstat(Path(folder) / OWNER)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and stat.S_ISREG(mark.st_mode) and st.st_uid == os.getuid()
+
+
+def remove_owned(folder: str | Path) -> bool:
+    """Delete `folder` when `owned`; anything else is left alone. True when it was deleted."""
+    if not owned(folder):
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def check_shm(*, hosts: int = 1, root: str | Path | None = None, need_bytes: int | None = None) -> None:
@@ -405,9 +427,14 @@ class ShmTransport(WeightTransport):
         self.max_shard_bytes = max_shard_bytes
         self.maps = Mapped(writable=True)  # the version files this writer recycles
         # A folder left by a crashed run of the same name holds versions this trainer did not write; keeping
-        # them would make `gc` delete the newest real version (it sorts by number). The trainer owns the folder.
-        shutil.rmtree(self.dir, ignore_errors=True)
+        # them would make `gc` delete the newest real version (it sorts by number). The trainer owns the folder,
+        # but deletes one only when rlexp made it (`owned`): anything else of that name is refused.
+        if (self.dir.exists() or self.dir.is_symlink()) and not remove_owned(self.dir):
+            raise TransportError(f"transport=shm: {self.dir} exists and was not made by rlexp (no {OWNER} in it); "
+                                 f"rlexp deletes only its own folders: move it away or choose another "
+                                 f"cluster.shm_dir")
         self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / OWNER).write_text(f"{os.getpid()}\n")
 
     def version_dir(self, version: int) -> Path:
         return self.dir / f"v{version}"
@@ -519,7 +546,7 @@ class ShmTransport(WeightTransport):
 
     def close(self) -> None:
         self.maps.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        remove_owned(self.dir)
 
 
 def fetch(location: str | Path) -> dict[str, torch.Tensor]:
