@@ -24,6 +24,7 @@ from monarch.actor import Actor, current_rank, endpoint
 
 from rlexp.actors.settings import PolicySettings, TrainerSettings
 from rlexp.algorithm.grpo import LOSSES, policy_token_mask
+from rlexp.core.gpu_mask import check_mask
 from rlexp.core.plugins import activate_from_env
 from rlexp.core.seeding import apply_process_determinism
 from rlexp.core.weights import safe_load
@@ -39,6 +40,14 @@ def _local(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """This rank's part of each tensor (a sharded parameter's local shard), detached: the weight average is
     elementwise, so each rank keeps and updates its own shards (DTensor has no sharding rule for foreach ops)."""
     return [t.detach().to_local() if hasattr(t, "to_local") else t.detach() for t in tensors]
+
+
+def rank_device(ranks: Any, rank: int) -> torch.device:
+    """This rank's device. On CUDA its GPU was masked when its process was spawned (`rlexp.core.gpu_mask`, through a
+    scheduler's mask), so CUDA shows it alone: checked here, and the mask is not set again (`gpus` None)."""
+    if ranks.device == "cuda" and ranks.gpus:
+        check_mask(ranks.gpus[rank])
+    return claim_device(ranks.device, None, rank)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float):
@@ -78,7 +87,7 @@ class Trainer(Actor):
         # Data-parallel coordinates: the ranks of one TP group (consecutive ranks) share their rows.
         self.dp_rank, self.dp_world = self.rank // ranks.tp, ranks.world // ranks.tp
         self.dp_group: Any = None
-        self.device = claim_device(ranks.device, ranks.gpus, self.rank)
+        self.device = rank_device(ranks, self.rank)
         self.transports: dict[str, WeightTransport] = {}
         if ranks.threads:
             torch.set_num_threads(ranks.threads)
@@ -339,7 +348,7 @@ class Reference(Actor):
             torch.set_num_threads(ranks.threads)
         self.settings = settings
         self.rank = current_rank().rank if ranks.world > 1 else 0
-        self.device = claim_device(ranks.device, ranks.gpus, self.rank)
+        self.device = rank_device(ranks, self.rank)
         self.pad_id, self.tp = settings.pad_id, ranks.tp
 
     @endpoint

@@ -16,7 +16,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algorithm.grpo import LOSSES
 from rlexp.cluster.hosts import check_cluster, weight_hosts
-from rlexp.cluster.layout import auto_threads, check_hosts_fit
+from rlexp.cluster.layout import auto_threads, check_hosts_fit, controller_gpus
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
 from rlexp.cluster.registry import job_backend
 from rlexp.config.overrides import check_composed_keys
@@ -81,12 +81,15 @@ def check_config(cfg: DictConfig) -> TrainConfig:
         job_backend(t.cluster.job)  # the planner and the layout ask the job kind: an unknown one stops here
     except ValueError as e:
         raise ConfigError(f"cluster={t.cluster.name}: {e}") from None
-    real = t.model.flavor != "tiny"
-    report = plan_memory(cfg) if real or t.trainer.micro_batch_size == 0 else None
+    real, cuda = t.model.flavor != "tiny", t.cluster.device == "cuda"
+    report = plan_memory(cfg) if real or cuda or t.trainer.micro_batch_size == 0 else None
     if report is not None and t.trainer.micro_batch_size == 0:  # derived: the largest the plan fits
         t.trainer.micro_batch_size = cfg.trainer.micro_batch_size = report.micro_batch_size
-    if report is not None and real:
-        check_devices(report, t.cluster)  # this machine has the GPUs the plan needs, before anything else says no
+    if report is not None and cuda and not t.generator.gpu_memory_utilization:  # derived: vLLM holds the plan
+        t.generator.gpu_memory_utilization = report.gpu_memory_utilization
+        cfg.generator.gpu_memory_utilization = report.gpu_memory_utilization
+    if cuda:  # every CUDA run, the tiny model too: the GPUs of the roles this machine hosts, before spawning
+        check_devices(report, t.cluster, needed=controller_gpus(t))
     validate(t, check_weights=check_model_files)
     if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
         t.cluster.threads_per_proc = cfg.cluster.threads_per_proc = auto_threads(t)
