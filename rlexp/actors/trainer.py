@@ -227,8 +227,10 @@ class Trainer(Actor):
         evaluating it (the controller publishes the live weights again afterwards, under the same version)."""
         self.version = version
         with self._weights(ema):  # published inside: on one rank the state dict views the parameters' storage
+            # Streamed: one tensor at a time to the CPU (what `rlexp plan` counts as the weight push); the ranks
+            # that publish nothing take part in each gather and keep nothing.
             sd = (hf_state_dict(self.model, self.model_cfg.arch) if self.world == 1
-                  else titan_full_hf_state_dict(self.model, self.model_cfg))
+                  else titan_full_hf_state_dict(self.model, self.model_cfg, keep=self.rank == 0))
             if self.rank != 0:
                 return {}
             return {name: await t.apublish(version, sd) for name, t in self.transports.items()}
@@ -306,7 +308,7 @@ class Trainer(Actor):
             if self.rank == 0:
                 save_titan_as_hf(self.model, out_dir, self.model_cfg, source_dir=self.model_dir)
             else:
-                titan_full_hf_state_dict(self.model, self.model_cfg)  # the same all-gathers rank 0 runs
+                titan_full_hf_state_dict(self.model, self.model_cfg, keep=False)  # the gathers rank 0 runs
         return out_dir
 
     @endpoint
