@@ -60,6 +60,31 @@ def print_hosts(cfg: Any) -> bool:
     return True
 
 
+def print_checkpoint_limits(cfg: Any) -> bool:
+    """The checkpoint's own limits when it is on this machine (`rlexp.models.limits`), what `rlexp train` checks
+    before spawning; False when they refuse the run."""
+    if cfg.model.flavor == "tiny" and not cfg.model.path:
+        return True
+    from rlexp.config.model import ModelConfig
+    from rlexp.models.limits import LimitError, apply_limits, cached_limits
+
+    model: ModelConfig = OmegaConf.to_object(cfg.model)  # type: ignore[assignment]
+    limits = cached_limits(model)
+    if limits is None:
+        print(f"\ncheckpoint: {model.hf_repo or model.path} is not on this machine; `rlexp train` checks its "
+              f"config.json (max_position_embeddings, RoPE, vocabulary) before spawning")
+        return True
+    print(f"\ncheckpoint: max_position_embeddings {limits.max_positions}, vocab_size {limits.vocab_size}, "
+          f"rope_theta {limits.rope_theta}, rope_scaling {limits.rope_scaling} ({limits.source})")
+    try:
+        for note in apply_limits(model, limits, cfg.algorithm.max_prompt_tokens, cfg.algorithm.max_tokens):
+            print(f"note: {note}")
+    except LimitError as e:
+        print(f"problem: {e}")
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rlexp plan", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=qwen3_8b cluster=local")
@@ -77,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlexp plan: cannot compose the run config: {e}", file=sys.stderr)
         return 2
     print(report.table())
+    limits_ok = print_checkpoint_limits(cfg)
     if too_big_for_cpu(cfg):
         print(f"\nrefused: model={cfg.model.name} needs GPUs, but cluster={cfg.cluster.name} is CPU-only "
               f"(cluster.device=cpu), so rlexp train would refuse it. Leave cluster= out (the model brings its GPU "
               f"cluster) or name one with GPUs: cluster=gpu_node, cluster=slurm", file=sys.stderr)
         return 1
     hosts_ok = print_hosts(cfg)
-    if not report.ok or not hosts_ok:
+    if not report.ok or not hosts_ok or not limits_ok:
         print("\nrefused: the layout does not fit (see 'fix:' lines)", file=sys.stderr)
         return 1
     return 0

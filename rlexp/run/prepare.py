@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env, check_env_options
 from rlexp.evals.benchmarks import load_benchmarks
 from rlexp.models.hf import CheckpointError, check_model_files
+from rlexp.models.limits import LimitError, apply_limits, read_limits
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.rewards.base import Reward
 from rlexp.rewards.registry import build_reward
@@ -139,6 +141,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
     check_multi_turn(t, env)
     model_dir = str(resolve_model(t.model))
+    extra_limits = check_checkpoint_limits(t, model_dir)
     warm = None
     if t.model.warmup.steps:
         warm_dir, warm = ensure_warm_checkpoint(Path(model_dir), t, env)
@@ -152,7 +155,7 @@ def prepare(cfg: DictConfig) -> Prepared:
             f"{t.environment.name}/eval": {"n": len(held), "sha256": fingerprint_examples(
                 [(s.id, s.problem.prompt, s.answer) for s in held])}},
         "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
-                  "path": model_dir, "sha256": hash_files(model_dir), "warmup": warm},
+                  "path": model_dir, "sha256": hash_files(model_dir), "warmup": warm, "limits": extra_limits},
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
@@ -163,6 +166,24 @@ def prepare(cfg: DictConfig) -> Prepared:
     # A subclass of a pure reward that keeps state or scores with verifiers is not pure, whatever it inherits.
     pure = type(reward).pure and not stateful and not reward.verifiers
     return Prepared(t, env, model_dir, seeds, extra, benchmarks, served, stateful, pure)
+
+
+def check_checkpoint_limits(t: TrainConfig, model_dir: str) -> list[str]:
+    """The checkpoint's own config.json against the run (`rlexp.models.limits`): vocabulary and RoPE must match,
+    `model.arch.max_seq_len` (vLLM's max_model_len) is lowered to the checkpoint's positions and said. The tiny
+    model's checkpoint is written from `model.arch`, so there is nothing to compare. Returns what was changed."""
+    if t.model.flavor == "tiny" and not t.model.path:
+        return []
+    limits = read_limits(model_dir)
+    if limits is None:
+        return []
+    try:
+        notes = apply_limits(t.model, limits, t.algorithm.max_prompt_tokens, t.algorithm.max_tokens)
+    except LimitError as e:
+        raise ConfigError(str(e)) from None
+    for note in notes:
+        print(f"[rlexp] {note}", file=sys.stderr, flush=True)
+    return notes
 
 
 def check_multi_turn(t: TrainConfig, env: Environment) -> None:
