@@ -185,3 +185,18 @@ def test_real_processes_start_with_their_masks(monkeypatch):
                         {"CUDA_VISIBLE_DEVICES": "6", gpu_mask.APPLIED_ENV: "0->6"}]
     finally:
         g.stop()
+
+
+def test_wiring_gives_masks_to_spawned_roles_only(monkeypatch):
+    """The launcher's roles carry their GPUs (checked against the spawn mask in each actor); the in-process twin
+    (`rlexp.run.inprocess`, every role in one process) carries none: its roles share this process's device."""
+    from rlexp.run.prepare import prepare
+    from rlexp.run.wiring import wiring
+
+    fake_cuda(monkeypatch, gpus=8)
+    p = prepare(compose_run_config(["cluster=gpu_node", "generator.replicas=2"]))
+    w = wiring(p)
+    assert w.trainer.settings.policy.ranks.gpus == ["0"]
+    assert [g.settings.gpus for g in w.generators] == ["1", "2"]
+    one = wiring(p, spawned=False)
+    assert one.trainer.settings.policy.ranks.gpus is None and [g.settings.gpus for g in one.generators] == [None] * 2
