@@ -1,10 +1,12 @@
-"""FAKE CUDA: `torch.cuda`'s queries answered as a GPU node would answer them, for tests on machines without one.
+"""FAKE CUDA: `torch.cuda`'s queries answered as a GPU node would answer them, for tests on machines
+without one.
 
-Only what rlexp asks before it spawns anything is faked: `is_available`, `device_count`, `get_device_properties`
-(`total_memory`, `name`), `mem_get_info`, `is_initialized` (always False: nothing here initialises CUDA), and the
-process's `CUDA_VISIBLE_DEVICES` (a scheduler's mask, as Slurm sets it on a shared node). The count honours the
-mask as the CUDA runtime does: the GPUs it names, the node's GPUs without it, none for an empty mask. No kernel,
-allocation or tensor is faked: code that would run on the GPU cannot be tested with this.
+Only what rlexp asks before it spawns anything is faked: `is_available`, `device_count`,
+`get_device_properties` (`total_memory`, `name`), `mem_get_info`, `is_initialized` (always False:
+nothing here initialises CUDA), and the process's `CUDA_VISIBLE_DEVICES` (a scheduler's mask, as
+Slurm sets it on a shared node). The count honours the mask as the CUDA runtime does: the GPUs it
+names, the node's GPUs without it, none for an empty mask. No kernel, allocation or tensor is faked:
+code that would run on the GPU cannot be tested with this.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ GiB = 2**30
 
 @dataclass
 class FakeNode:
-    """The node the fake describes: `gpus` physical GPUs of `gib` GiB, and the mask the process inherited."""
+    """The node the fake describes: `gpus` physical GPUs of `gib` GiB, and the mask the process
+    inherited."""
 
     gpus: int = 8
     gib: float = 80.0
@@ -34,8 +37,8 @@ class FakeNode:
 
 def fake_cuda(monkeypatch: pytest.MonkeyPatch, gpus: int = 8, gib: float = 80.0,
               mask: str | None = None) -> FakeNode:
-    """Patch `torch.cuda` and the environment (undone by `monkeypatch` after the test) so this process sees
-    `FakeNode(gpus, gib, mask)`. With `gpus=0` CUDA is not available (a login node)."""
+    """Patch `torch.cuda` and the environment (undone by `monkeypatch` after the test) so this
+    process sees `FakeNode(gpus, gib, mask)`. With `gpus=0` CUDA is not available (a login node)."""
     node = FakeNode(gpus, gib, mask)
     if mask is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -53,6 +56,7 @@ def fake_cuda(monkeypatch: pytest.MonkeyPatch, gpus: int = 8, gib: float = 80.0,
     monkeypatch.setattr(torch.cuda, "is_available", lambda: count() > 0)
     monkeypatch.setattr(torch.cuda, "device_count", count)
     monkeypatch.setattr(torch.cuda, "get_device_properties", props)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i=0: (int(gib * GiB * 0.99), props(i).total_memory))
+    monkeypatch.setattr(torch.cuda, "mem_get_info",
+                        lambda i=0: (int(gib * GiB * 0.99), props(i).total_memory))
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     return node

@@ -1,6 +1,6 @@
-"""The checkpoint's own config.json against the run (rlexp/models/limits.py), before anything spawns: real tiny
-HF-format checkpoints written to tmp (safetensors + config.json), whose config.json each test then edits as a
-differing published checkpoint would read."""
+"""The checkpoint's own config.json against the run (rlexp/models/limits.py), before anything
+spawns: real tiny HF-format checkpoints written to tmp (safetensors + config.json), whose
+config.json each test then edits as a differing published checkpoint would read."""
 from __future__ import annotations
 
 import json
@@ -34,20 +34,24 @@ def checkpoint(tmp_path: Path, **edits) -> Path:
 
 def test_longer_context_is_capped_and_said(tmp_path):
     limits = read_limits(checkpoint(tmp_path))
-    assert limits.max_positions == 512 and limits.vocab_size == ARCH.vocab_size and limits.rope_scaling is None
+    assert limits.max_positions == 512 and limits.vocab_size == ARCH.vocab_size
+    assert limits.rope_scaling is None
     model = ModelConfig(name="m", arch=replace(ARCH, max_seq_len=2048))
     notes = apply_limits(model, limits, 64, 256)
     assert model.arch.max_seq_len == 512  # what vLLM gets as max_model_len
-    assert len(notes) == 1 and "max_seq_len 2048 lowered to 512" in notes[0] and "config.json" in notes[0]
+    assert len(notes) == 1 and "max_seq_len 2048 lowered to 512" in notes[0]
+    assert "config.json" in notes[0]
     assert apply_limits(model, limits, 64, 256) == []  # within the limit: nothing to say
 
 
 @pytest.mark.parametrize("edits, match", [
     ({"vocab_size": 999}, r"model.arch.vocab_size=128 but the checkpoint's vocab_size is 999"),
-    ({"rope_theta": 10000.0}, r"model.arch.rope_theta=1e\+06 but the checkpoint's rope_theta is 10000"),
+    ({"rope_theta": 10000.0}, r"model.arch.rope_theta=1e\+06 but the checkpoint's rope_theta is "
+                              r"10000"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, r"RoPE scaling \{'rope_type': 'yarn'"),
     # transformers 5 writes RoPE settings into rope_parameters
-    ({"rope_theta": None, "rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0}},
+    ({"rope_theta": None,
+      "rope_parameters": {"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0}},
      r"RoPE scaling \{'rope_type': 'yarn', 'factor': 4.0\}"),
 ])
 def test_mismatch_is_refused_naming_both_values(tmp_path, edits, match):
@@ -58,13 +62,15 @@ def test_mismatch_is_refused_naming_both_values(tmp_path, edits, match):
 
 def test_run_longer_than_the_checkpoint_is_refused(tmp_path):
     limits = read_limits(checkpoint(tmp_path))
-    with pytest.raises(LimitError, match=r"= 100 \+ 500 tokens .* 512 positions .* algorithm.max_tokens=412"):
+    with pytest.raises(LimitError, match=r"= 100 \+ 500 tokens .* 512 positions .* "
+                                         r"algorithm.max_tokens=412"):
         apply_limits(ModelConfig(name="m", arch=ARCH), limits, 100, 500)
 
 
 def test_prepare_caps_the_run_before_spawning(tmp_path):
-    """`rlexp train` with model.path: the run's model.arch.max_seq_len (1024, the tiny default) is lowered to
-    the checkpoint's 512 before any actor gets the config; a mismatch is a ConfigError."""
+    """`rlexp train` with model.path: the run's model.arch.max_seq_len (1024, the tiny default) is
+    lowered to the checkpoint's 512 before any actor gets the config; a mismatch is a
+    ConfigError."""
     ckpt = checkpoint(tmp_path)
     t = OmegaConf.to_object(compose_run_config([f"model.path={ckpt}"]))
     assert t.model.arch.max_seq_len == 1024
@@ -73,12 +79,14 @@ def test_prepare_caps_the_run_before_spawning(tmp_path):
     t = OmegaConf.to_object(compose_run_config([f"model.path={bad}"]))
     with pytest.raises(ConfigError, match="vocab_size is 4096"):
         check_checkpoint_limits(t, str(bad))
-    t = OmegaConf.to_object(compose_run_config([]))  # the tiny model, written from model.arch: nothing read
+    # the tiny model, written from model.arch: nothing read
+    t = OmegaConf.to_object(compose_run_config([]))
     assert check_checkpoint_limits(t, str(bad)) == []
 
 
 def published_8b_config(cache: Path, max_positions: int) -> None:
-    """Qwen/Qwen3-8B-Base's config.json, as the Hugging Face cache holds a downloaded snapshot (no weights)."""
+    """Qwen/Qwen3-8B-Base's config.json, as the Hugging Face cache holds a downloaded snapshot (no
+    weights)."""
     repo = "Qwen/Qwen3-8B-Base"
     snap = cache / f"models--{repo.replace('/', '--')}" / "snapshots" / REVISIONS[repo]
     snap.mkdir(parents=True)
@@ -89,8 +97,8 @@ def published_8b_config(cache: Path, max_positions: int) -> None:
 
 
 def test_the_catalog_agrees_with_the_published_8b_config(tmp_path):
-    """The 8B yaml's context is the published 32,768 (it said 40,960, which vLLM refuses at engine start):
-    read from the cache, nothing to cap; an older 40,960 yaml would be capped and said."""
+    """The 8B yaml's context is the published 32,768 (it said 40,960, which vLLM refuses at engine
+    start): read from the cache, nothing to cap; an older 40,960 yaml would be capped and said."""
     published_8b_config(tmp_path, 32768)
     model: ModelConfig = OmegaConf.to_object(compose_run_config(["model=qwen3_8b"]).model)
     limits = cached_limits(model, cache_dir=tmp_path)
@@ -98,4 +106,5 @@ def test_the_catalog_agrees_with_the_published_8b_config(tmp_path):
     assert apply_limits(model, limits, 1024, 3072) == [] and model.arch.max_seq_len == 32768
     model.arch.max_seq_len = 40960
     assert "40960 lowered to 32768" in apply_limits(model, limits, 1024, 3072)[0]
-    assert cached_limits(model, cache_dir=tmp_path / "empty") is None  # not downloaded: checked at train time
+    # not downloaded: checked at train time
+    assert cached_limits(model, cache_dir=tmp_path / "empty") is None

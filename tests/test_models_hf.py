@@ -260,9 +260,10 @@ def test_deduplicated_forward_gives_the_same_gradients_at_two_threads() -> None:
 
 
 def test_weight_push_gathers_one_tensor_at_a_time(tmp_path, monkeypatch):
-    """The trainer's push (`titan_full_hf_state_dict`) gathers a sharded tensor, moves it to the CPU and only then
-    gathers the next: the GPU holds one unsharded tensor beyond the model, what `rlexp plan` counts as the weight
-    push. Real DTensors on a one-rank gloo mesh; each `full_tensor()` call is counted as the stream is read."""
+    """The trainer's push (`titan_full_hf_state_dict`) gathers a sharded tensor, moves it to the CPU
+    and only then gathers the next: the GPU holds one unsharded tensor beyond the model, what `rlexp
+    plan` counts as the weight push. Real DTensors on a one-rank gloo mesh; each `full_tensor()`
+    call is counted as the stream is read."""
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
 
@@ -278,13 +279,15 @@ def test_weight_push_gathers_one_tensor_at_a_time(tmp_path, monkeypatch):
                 setattr(mod, name, torch.nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)])))
         gathered = []
         real = DTensor.full_tensor
-        monkeypatch.setattr(DTensor, "full_tensor", lambda self, **kw: gathered.append(1) or real(self, **kw))
+        monkeypatch.setattr(DTensor, "full_tensor",
+                            lambda self, **kw: gathered.append(1) or real(self, **kw))
         read = 0
         for _, v in hf.full_tensors_to_cpu(model):
             read += 1
             assert len(gathered) == read and v.device.type == "cpu" and not isinstance(v, DTensor)
         assert read == len(gathered) > 5
-        assert list(hf.full_tensors_to_cpu(model, keep=False)) == [] and len(gathered) == 2 * read  # still gathers
+        # still gathers
+        assert list(hf.full_tensors_to_cpu(model, keep=False)) == [] and len(gathered) == 2 * read
         streamed = hf.titan_full_hf_state_dict(model, cfg, dtype=torch.bfloat16)
         assert streamed.keys() == plain.keys()
         assert all(torch.equal(streamed[k], plain[k].to(torch.bfloat16)) for k in plain)

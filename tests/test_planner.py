@@ -11,7 +11,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from rlexp.cluster import plan_cli
-from rlexp.cluster.planner import ADAMW_TEMP_STATES, LOGIT_PEAK_BYTES, GiB, PlanError, check_plan, plan_memory
+from rlexp.cluster.planner import (
+    ADAMW_TEMP_STATES,
+    LOGIT_PEAK_BYTES,
+    GiB,
+    PlanError,
+    check_plan,
+    plan_memory,
+)
 from rlexp.config.model import ModelConfig
 from rlexp.models.policy import token_logprobs
 
@@ -39,16 +46,17 @@ def run_cfg(model: str, *, hosts: int = 1, gpu_gb: float = 80, ac: bool = True, 
 
 
 # The trainer's peak is what it holds throughout plus the largest of its phases, which never overlap
-# (rlexp/cluster/planner.py): forward/backward, the optimizer step, the weight push. With mixed precision it
-# holds 16 B per parameter, sharded: fp32 master 4 + fp32 gradient 4 + AdamW m and v 4 + 4. The logits' peak is
-# 12.5 B per element (measured below, test_logits_peak_is_measured), AdamW's foreach temporaries one fp32 copy
-# of the second moment (4 B per parameter, test_adamw_temporaries_are_measured), the streamed weight push the
-# largest single tensor in fp32.
+# (rlexp/cluster/planner.py): forward/backward, the optimizer step, the weight push. With mixed
+# precision it holds 16 B per parameter, sharded: fp32 master 4 + fp32 gradient 4 + AdamW m and v 4
+# + 4. The logits' peak is 12.5 B per element (measured below, test_logits_peak_is_measured),
+# AdamW's foreach temporaries one fp32 copy of the second moment (4 B per parameter,
+# test_adamw_temporaries_are_measured), the streamed weight push the largest single tensor in fp32.
 RUNTIME = 2 * GiB
 
 
 def test_qwen3_0_6b_by_hand():
-    r = check_plan(run_cfg("qwen3_0_6b"))  # FSDP 2 trainer, three 1-GPU generators (the model's layout)
+    # FSDP 2 trainer, three 1-GPU generators (the model's layout)
+    r = check_plan(run_cfg("qwen3_0_6b"))
     n = 596_049_920  # see test_models_catalog.EXACT
     t = r.trainer
     assert t.get("parameters (fp32 master)") == n * 4 / 2 == 1_192_099_840
@@ -59,7 +67,8 @@ def test_qwen3_0_6b_by_hand():
     # largest FSDP unit: the tied 151936 x 1024 embedding (155,582,464 > one block's 15,730,944:
     # attention 1024*2048 + 2*1024*1024 + 2048*1024 + 2*128, MLP 3*1024*3072, norms 2*1024)
     assert t.get("FSDP all-gather buffers") == 2 * 155_582_464 * (2 + 4) == 1_866_989_568
-    # checkpointed: 28 block inputs of 1024 + one block's 4*1024 + 3*2048 + 3*1024 + 4*3072 = 25,600 per token
+    # checkpointed: 28 block inputs of 1024 + one block's 4*1024 + 3*2048 + 3*1024 + 4*3072 = 25,600
+    # per token
     assert t.get("activations") == (28 * 1024 + 25_600) * 4096 * 2 == 444_596_224
     assert t.get("logits + logprob grads") == 4096 * 151936 * 12.5 == 7_779_123_200
     fwd_bwd = 1_866_989_568 + 444_596_224 + 7_779_123_200
@@ -73,8 +82,10 @@ def test_qwen3_0_6b_by_hand():
     assert g.get("KV cache") == 2 * 28 * 8 * 128 * 2 * 86 * 4096 == 40_399_536_128
     assert g.get("sampler logits (fp32)") == 86 * 151936 * 4
     assert g.total_bytes == n * 2 + 40_399_536_128 + 86 * 151936 * 4 + RUNTIME == 43_791_385_600
-    # vLLM gets the generator's peak over the GPU's 80 GiB, rounded up to a hundredth: 0.5098 -> 0.51
-    assert r.gpu_memory_utilization == 0.51 and 43_791_385_600 / (80 * GiB) == pytest.approx(0.5098, abs=1e-4)
+    # vLLM gets the generator's peak over the GPU's 80 GiB, rounded up to a hundredth: 0.5098 ->
+    # 0.51
+    assert r.gpu_memory_utilization == 0.51
+    assert 43_791_385_600 / (80 * GiB) == pytest.approx(0.5098, abs=1e-4)
     assert r.ok
 
 
@@ -96,9 +107,10 @@ def test_qwen3_8b_by_hand():
     assert t.get("logits + logprob grads") == 4096 * 151936 * 12.5 == 7_779_123_200
     fwd_bwd = 7_467_958_272 + 1_870_659_584 + 7_779_123_200
     assert t.phase_bytes("forward/backward") == fwd_bwd == 17_117_741_056
-    assert t.get("AdamW foreach temporaries") == n * 4 / 4 == 8_190_735_360  # less than forward/backward
-    # the streamed push holds one unsharded tensor, the 151936 x 4096 embedding in fp32: 2.3 GiB, not the
-    # whole model (15 GiB in bf16 on every trainer GPU before the push was streamed)
+    # less than forward/backward
+    assert t.get("AdamW foreach temporaries") == n * 4 / 4 == 8_190_735_360
+    # the streamed push holds one unsharded tensor, the 151936 x 4096 embedding in fp32: 2.3 GiB,
+    # not the whole model (15 GiB in bf16 on every trainer GPU before the push was streamed)
     assert t.get("weight push (streamed)") == 622_329_856 * 4 == 2_489_319_424
     assert t.total_bytes == held + fwd_bwd == 52_028_166_144  # 48.5 GiB of 72 usable
     g = r.generator  # 32 x 8 = 256 sequences over 4 replicas = 64 each, 4096 tokens
@@ -126,7 +138,8 @@ def test_qwen3_32b_by_hand():
     fwd_bwd = 4_667_473_920 + 3_384_803_328 + 3_889_561_600
     assert t.phase_bytes("forward/backward") == fwd_bwd == 11_941_838_848
     assert t.get("AdamW foreach temporaries") == n * 4 / 16 == 8_190_530_816
-    # one 151936 x 5120 fp32 tensor gathered whole: 2.9 GiB, where gathering every tensor first took 61 GiB
+    # one 151936 x 5120 fp32 tensor gathered whole: 2.9 GiB, where gathering every tensor first took
+    # 61 GiB
     assert t.get("weight push (streamed)") == 151936 * 5120 * 4 == 3_111_649_280
     assert t.total_bytes == held + fwd_bwd == 46_851_445_760  # 43.6 GiB
     g = r.generator  # 256 sequences / 2 replicas = 128 each; 8 KV heads / TP 4 = 2 per GPU
@@ -273,9 +286,10 @@ def test_verifier_gpus_beyond_the_host_are_refused_with_advice():
 
 
 class LiveBytes(TorchDispatchMode):
-    """Bytes of tensor storage alive, and their peak, over the ops run inside: each op's output storages are
-    counted when made and uncounted when freed (a finalizer on the storage). How the planner's per-element
-    constants were measured, on CPU: the same ops allocate the same tensors on CUDA."""
+    """Bytes of tensor storage alive, and their peak, over the ops run inside: each op's output
+    storages are counted when made and uncounted when freed (a finalizer on the storage). How the
+    planner's per-element constants were measured, on CPU: the same ops allocate the same tensors on
+    CUDA."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -301,15 +315,17 @@ class LiveBytes(TorchDispatchMode):
 
 @pytest.mark.parametrize("dtype, measured", [(torch.bfloat16, 12.25), (torch.float32, 12.5)])
 def test_logits_peak_is_measured(dtype, measured):
-    """The trainer's logprobs (`sequence_logprobs`: logits cast to fp32, over the temperature, log-softmax,
-    gather) through their backward peak at 12.25 B per logit element for bf16 logits and 12.5 for fp32: the
-    planner counts the larger, LOGIT_PEAK_BYTES (the old 10 B undercounted)."""
+    """The trainer's logprobs (`sequence_logprobs`: logits cast to fp32, over the temperature,
+    log-softmax, gather) through their backward peak at 12.25 B per logit element for bf16 logits
+    and 12.5 for fp32: the planner counts the larger, LOGIT_PEAK_BYTES (the old 10 B
+    undercounted)."""
     T, V = 256, 2048
     h = torch.randn(T, 32, dtype=dtype, requires_grad=True)
     w = torch.randn(V, 32, dtype=dtype, requires_grad=True)
     targets = torch.randint(0, V, (1, T))
     with LiveBytes() as m:
-        logits = (h @ w.t()).unsqueeze(0)  # [1, T, V] in the compute dtype, as the model's head returns it
+        # [1, T, V] in the compute dtype, as the model's head returns it
+        logits = (h @ w.t()).unsqueeze(0)
         logp = token_logprobs(logits.float() / 0.7, targets)
         del logits
         logp.sum().backward()
@@ -319,8 +335,9 @@ def test_logits_peak_is_measured(dtype, measured):
 
 
 def test_adamw_temporaries_are_measured():
-    """`torch.optim.AdamW(foreach=True)` (CUDA's default) makes one fp32 copy of the second moment in `step`
-    (`_foreach_sqrt`): ADAMW_TEMP_STATES x 4 B per parameter beyond the parameters, gradients and moments."""
+    """`torch.optim.AdamW(foreach=True)` (CUDA's default) makes one fp32 copy of the second moment
+    in `step` (`_foreach_sqrt`): ADAMW_TEMP_STATES x 4 B per parameter beyond the parameters,
+    gradients and moments."""
     params = [torch.nn.Parameter(torch.randn(300, 300)) for _ in range(3)]
     for p in params:
         p.grad = torch.randn_like(p)

@@ -28,7 +28,8 @@ class Generator(Actor):
         """`weights`: how this replica receives weights, the transport of its trainer->generator pair (resolved by
         the launcher from the hosts the two run on)."""
         activate_from_env()  # the user's plug-ins, before any name in the config is looked up
-        check_mask(settings.gpus)  # this replica's GPUs were masked when its process was spawned (before torch)
+        # this replica's GPUs were masked when its process was spawned (before torch)
+        check_mask(settings.gpus)
         apply_process_determinism()
         self.settings = settings
         if settings.threads:

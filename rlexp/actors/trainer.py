@@ -43,8 +43,9 @@ def _local(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def rank_device(ranks: Any, rank: int) -> torch.device:
-    """This rank's device. On CUDA its GPU was masked when its process was spawned (`rlexp.core.gpu_mask`, through a
-    scheduler's mask), so CUDA shows it alone: checked here, and the mask is not set again (`gpus` None)."""
+    """This rank's device. On CUDA its GPU was masked when its process was spawned
+    (`rlexp.core.gpu_mask`, through a scheduler's mask), so CUDA shows it alone: checked here, and
+    the mask is not set again (`gpus` None)."""
     if ranks.device == "cuda" and ranks.gpus:
         check_mask(ranks.gpus[rank])
     return claim_device(ranks.device, None, rank)
@@ -227,8 +228,8 @@ class Trainer(Actor):
         evaluating it (the controller publishes the live weights again afterwards, under the same version)."""
         self.version = version
         with self._weights(ema):  # published inside: on one rank the state dict views the parameters' storage
-            # Streamed: one tensor at a time to the CPU (what `rlexp plan` counts as the weight push); the ranks
-            # that publish nothing take part in each gather and keep nothing.
+            # Streamed: one tensor at a time to the CPU (what `rlexp plan` counts as the weight
+            # push); the ranks that publish nothing take part in each gather and keep nothing.
             sd = (hf_state_dict(self.model, self.model_cfg.arch) if self.world == 1
                   else titan_full_hf_state_dict(self.model, self.model_cfg, keep=self.rank == 0))
             if self.rank != 0:
@@ -308,7 +309,8 @@ class Trainer(Actor):
             if self.rank == 0:
                 save_titan_as_hf(self.model, out_dir, self.model_cfg, source_dir=self.model_dir)
             else:
-                titan_full_hf_state_dict(self.model, self.model_cfg, keep=False)  # the gathers rank 0 runs
+                # the gathers rank 0 runs
+                titan_full_hf_state_dict(self.model, self.model_cfg, keep=False)
         return out_dir
 
     @endpoint

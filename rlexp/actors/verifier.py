@@ -26,8 +26,8 @@ from rlexp.types import Problem
 class VerifierService(Actor):
     def __init__(self, settings: VerifierSettings) -> None:
         activate_from_env()  # the user's plug-ins, before any name in the config is looked up
-        # This replica's GPU (`gpus[rank]`, from rlexp.cluster.layout.assign_gpus) was masked when its process was
-        # spawned, before torch, so a verifier never lands on the policy's GPUs.
+        # This replica's GPU (`gpus[rank]`, from rlexp.cluster.layout.assign_gpus) was masked when
+        # its process was spawned, before torch, so a verifier never lands on the policy's GPUs.
         gpus = settings.gpus
         if settings.device == "cuda" and gpus:
             check_mask(gpus[current_rank().rank if len(gpus) > 1 else 0])

@@ -67,16 +67,17 @@ def own_hosts(c: TrainConfig) -> dict[str, int]:
 
 
 def gpu_layout(c: TrainConfig) -> tuple[dict[str, list[str]], dict[str, int]]:
-    """Each mesh's GPUs per rank (`gpu_placement` without the hosts), and the GPUs each host uses."""
+    """Each mesh's GPUs per rank (`gpu_placement` without the hosts), and the GPUs each host uses.
+    """
     place, used = gpu_placement(c)
     return {name: [gpus for _, gpus in ranks] for name, ranks in place.items()}, used
 
 
 def gpu_placement(c: TrainConfig) -> tuple[dict[str, list[tuple[str, str]]], dict[str, int]]:
-    """(host label, GPUs) per role and rank, and the GPUs each host uses (by the job's host label). The GPUs
-    are rlexp's indices on the host, counted from 0 among those the host's processes may use: each process's
-    `CUDA_VISIBLE_DEVICES` is set from them when it is spawned, through a scheduler's mask
-    (`rlexp.core.gpu_mask`).
+    """(host label, GPUs) per role and rank, and the GPUs each host uses (by the job's host label).
+    The GPUs are rlexp's indices on the host, counted from 0 among those the host's processes may
+    use: each process's `CUDA_VISIBLE_DEVICES` is set from them when it is spawned, through a
+    scheduler's mask (`rlexp.core.gpu_mask`).
 
     On the controller's host ("local") the roles without hosts of their own take GPUs in order: trainer
     ranks (the reference model beside them) first, then each generator replica
@@ -112,10 +113,11 @@ def gpu_placement(c: TrainConfig) -> tuple[dict[str, list[tuple[str, str]]], dic
 
 
 def controller_gpus(c: TrainConfig) -> int:
-    """GPUs the run's processes take on the controller's machine (what `rlexp.cluster.planner.check_devices`
-    checks here): the roles without hosts of their own, 0 when every role has hosts of its own (a Slurm job
-    driven from a login node). A job whose hosts are processes of this machine (`one_machine`) numbers each
-    host's GPUs from 0 here too: the busiest host's count."""
+    """GPUs the run's processes take on the controller's machine (what
+    `rlexp.cluster.planner.check_devices` checks here): the roles without hosts of their own, 0 when
+    every role has hosts of its own (a Slurm job driven from a login node). A job whose hosts are
+    processes of this machine (`one_machine`) numbers each host's GPUs from 0 here too: the busiest
+    host's count."""
     _, used = gpu_layout(c)
     if job_backend(c.cluster.job).one_machine:
         return max(used.values(), default=0)

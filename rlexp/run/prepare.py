@@ -87,10 +87,12 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     report = plan_memory(cfg) if real or cuda or t.trainer.micro_batch_size == 0 else None
     if report is not None and t.trainer.micro_batch_size == 0:  # derived: the largest the plan fits
         t.trainer.micro_batch_size = cfg.trainer.micro_batch_size = report.micro_batch_size
-    if report is not None and cuda and not t.generator.gpu_memory_utilization:  # derived: vLLM holds the plan
+    # derived: vLLM holds the plan
+    if report is not None and cuda and not t.generator.gpu_memory_utilization:
         t.generator.gpu_memory_utilization = report.gpu_memory_utilization
         cfg.generator.gpu_memory_utilization = report.gpu_memory_utilization
-    if cuda:  # every CUDA run, the tiny model too: the GPUs of the roles this machine hosts, before spawning
+    # every CUDA run, the tiny model too: the GPUs of the roles this machine hosts, before spawning
+    if cuda:
         check_devices(report, t.cluster, needed=controller_gpus(t))
     validate(t, check_weights=check_model_files)
     if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
@@ -155,7 +157,8 @@ def prepare(cfg: DictConfig) -> Prepared:
             f"{t.environment.name}/eval": {"n": len(held), "sha256": fingerprint_examples(
                 [(s.id, s.problem.prompt, s.answer) for s in held])}},
         "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
-                  "path": model_dir, "sha256": hash_files(model_dir), "warmup": warm, "limits": extra_limits},
+                  "path": model_dir, "sha256": hash_files(model_dir), "warmup": warm,
+                  "limits": extra_limits},
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
@@ -169,9 +172,10 @@ def prepare(cfg: DictConfig) -> Prepared:
 
 
 def check_checkpoint_limits(t: TrainConfig, model_dir: str) -> list[str]:
-    """The checkpoint's own config.json against the run (`rlexp.models.limits`): vocabulary and RoPE must match,
-    `model.arch.max_seq_len` (vLLM's max_model_len) is lowered to the checkpoint's positions and said. The tiny
-    model's checkpoint is written from `model.arch`, so there is nothing to compare. Returns what was changed."""
+    """The checkpoint's own config.json against the run (`rlexp.models.limits`): vocabulary and RoPE
+    must match, `model.arch.max_seq_len` (vLLM's max_model_len) is lowered to the checkpoint's
+    positions and said. The tiny model's checkpoint is written from `model.arch`, so there is
+    nothing to compare. Returns what was changed."""
     if t.model.flavor == "tiny" and not t.model.path:
         return []
     limits = read_limits(model_dir)

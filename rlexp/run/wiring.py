@@ -83,8 +83,9 @@ def generator_options(p: Prepared) -> dict[str, Any]:
 
 
 def generator_role(p: Prepared, i: int, spawned: bool = True) -> Role:
-    """Generator replica `i`, also one added later (elastic) or respawned: it takes the seed of shard i mod shards.
-    `spawned`: in a process of its own, whose GPUs were masked at spawn (see `wiring`)."""
+    """Generator replica `i`, also one added later (elastic) or respawned: it takes the seed of
+    shard i mod shards. `spawned`: in a process of its own, whose GPUs were masked at spawn (see
+    `wiring`)."""
     c = p.cfg
     seeds = generator_seeds(p)
     gpus = assign_gpus(c).get(f"generator{i}", [None])[0] if spawned else None
@@ -113,9 +114,9 @@ def generator_seeds(p: Prepared) -> tuple[int, ...]:
 
 
 def wiring(p: Prepared, spawned: bool = True) -> Wiring:
-    """The run's roles and their settings. `spawned` (the launcher): each role in processes of its own whose GPUs
-    were masked at spawn (`rlexp.core.gpu_mask`), which the actors check; False (`rlexp.run.inprocess`): every
-    role in this one process, on its device, no masks."""
+    """The run's roles and their settings. `spawned` (the launcher): each role in processes of its
+    own whose GPUs were masked at spawn (`rlexp.core.gpu_mask`), which the actors check; False
+    (`rlexp.run.inprocess`): every role in this one process, on its device, no masks."""
     c = p.cfg
     gpus = assign_gpus(c) if spawned else {}
     par = c.model.parallelism
