@@ -221,3 +221,15 @@ def test_wiring_gives_masks_to_spawned_roles_only(monkeypatch):
     one = wiring(p, spawned=False)
     assert one.trainer.settings.policy.ranks.gpus is None
     assert [g.settings.gpus for g in one.generators] == [None] * 2
+
+
+def test_plan_prints_each_roles_devices_through_the_mask():
+    """`rlexp plan` lists every mesh's GPUs, on this machine through its CUDA_VISIBLE_DEVICES."""
+    from rlexp.cluster.plan_cli import role_devices
+
+    t = OmegaConf.to_object(compose_run_config(["cluster=gpu_node", "model.parallelism.trainer_fsdp=3",
+                                                "generator.replicas=2"]))
+    line = role_devices(t, mask="4,5,6,7")
+    assert line.startswith("devices: trainer local:0(=GPU 4) local:1(=GPU 5) local:2(=GPU 6);")
+    assert "generator0 local:3(=GPU 7)" in line
+    assert "generator1 local:4(beyond CUDA_VISIBLE_DEVICES=4,5,6,7)" in line

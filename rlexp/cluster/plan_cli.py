@@ -13,16 +13,18 @@ cluster), 2 config error.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from rlexp.cluster.layout import check_hosts_fit, gpu_layout
+from rlexp.cluster.layout import check_hosts_fit, gpu_layout, gpu_placement
 from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, plan_memory
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.validate import ConfigError, too_big_for_cpu
+from rlexp.core.gpu_mask import MaskError, through_mask
 from rlexp.core.plugins import with_config_path  # `config_path=DIR`: a user's own config folders, as in `rlexp train`
 
 
@@ -52,12 +54,32 @@ def print_hosts(cfg: Any) -> bool:
         return True
     per_host = typed.cluster.gpus_per_host
     print("\nhosts: " + ", ".join(f"{h} {n}/{per_host or '?'} GPUs" for h, n in used.items()))
+    print(role_devices(typed))
     try:
         check_hosts_fit(typed)
     except ConfigError as e:
         print(f"problem: {e}")
         return False
     return True
+
+
+def role_devices(typed: Any, mask: str | None = None) -> str:
+    """Each mesh's GPUs per rank as `host:GPUs` (rlexp's indices, counted from 0 on each host); on this
+    machine's host through its `CUDA_VISIBLE_DEVICES` (`mask`, default this process's), as each process
+    will get them at spawn (`rlexp.core.gpu_mask`)."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES") if mask is None else mask
+    place, _ = gpu_placement(typed)
+
+    def where(host: str, gpus: str) -> str:
+        if host != "local" or mask is None:
+            return f"{host}:{gpus}"
+        try:
+            return f"{host}:{gpus}(=GPU {through_mask(gpus, mask)})"
+        except MaskError:
+            return f"{host}:{gpus}(beyond CUDA_VISIBLE_DEVICES={mask})"
+
+    return "devices: " + "; ".join(f"{mesh} " + " ".join(where(h, g) for h, g in ranks)
+                                   for mesh, ranks in place.items())
 
 
 def print_checkpoint_limits(cfg: Any) -> bool:
