@@ -227,8 +227,8 @@ def test_plan_prints_each_roles_devices_through_the_mask():
     """`rlexp plan` lists every mesh's GPUs, on this machine through its CUDA_VISIBLE_DEVICES."""
     from rlexp.cluster.plan_cli import role_devices
 
-    t = OmegaConf.to_object(compose_run_config(["cluster=gpu_node", "model.parallelism.trainer_fsdp=3",
-                                                "generator.replicas=2"]))
+    overrides = ["cluster=gpu_node", "model.parallelism.trainer_fsdp=3", "generator.replicas=2"]
+    t = OmegaConf.to_object(compose_run_config(overrides))
     line = role_devices(t, mask="4,5,6,7")
     assert line.startswith("devices: trainer local:0(=GPU 4) local:1(=GPU 5) local:2(=GPU 6);")
     assert "generator0 local:3(=GPU 7)" in line

@@ -346,3 +346,21 @@ def test_adamw_temporaries_are_measured():
     with LiveBytes() as m:
         opt.step()
     assert m.peak / sum(p.numel() for p in params) == pytest.approx(ADAMW_TEMP_STATES * 4, abs=0.01)
+
+
+def test_vllm_generator_counts_its_profile_run_by_hand():
+    """generator=vllm keeps, beside weights and KV cache, the peak of its profile run; the derived
+    gpu_memory_utilization includes it, so vLLM's KV cache is the one the plan counted."""
+    cfg = run_cfg("qwen3_8b", **FSDP4)
+    cfg.generator = {"backend": "vllm", "max_num_batched_tokens": 65536, "max_num_seqs": 1024}
+    r = check_plan(cfg)
+    g = r.generator
+    # per token: residual + norm output 2 x 4096, q 4096 + attention out 4096, k and v 2 x 1024,
+    # SwiGLU w1, w3 and product 3 x 12288 (TP 1), in bf16
+    per_token = 2 * 4096 + 2 * 4096 + 2 * 1024 + 3 * 12288
+    assert g.get("vLLM profile activations") == 65536 * per_token * 2
+    assert g.get("vLLM profile activations") == 7_247_757_312
+    assert g.get("vLLM profile sampler") == 1024 * 151936 * 8 == 1_244_659_712
+    # the titan generator's 57,222,555,648 (test_qwen3_8b_by_hand) plus the two
+    assert g.total_bytes == 57_222_555_648 + 7_247_757_312 + 1_244_659_712 == 65_714_972_672
+    assert r.gpu_memory_utilization == 0.77  # 65,714,972,672 / 80 GiB = 0.765, rounded up

@@ -64,9 +64,9 @@ def print_hosts(cfg: Any) -> bool:
 
 
 def role_devices(typed: Any, mask: str | None = None) -> str:
-    """Each mesh's GPUs per rank as `host:GPUs` (rlexp's indices, counted from 0 on each host); on this
-    machine's host through its `CUDA_VISIBLE_DEVICES` (`mask`, default this process's), as each process
-    will get them at spawn (`rlexp.core.gpu_mask`)."""
+    """Each mesh's GPUs per rank as `host:GPUs` (rlexp's indices, counted from 0 on each host); on
+    this machine's host through its `CUDA_VISIBLE_DEVICES` (`mask`, default this process's), as each
+    process will get them at spawn (`rlexp.core.gpu_mask`)."""
     mask = os.environ.get("CUDA_VISIBLE_DEVICES") if mask is None else mask
     place, _ = gpu_placement(typed)
 

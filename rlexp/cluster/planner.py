@@ -159,6 +159,10 @@ class GeneratorSetup:
     seqs_per_step: int  # prompts_per_step * group_size
     seq_len: int
     dtype: str
+    # vLLM's scheduler budget (`generator.max_num_batched_tokens`, `max_num_seqs`): its profile run
+    # sizes the memory it keeps beside the KV cache from them. 0: not a vLLM generator.
+    batched_tokens: int = 0
+    max_seqs: int = 0
 
     @property
     def seqs_per_replica(self) -> int:
@@ -427,9 +431,27 @@ def generator_plan(arch: ArchConfig, g: GeneratorSetup, capacity_bytes: float | 
              f"{seqs} seqs x {arch.vocab_size} x 4 B / tp {g.tp}"),
         Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, graphs, activations"),
     ]
+    if g.batched_tokens:
+        items += vllm_profile_items(arch, g, b)
     layout = (f"{g.replicas} replica(s) x TP {g.tp}, {seqs} sequences per replica "
               f"(of {g.seqs_per_step} per step) x {g.seq_len} tokens, {g.dtype}")
     return RolePlan("generator", g.tp * g.replicas, layout, items, capacity_bytes)
+
+
+def vllm_profile_items(arch: ArchConfig, g: GeneratorSetup, b: int) -> list[Item]:
+    """What vLLM keeps beside its weights and KV cache: the peak of its profile run, a forward over
+    `max_num_batched_tokens` tokens (per token one layer's residual and norm output, 2 x dim, and
+    its q, k, v, attention output and SwiGLU w1, w3 and product, sharded by TP) and a sampler over
+    `max_num_seqs` full-vocabulary fp32 rows (logits and probabilities, 8 B). vLLM sizes the KV
+    cache from what the profile leaves, so the plan counts it, and `gpu_memory_utilization` includes
+    it."""
+    q, kv = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
+    per_tok = 2 * arch.dim + (2 * q + 2 * kv + 3 * arch.hidden_dim) / g.tp
+    return [Item("vLLM profile activations", g.batched_tokens * per_tok * b,
+                 f"{g.batched_tokens} tok x (2 x {arch.dim} + (2 x {q} + 2 x {kv} + 3 x "
+                 f"{arch.hidden_dim}) / tp {g.tp}) x {b} B"),
+            Item("vLLM profile sampler", g.max_seqs * arch.vocab_size * 8,
+                 f"{g.max_seqs} seqs x {arch.vocab_size} x 8 B (fp32 logits and probabilities)")]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -480,12 +502,17 @@ def setups_from_cfg(cfg: Any) -> tuple[ArchConfig, TrainerSetup, GeneratorSetup]
         seq_len=seq_len,
         dtype="bfloat16" if dtype == "float32" and bool(_get(cfg, "trainer.mixed_precision", True)) else dtype,
     )
+    if str(_get(cfg, "generator.backend", "titan")) == "vllm":
+        g = replace(g, batched_tokens=int(_get(cfg, "generator.max_num_batched_tokens", 65536)),
+                    max_seqs=int(_get(cfg, "generator.max_num_seqs", 1024)))
     return arch, t, g
 
 
 PLAN_FIELDS = (
     "model.name", "model.dtype", "model.arch.*", "model.parallelism.trainer_fsdp", "model.parallelism.trainer_tp",
     "generator.tp and generator.replicas (optional, default model.parallelism.generator_tp / generator_replicas)",
+    "generator.backend, generator.max_num_batched_tokens, generator.max_num_seqs (optional: vLLM's "
+    "profile run)",
     "cluster.gpu_memory_gb", "cluster.gpus_per_host", "cluster.hosts",
     "trainer.micro_batch_size (0: derived here)", "cluster.gpu_peak_tflops, cluster.mfu, steps, sync.mode "
     "(optional: the time estimate)", "trainer.activation_checkpointing", "trainer.mixed_precision",
