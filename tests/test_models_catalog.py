@@ -40,7 +40,10 @@ def _load(name: str) -> ModelConfig:
 def test_yaml_matches_published_config(key, instruct):
     size = QWEN3_SIZES[key]
     cfg = _load(f"qwen3_{key}" + ("_instruct" if instruct else ""))
-    assert cfg.arch == size.arch()
+    assert cfg.arch == size.arch(cfg.hf_repo)
+    # the published config.json's max_position_embeddings: base checkpoints 32,768, post-trained
+    # 40,960
+    assert cfg.arch.max_seq_len == (32768 if cfg.hf_repo.endswith("-Base") else 40960)
     assert cfg.hf_repo == (size.instruct_repo if instruct else size.base_repo)
     assert cfg.revision == REVISIONS[cfg.hf_repo] and len(cfg.revision) == 40  # a pinned commit, not a branch
     int(cfg.revision, 16)

@@ -257,3 +257,39 @@ def test_deduplicated_forward_gives_the_same_gradients_at_two_threads() -> None:
         torch.testing.assert_close(dedup, weight.grad, rtol=1e-4, atol=1e-3)  # sums of ~12k terms
     finally:
         torch.set_num_threads(old)
+
+
+def test_weight_push_gathers_one_tensor_at_a_time(tmp_path, monkeypatch):
+    """The trainer's push (`titan_full_hf_state_dict`) gathers a sharded tensor, moves it to the CPU
+    and only then gathers the next: the GPU holds one unsharded tensor beyond the model, what `rlexp
+    plan` counts as the weight push. Real DTensors on a one-rank gloo mesh; each `full_tensor()`
+    call is counted as the stream is read."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+
+    arch = _arch(tie=False)
+    cfg = ModelConfig(name="t", arch=arch)
+    model = build_model(cfg)
+    plain = hf.titan_full_hf_state_dict(model, cfg)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for mod in model.modules():
+            for name, p in list(mod.named_parameters(recurse=False)):
+                setattr(mod, name, torch.nn.Parameter(distribute_tensor(p.data, mesh, [Shard(0)])))
+        gathered = []
+        real = DTensor.full_tensor
+        monkeypatch.setattr(DTensor, "full_tensor",
+                            lambda self, **kw: gathered.append(1) or real(self, **kw))
+        read = 0
+        for _, v in hf.full_tensors_to_cpu(model):
+            read += 1
+            assert len(gathered) == read and v.device.type == "cpu" and not isinstance(v, DTensor)
+        assert read == len(gathered) > 5
+        # still gathers
+        assert list(hf.full_tensors_to_cpu(model, keep=False)) == [] and len(gathered) == 2 * read
+        streamed = hf.titan_full_hf_state_dict(model, cfg, dtype=torch.bfloat16)
+        assert streamed.keys() == plain.keys()
+        assert all(torch.equal(streamed[k], plain[k].to(torch.bfloat16)) for k in plain)
+    finally:
+        dist.destroy_process_group()

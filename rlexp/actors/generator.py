@@ -5,7 +5,6 @@ in-process (`rlexp eval`, `rlexp bench`) does not import Monarch.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 from monarch.actor import Actor, endpoint
 
 from rlexp.actors.settings import GeneratorSettings
+from rlexp.core.gpu_mask import check_mask
 from rlexp.core.plugins import activate_from_env
 from rlexp.core.seeding import apply_process_determinism
 from rlexp.models.backends import GeneratorBackend, build_backend
@@ -28,8 +28,8 @@ class Generator(Actor):
         """`weights`: how this replica receives weights, the transport of its trainer->generator pair (resolved by
         the launcher from the hosts the two run on)."""
         activate_from_env()  # the user's plug-ins, before any name in the config is looked up
-        if settings.gpus is not None:  # this replica's GPUs (rlexp.cluster.layout.assign_gpus), before CUDA opens
-            os.environ["CUDA_VISIBLE_DEVICES"] = settings.gpus
+        # this replica's GPUs were masked when its process was spawned (before torch)
+        check_mask(settings.gpus)
         apply_process_determinism()
         self.settings = settings
         if settings.threads:

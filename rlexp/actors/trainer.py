@@ -24,6 +24,7 @@ from monarch.actor import Actor, current_rank, endpoint
 
 from rlexp.actors.settings import PolicySettings, TrainerSettings
 from rlexp.algorithm.grpo import LOSSES, policy_token_mask
+from rlexp.core.gpu_mask import check_mask
 from rlexp.core.plugins import activate_from_env
 from rlexp.core.seeding import apply_process_determinism
 from rlexp.core.weights import safe_load
@@ -39,6 +40,15 @@ def _local(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     """This rank's part of each tensor (a sharded parameter's local shard), detached: the weight average is
     elementwise, so each rank keeps and updates its own shards (DTensor has no sharding rule for foreach ops)."""
     return [t.detach().to_local() if hasattr(t, "to_local") else t.detach() for t in tensors]
+
+
+def rank_device(ranks: Any, rank: int) -> torch.device:
+    """This rank's device. On CUDA its GPU was masked when its process was spawned
+    (`rlexp.core.gpu_mask`, through a scheduler's mask), so CUDA shows it alone: checked here, and
+    the mask is not set again (`gpus` None)."""
+    if ranks.device == "cuda" and ranks.gpus:
+        check_mask(ranks.gpus[rank])
+    return claim_device(ranks.device, None, rank)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float):
@@ -78,7 +88,7 @@ class Trainer(Actor):
         # Data-parallel coordinates: the ranks of one TP group (consecutive ranks) share their rows.
         self.dp_rank, self.dp_world = self.rank // ranks.tp, ranks.world // ranks.tp
         self.dp_group: Any = None
-        self.device = claim_device(ranks.device, ranks.gpus, self.rank)
+        self.device = rank_device(ranks, self.rank)
         self.transports: dict[str, WeightTransport] = {}
         if ranks.threads:
             torch.set_num_threads(ranks.threads)
@@ -218,8 +228,10 @@ class Trainer(Actor):
         evaluating it (the controller publishes the live weights again afterwards, under the same version)."""
         self.version = version
         with self._weights(ema):  # published inside: on one rank the state dict views the parameters' storage
+            # Streamed: one tensor at a time to the CPU (what `rlexp plan` counts as the weight
+            # push); the ranks that publish nothing take part in each gather and keep nothing.
             sd = (hf_state_dict(self.model, self.model_cfg.arch) if self.world == 1
-                  else titan_full_hf_state_dict(self.model, self.model_cfg))
+                  else titan_full_hf_state_dict(self.model, self.model_cfg, keep=self.rank == 0))
             if self.rank != 0:
                 return {}
             return {name: await t.apublish(version, sd) for name, t in self.transports.items()}
@@ -297,7 +309,8 @@ class Trainer(Actor):
             if self.rank == 0:
                 save_titan_as_hf(self.model, out_dir, self.model_cfg, source_dir=self.model_dir)
             else:
-                titan_full_hf_state_dict(self.model, self.model_cfg)  # the same all-gathers rank 0 runs
+                # the gathers rank 0 runs
+                titan_full_hf_state_dict(self.model, self.model_cfg, keep=False)
         return out_dir
 
     @endpoint
@@ -339,7 +352,7 @@ class Reference(Actor):
             torch.set_num_threads(ranks.threads)
         self.settings = settings
         self.rank = current_rank().rank if ranks.world > 1 else 0
-        self.device = claim_device(ranks.device, ranks.gpus, self.rank)
+        self.device = rank_device(ranks, self.rank)
         self.pad_id, self.tp = settings.pad_id, ranks.tp
 
     @endpoint

@@ -6,7 +6,6 @@ the model once. The reward service scores through `served_scorer`, which splits 
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ import torch
 from monarch.actor import Actor, current_rank, endpoint
 
 from rlexp.actors.settings import VerifierSettings
+from rlexp.core.gpu_mask import check_mask
 from rlexp.core.plugins import activate_from_env
 from rlexp.core.seeding import apply_process_determinism
 from rlexp.core.services import Pending, Service
@@ -26,11 +26,11 @@ from rlexp.types import Problem
 class VerifierService(Actor):
     def __init__(self, settings: VerifierSettings) -> None:
         activate_from_env()  # the user's plug-ins, before any name in the config is looked up
-        # This replica's GPU (`gpus[rank]`, a CUDA_VISIBLE_DEVICES value from rlexp.cluster.layout.assign_gpus), set
-        # before anything in the process opens CUDA, so a verifier never lands on the policy's GPUs.
+        # This replica's GPU (`gpus[rank]`, from rlexp.cluster.layout.assign_gpus) was masked when
+        # its process was spawned, before torch, so a verifier never lands on the policy's GPUs.
         gpus = settings.gpus
         if settings.device == "cuda" and gpus:
-            os.environ["CUDA_VISIBLE_DEVICES"] = gpus[current_rank().rank if len(gpus) > 1 else 0]
+            check_mask(gpus[current_rank().rank if len(gpus) > 1 else 0])
         apply_process_determinism()
         if settings.threads:
             torch.set_num_threads(settings.threads)

@@ -67,7 +67,17 @@ def own_hosts(c: TrainConfig) -> dict[str, int]:
 
 
 def gpu_layout(c: TrainConfig) -> tuple[dict[str, list[str]], dict[str, int]]:
-    """CUDA_VISIBLE_DEVICES per role and rank, and the GPUs each host uses (by the job's host label).
+    """Each mesh's GPUs per rank (`gpu_placement` without the hosts), and the GPUs each host uses.
+    """
+    place, used = gpu_placement(c)
+    return {name: [gpus for _, gpus in ranks] for name, ranks in place.items()}, used
+
+
+def gpu_placement(c: TrainConfig) -> tuple[dict[str, list[tuple[str, str]]], dict[str, int]]:
+    """(host label, GPUs) per role and rank, and the GPUs each host uses (by the job's host label).
+    The GPUs are rlexp's indices on the host, counted from 0 among those the host's processes may
+    use: each process's `CUDA_VISIBLE_DEVICES` is set from them when it is spawned, through a
+    scheduler's mask (`rlexp.core.gpu_mask`).
 
     On the controller's host ("local") the roles without hosts of their own take GPUs in order: trainer
     ranks (the reference model beside them) first, then each generator replica
@@ -85,20 +95,33 @@ def gpu_layout(c: TrainConfig) -> tuple[dict[str, list[str]], dict[str, int]]:
         used[host] = first + n
         return list(range(first, first + n))
 
-    out: dict[str, list[str]] = {}
+    out: dict[str, list[tuple[str, str]]] = {}
     world, per_gen = c.model.parallelism.trainer_world, c.generator.gpus_per_replica
     if "trainer" in own:
         per_host = -(-world // own["trainer"])
-        out["trainer"] = [str(take(f"trainer_{r // per_host}", 1)[0]) for r in range(world)]
+        hosts = [f"trainer_{r // per_host}" for r in range(world)]
+        out["trainer"] = [(h, str(take(h, 1)[0])) for h in hosts]
     else:
-        out["trainer"] = [str(g) for g in take("local", world)]
+        out["trainer"] = [("local", str(g)) for g in take("local", world)]
     for i in range(c.generator.replicas):
         host = f"generator_{i % own['generator']}" if "generator" in own else "local"
-        out[f"generator{i}"] = [",".join(str(g) for g in take(host, per_gen))]
+        out[f"generator{i}"] = [(host, ",".join(str(g) for g in take(host, per_gen)))]
     for k, v in enumerate(reward_verifiers(c)):
         host = f"verifier_{k % own['verifier']}" if "verifier" in own else "local"
-        out[f"verifier_{v.name}"] = [str(g) for g in take(host, v.replicas)]
+        out[f"verifier_{v.name}"] = [(host, str(g)) for g in take(host, v.replicas)]
     return out, used
+
+
+def controller_gpus(c: TrainConfig) -> int:
+    """GPUs the run's processes take on the controller's machine (what
+    `rlexp.cluster.planner.check_devices` checks here): the roles without hosts of their own, 0 when
+    every role has hosts of its own (a Slurm job driven from a login node). A job whose hosts are
+    processes of this machine (`one_machine`) numbers each host's GPUs from 0 here too: the busiest
+    host's count."""
+    _, used = gpu_layout(c)
+    if job_backend(c.cluster.job).one_machine:
+        return max(used.values(), default=0)
+    return used.get("local", 0)
 
 
 def assign_gpus(c: TrainConfig) -> dict[str, list[str]]:

@@ -13,16 +13,18 @@ cluster), 2 config error.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from rlexp.cluster.layout import check_hosts_fit, gpu_layout
+from rlexp.cluster.layout import check_hosts_fit, gpu_layout, gpu_placement
 from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, plan_memory
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.validate import ConfigError, too_big_for_cpu
+from rlexp.core.gpu_mask import MaskError, through_mask
 from rlexp.core.plugins import with_config_path  # `config_path=DIR`: a user's own config folders, as in `rlexp train`
 
 
@@ -52,9 +54,58 @@ def print_hosts(cfg: Any) -> bool:
         return True
     per_host = typed.cluster.gpus_per_host
     print("\nhosts: " + ", ".join(f"{h} {n}/{per_host or '?'} GPUs" for h, n in used.items()))
+    print(role_devices(typed))
     try:
         check_hosts_fit(typed)
     except ConfigError as e:
+        print(f"problem: {e}")
+        return False
+    return True
+
+
+def role_devices(typed: Any, mask: str | None = None) -> str:
+    """Each mesh's GPUs per rank as `host:GPUs` (rlexp's indices, counted from 0 on each host); on
+    this machine's host through its `CUDA_VISIBLE_DEVICES` (`mask`, default this process's), as each
+    process will get them at spawn (`rlexp.core.gpu_mask`)."""
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES") if mask is None else mask
+    place, _ = gpu_placement(typed)
+
+    def where(host: str, gpus: str) -> str:
+        if host != "local" or mask is None:
+            return f"{host}:{gpus}"
+        try:
+            return f"{host}:{gpus}(=GPU {through_mask(gpus, mask)})"
+        except MaskError:
+            return f"{host}:{gpus}(beyond CUDA_VISIBLE_DEVICES={mask})"
+
+    return "devices: " + "; ".join(f"{mesh} " + " ".join(where(h, g) for h, g in ranks)
+                                   for mesh, ranks in place.items())
+
+
+def print_checkpoint_limits(cfg: Any) -> bool:
+    """The checkpoint's own limits when it is on this machine (`rlexp.models.limits`), what
+    `rlexp train` checks before spawning; False when they refuse the run."""
+    if cfg.model.get("flavor") == "tiny" and not cfg.model.get("path"):
+        return True
+    from rlexp.config.model import ModelConfig
+    from rlexp.models.limits import LimitError, apply_limits, cached_limits
+
+    model = OmegaConf.to_object(cfg.model)
+    if not isinstance(model, ModelConfig):  # no train schema: the plan above is all there is
+        return True
+    limits = cached_limits(model)
+    if limits is None:
+        print(f"\ncheckpoint: {model.hf_repo or model.path} is not on this machine; `rlexp train` "
+              f"checks its config.json (max_position_embeddings, RoPE, vocabulary) before spawning")
+        return True
+    print(f"\ncheckpoint: max_position_embeddings {limits.max_positions}, vocab_size "
+          f"{limits.vocab_size}, rope_theta {limits.rope_theta}, rope_scaling "
+          f"{limits.rope_scaling} ({limits.source})")
+    algo = cfg.algorithm
+    try:
+        for note in apply_limits(model, limits, algo.max_prompt_tokens, algo.max_tokens):
+            print(f"note: {note}")
+    except LimitError as e:
         print(f"problem: {e}")
         return False
     return True
@@ -77,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlexp plan: cannot compose the run config: {e}", file=sys.stderr)
         return 2
     print(report.table())
+    limits_ok = print_checkpoint_limits(cfg)
     if too_big_for_cpu(cfg):
         print(f"\nrefused: model={cfg.model.name} needs GPUs, but cluster={cfg.cluster.name} is CPU-only "
               f"(cluster.device=cpu), so rlexp train would refuse it. Leave cluster= out (the model brings its GPU "
               f"cluster) or name one with GPUs: cluster=gpu_node, cluster=slurm", file=sys.stderr)
         return 1
     hosts_ok = print_hosts(cfg)
-    if not report.ok or not hosts_ok:
+    if not report.ok or not hosts_ok or not limits_ok:
         print("\nrefused: the layout does not fit (see 'fix:' lines)", file=sys.stderr)
         return 1
     return 0

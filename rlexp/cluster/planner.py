@@ -9,21 +9,33 @@ writing 80 is fine with the default 10% headroom. All estimates are upper-bound 
 what PyTorch/vLLM must hold at the peak, plus a fixed runtime overhead (CUDA context, NCCL buffers,
 allocator fragmentation) that experience puts at 1.5-3 GiB.
 
-Trainer, per GPU, with S = trainer_fsdp * trainer_tp shards (FSDP2 + TP on TorchTitan):
-  mixed precision: parameters bf16 2 B + gradients bf16 2 B + AdamW fp32 master 4 B + two fp32 moments
-    8 B = 16 B per parameter, / S (FSDP2 stores it as fp32 sharded params 4 + fp32 grads 4 + moments 8:
-    the same 16 B); without mixed precision everything is in `model.dtype`: 4 x dtype bytes.
-  FSDP all-gather buffers: two unsharded units (the one computing and the prefetched one), in the
-    compute dtype for params plus fp32 for their gradients, / TP; the largest unit is a block or the
-    (vocab x dim) embedding/head.
+Trainer, per GPU, with S = trainer_fsdp * trainer_tp shards (FSDP2 + TP on TorchTitan). The peak is
+what is held all the time plus the largest of three phases that never overlap (forward/backward, the
+optimizer step, the weight push): counting their sum would refuse layouts that fit.
+  held, mixed precision (`master_weight_items`, the one place these bytes live): fp32 master
+    parameters 4 B + fp32 gradients 4 B + AdamW's two fp32 moments 8 B = 16 B per parameter, / S;
+    without mixed precision everything is in `model.dtype`: 4 x dtype bytes.
+  bf16 compute copy (mixed precision): with FSDP, two unsharded units (the one computing and the
+    prefetched one) in bf16 plus fp32 for their gradients, / TP, in the forward/backward phase; the
+    largest unit is a block or the (vocab x dim) embedding/head. One FSDP rank: autocast's cache of
+    every weight in bf16 (n x 2 B / TP), held through the forward and backward.
   activations: tokens T = micro_batch_size * (max_prompt_tokens + max_tokens). A Qwen3 block saves,
-    per token, 4*dim (two norm inputs/outputs) + 3*q_dim (q before norm, after RoPE, attention out) +
-    3*kv_dim (k twice, v) + 4*hidden_dim (w1 out, w3 out, silu out, their product) elements in the
+    per token, 4*dim (two norm inputs/outputs) + 3*q_dim (q before norm, after RoPE, attention out)
+    + 3*kv_dim (k twice, v) + 4*hidden_dim (w1 out, w3 out, silu out, their product) elements in the
     compute dtype; all blocks without activation checkpointing, only block inputs (dim) plus one
     block's worth with it. TP (without sequence parallelism, which rlexp does not enable) shards the
     head and hidden_dim terms; the dim-wide ones (block inputs, norms) stay whole on every TP rank.
-  logits: T * vocab * 10 B (bf16 logits, fp32 log-softmax for the token logprobs, fp32 gradient) / TP:
-    the trainer's logprobs come from a loss-parallel cross-entropy on vocabulary-sharded logits.
+  logits: T * vocab * LOGIT_PEAK_BYTES / TP: the peak of `rlexp.models.policy.token_logprobs`
+    (logits cast to fp32, divided by the temperature, log-softmax, gather) through its backward,
+    measured on CPU by counting live tensor storages
+    (tests/test_planner.py::test_logits_peak_is_measured): 12.25 B per logit element for bf16
+    logits, 12.5 B for fp32; the trainer's logprobs come from a loss-parallel cross-entropy on
+    vocabulary-sharded logits.
+  AdamW foreach temporaries (optimizer step phase): `torch._foreach_sqrt` of the second moment, one
+    copy of it (4 B per parameter in fp32, measured the same way), / S.
+  weight push (push phase): `titan_full_hf_state_dict` gathers one tensor at a time and moves it to
+    the CPU before the next, so the GPU holds at most the largest unsharded tensor (the
+    embedding/head, or a block's widest matrix) in the parameters' dtype.
   reference model (algorithm.kl_coef > 0, colocated with the trainer): bf16 weights / S.
 Generator replica, per GPU (vLLM, TP = generator_tp):
   weights: params * dtype bytes / TP.
@@ -31,6 +43,9 @@ Generator replica, per GPU (vLLM, TP = generator_tp):
     = ceil(prompts_per_step * group_size / generator_replicas), each max_prompt_tokens + max_tokens
     long: 2 (K and V) * n_layers * max(1, n_kv_heads / TP) * head_dim * bytes * tokens.
   sampler logits: sequences * vocab * 4 B (fp32), plus the runtime overhead (CUDA graphs, activations).
+  vLLM's `gpu_memory_utilization` (`generator.gpu_memory_utilization=0`, the default) is this total
+    over the GPU's memory (`vllm_memory_utilization`): vLLM then holds what the plan counted, not a
+    fixed 0.85.
 Micro-batch: `trainer.micro_batch_size=0` (trainer=large, what a real model brings) is derived here: the largest
   micro-batch, up to the rows each data-parallel rank trains per step, whose trainer plan fits; the rest of the step's
   rows are gradient accumulation (rlexp/actors/trainer.py splits a step into micro-batches).
@@ -48,6 +63,7 @@ Model verifiers (reward models and LM judges the reward serves, `rlexp.cluster.l
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -60,6 +76,15 @@ GiB = 2**30
 DEFAULT_HEADROOM = 0.10
 RUNTIME_OVERHEAD_GIB = 2.0
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Bytes per logit element at the peak of the logprobs' forward and backward (see the module
+# docstring): measured 12.25 (bf16 logits) and 12.5 (fp32) on CPU; the larger is counted.
+LOGIT_PEAK_BYTES = 12.5
+# Mixed precision's sharded state per parameter: fp32 master 4 + fp32 gradient 4 + AdamW's m and v,
+# 4 each.
+MASTER_BYTES = {"parameters (fp32 master)": 4, "gradients (fp32)": 4, "AdamW m+v (fp32)": 8}
+ADAMW_TEMP_STATES = 1  # `_foreach_sqrt(exp_avg_sqs)`: one copy of the second moment during `step`
+# The phases of a trainer step that never overlap; an item with no phase is held throughout.
+FWD_BWD, OPTIM, PUSH = "forward/backward", "optimizer step", "weight push"
 
 
 class PlanError(RuntimeError):
@@ -75,6 +100,7 @@ class Item:
     name: str
     bytes: float
     how: str  # the arithmetic, printed next to the number
+    phase: str = ""  # "" = held all the time; else the phase (FWD_BWD, OPTIM, PUSH) that holds it
 
 
 @dataclass
@@ -85,9 +111,20 @@ class RolePlan:
     items: list[Item]
     capacity_bytes: float | None  # usable bytes per GPU (after headroom); None = no limit known
 
+    def phase_bytes(self, phase: str) -> float:
+        return sum(i.bytes for i in self.items if i.phase == phase)
+
+    @property
+    def peak_phase(self) -> str:
+        """The phase whose memory sets the peak ("" when no item has a phase)."""
+        phases = dict.fromkeys(i.phase for i in self.items if i.phase)
+        return max(phases, key=self.phase_bytes, default="")
+
     @property
     def total_bytes(self) -> float:
-        return sum(i.bytes for i in self.items)
+        """The peak: what is held throughout plus the largest phase (phases never overlap)."""
+        peak = self.phase_bytes(self.peak_phase) if self.peak_phase else 0.0
+        return self.phase_bytes("") + peak
 
     @property
     def fits(self) -> bool:
@@ -122,6 +159,10 @@ class GeneratorSetup:
     seqs_per_step: int  # prompts_per_step * group_size
     seq_len: int
     dtype: str
+    # vLLM's scheduler budget (`generator.max_num_batched_tokens`, `max_num_seqs`): its profile run
+    # sizes the memory it keeps beside the KV cache from them. 0: not a vLLM generator.
+    batched_tokens: int = 0
+    max_seqs: int = 0
 
     @property
     def seqs_per_replica(self) -> int:
@@ -180,6 +221,8 @@ class PlanReport:
     micro_batch_size: int = 0  # the trainer's micro-batch: configured, or derived from the plan
     micro_batch_derived: bool = False
     time: StepTime | None = None
+    # vLLM's share of each generator GPU (`vllm_memory_utilization`)
+    gpu_memory_utilization: float = 0.0
 
     @property
     def verifier_gpus(self) -> int:
@@ -206,10 +249,16 @@ class PlanReport:
             lines.append(f"{rp.role}: {rp.gpus} GPU(s), {rp.layout}")
             lines.append(f"  {'component':<28}{'GiB/GPU':>10}  arithmetic")
             for it in rp.items:
-                lines.append(f"  {it.name:<28}{it.bytes / GiB:>10.2f}  {it.how}")
+                during = f" [{it.phase}]" if it.phase else ""
+                lines.append(f"  {it.name:<28}{it.bytes / GiB:>10.2f}  {it.how}{during}")
             cap = f" of {rp.capacity_bytes / GiB:.1f}" if rp.capacity_bytes else ""
             verdict = "" if rp.capacity_bytes is None else ("  fits" if rp.fits else "  DOES NOT FIT")
-            lines.append(f"  {'total':<28}{rp.total_bytes / GiB:>10.2f}{cap}{verdict}")
+            peak = f"  (held + {rp.peak_phase}, the largest phase)" if rp.peak_phase else ""
+            lines.append(f"  {'peak':<28}{rp.total_bytes / GiB:>10.2f}{cap}{verdict}{peak}")
+            if rp is self.generator and self.gpu_memory_utilization:
+                lines.append(f"  vLLM gpu_memory_utilization {self.gpu_memory_utilization:.2f} "
+                             f"(this peak over the GPU's memory; "
+                             f"generator.gpu_memory_utilization=0 takes it)")
         if self.verifiers:
             lines.append("")
             lines.append(f"verifiers: {self.verifier_gpus} GPU(s), {len(self.verifiers)} served model verifier(s) of "
@@ -301,29 +350,42 @@ def activation_elems_per_token_per_layer(arch: ArchConfig) -> int:
     return 4 * arch.dim + 3 * q + 3 * kv + 4 * arch.hidden_dim
 
 
+def master_weight_items(n: int, shards: int, mixed_precision: bool, dtype: str) -> list[Item]:
+    """The sharded state every trainer rank holds: `MASTER_BYTES` per parameter with mixed precision
+    (fp32 master weights and AdamW state, bf16 compute), else parameters, gradients and both moments
+    in `dtype`."""
+    if mixed_precision:
+        return [Item(name, n * b / shards, f"{n:,} x {b} B / {shards}")
+                for name, b in MASTER_BYTES.items()]
+    b = _DTYPE_BYTES[dtype]
+    return [Item(f"parameters ({dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
+            Item(f"gradients ({dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
+            Item(f"AdamW m+v ({dtype})", n * 2 * b / shards, f"{n:,} x 2x{b} B / {shards}")]
+
+
+def largest_tensor(arch: ArchConfig) -> int:
+    """Elements of the model's largest single weight: what the streamed weight push holds unsharded
+    at once."""
+    q, kv = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
+    return max(arch.vocab_size * arch.dim, arch.dim * arch.hidden_dim, (q + 2 * kv) * arch.dim)
+
+
 def trainer_plan(arch: ArchConfig, s: TrainerSetup, capacity_bytes: float | None = None) -> RolePlan:
     n = param_count(arch)
     shards = s.fsdp * s.tp
     b = _DTYPE_BYTES[s.dtype]
     act_b = 2 if s.mixed_precision else b
-    items: list[Item] = []
-    if s.mixed_precision:
-        items += [
-            Item("parameters (bf16)", n * 2 / shards, f"{n:,} x 2 B / {shards}"),
-            Item("gradients (bf16)", n * 2 / shards, f"{n:,} x 2 B / {shards}"),
-            Item("AdamW master+m+v (fp32)", n * 12 / shards, f"{n:,} x (4+4+4) B / {shards}"),
-        ]
-    else:
-        items += [
-            Item(f"parameters ({s.dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
-            Item(f"gradients ({s.dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
-            Item(f"AdamW m+v ({s.dtype})", n * 2 * b / shards, f"{n:,} x 2x{b} B / {shards}"),
-        ]
+    state_b = 4 if s.mixed_precision else b  # master parameters and AdamW state
+    items = master_weight_items(n, shards, s.mixed_precision, s.dtype)
     unit = max(layer_param_count(arch), arch.vocab_size * arch.dim)
     grad_b = 4 if s.mixed_precision else b
     if s.fsdp > 1:
         items.append(Item("FSDP all-gather buffers", 2 * unit * (act_b + grad_b) / s.tp,
-                          f"2 units x {unit:,} x ({act_b}+{grad_b}) B / tp {s.tp}"))
+                          f"2 units x {unit:,} x ({act_b}+{grad_b}) B / tp {s.tp}", FWD_BWD))
+    elif s.mixed_precision:
+        items.append(Item("bf16 compute copy", n * 2 / s.tp, f"{n:,} x 2 B / tp {s.tp} (autocast's "
+                                                             f"weight cache)",
+                          FWD_BWD))
     tokens = s.micro_batch_size * s.seq_len
     e = activation_elems_per_token_per_layer(arch)
     whole, split = 4 * arch.dim, e - 4 * arch.dim  # per token per layer: replicated over TP / sharded by it
@@ -334,16 +396,24 @@ def trainer_plan(arch: ArchConfig, s: TrainerSetup, capacity_bytes: float | None
     else:
         act = arch.n_layers * (whole + split / s.tp) * tokens * act_b
         how = f"{arch.n_layers} x {per_layer} x {tokens} tok x {act_b} B"
-    items.append(Item("activations", act, how))
-    items.append(Item("logits + logprob grads", tokens * arch.vocab_size * 10 / s.tp,
-                      f"{tokens} tok x {arch.vocab_size} x 10 B / tp {s.tp}"))
+    items.append(Item("activations", act, how, FWD_BWD))
+    items.append(Item("logits + logprob grads", tokens * arch.vocab_size * LOGIT_PEAK_BYTES / s.tp,
+                      f"{tokens} tok x {arch.vocab_size} x {LOGIT_PEAK_BYTES} B / tp {s.tp}",
+                      FWD_BWD))
+    items.append(Item("AdamW foreach temporaries", n * ADAMW_TEMP_STATES * state_b / shards,
+                      f"{n:,} x {ADAMW_TEMP_STATES} x {state_b} B / {shards} (sqrt of the second "
+                      f"moment)", OPTIM))
+    big = largest_tensor(arch)
+    items.append(Item("weight push (streamed)", big * state_b,
+                      f"{big:,} x {state_b} B (the largest tensor, gathered whole, one at a time)",
+                      PUSH))
     if s.reference_model:
         items.append(Item("reference model (bf16)", n * 2 / shards, f"{n:,} x 2 B / {shards} (kl_coef > 0)"))
     items.append(Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, NCCL, fragmentation"))
     accum = f" (x{s.accumulation} accumulated)" if s.accumulation > 1 else ""
     layout = (f"FSDP {s.fsdp} x TP {s.tp}, micro-batch {s.micro_batch_size} x {s.seq_len} tokens{accum}, "
               f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}, "
-              f"{'bf16 mixed precision' if s.mixed_precision else s.dtype}")
+              f"{'fp32 master weights, bf16 compute' if s.mixed_precision else s.dtype}")
     return RolePlan("trainer", shards, layout, items, capacity_bytes)
 
 
@@ -361,9 +431,27 @@ def generator_plan(arch: ArchConfig, g: GeneratorSetup, capacity_bytes: float | 
              f"{seqs} seqs x {arch.vocab_size} x 4 B / tp {g.tp}"),
         Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, graphs, activations"),
     ]
+    if g.batched_tokens:
+        items += vllm_profile_items(arch, g, b)
     layout = (f"{g.replicas} replica(s) x TP {g.tp}, {seqs} sequences per replica "
               f"(of {g.seqs_per_step} per step) x {g.seq_len} tokens, {g.dtype}")
     return RolePlan("generator", g.tp * g.replicas, layout, items, capacity_bytes)
+
+
+def vllm_profile_items(arch: ArchConfig, g: GeneratorSetup, b: int) -> list[Item]:
+    """What vLLM keeps beside its weights and KV cache: the peak of its profile run, a forward over
+    `max_num_batched_tokens` tokens (per token one layer's residual and norm output, 2 x dim, and
+    its q, k, v, attention output and SwiGLU w1, w3 and product, sharded by TP) and a sampler over
+    `max_num_seqs` full-vocabulary fp32 rows (logits and probabilities, 8 B). vLLM sizes the KV
+    cache from what the profile leaves, so the plan counts it, and `gpu_memory_utilization` includes
+    it."""
+    q, kv = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
+    per_tok = 2 * arch.dim + (2 * q + 2 * kv + 3 * arch.hidden_dim) / g.tp
+    return [Item("vLLM profile activations", g.batched_tokens * per_tok * b,
+                 f"{g.batched_tokens} tok x (2 x {arch.dim} + (2 x {q} + 2 x {kv} + 3 x "
+                 f"{arch.hidden_dim}) / tp {g.tp}) x {b} B"),
+            Item("vLLM profile sampler", g.max_seqs * arch.vocab_size * 8,
+                 f"{g.max_seqs} seqs x {arch.vocab_size} x 8 B (fp32 logits and probabilities)")]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -414,12 +502,17 @@ def setups_from_cfg(cfg: Any) -> tuple[ArchConfig, TrainerSetup, GeneratorSetup]
         seq_len=seq_len,
         dtype="bfloat16" if dtype == "float32" and bool(_get(cfg, "trainer.mixed_precision", True)) else dtype,
     )
+    if str(_get(cfg, "generator.backend", "titan")) == "vllm":
+        g = replace(g, batched_tokens=int(_get(cfg, "generator.max_num_batched_tokens", 65536)),
+                    max_seqs=int(_get(cfg, "generator.max_num_seqs", 1024)))
     return arch, t, g
 
 
 PLAN_FIELDS = (
     "model.name", "model.dtype", "model.arch.*", "model.parallelism.trainer_fsdp", "model.parallelism.trainer_tp",
     "generator.tp and generator.replicas (optional, default model.parallelism.generator_tp / generator_replicas)",
+    "generator.backend, generator.max_num_batched_tokens, generator.max_num_seqs (optional: vLLM's "
+    "profile run)",
     "cluster.gpu_memory_gb", "cluster.gpus_per_host", "cluster.hosts",
     "trainer.micro_batch_size (0: derived here)", "cluster.gpu_peak_tflops, cluster.mfu, steps, sync.mode "
     "(optional: the time estimate)", "trainer.activation_checkpointing", "trainer.mixed_precision",
@@ -454,8 +547,20 @@ def plan_memory(cfg: Any, headroom: float = DEFAULT_HEADROOM) -> PlanReport:
                        float(_get(cfg, "cluster.mfu", 0.0)), int(_get(cfg, "steps", 1)),
                        str(_get(cfg, "sync.mode", "on_policy")) == "async"),
     )
+    report.gpu_memory_utilization = vllm_memory_utilization(report.generator, gib, headroom)
     _diagnose(report, arch, t, g, cap, per_host and int(per_host), available)
     return report
+
+
+def vllm_memory_utilization(generator: RolePlan, gpu_memory_gib: float | None,
+                            headroom: float = DEFAULT_HEADROOM) -> float:
+    """vLLM's `gpu_memory_utilization` for the plan: the generator's planned peak over the GPU's
+    memory, rounded up to a hundredth, at most the share the headroom leaves (beyond it the plan
+    refuses the layout); that share when the GPU's memory is not configured."""
+    top = round(1 - headroom, 2)
+    if not gpu_memory_gib:
+        return top
+    return min(top, math.ceil(generator.total_bytes / (gpu_memory_gib * GiB) * 100) / 100)
 
 
 def check_plan(cfg: Any, headroom: float = DEFAULT_HEADROOM) -> PlanReport:
@@ -580,20 +685,34 @@ def local_gpus() -> tuple[int, float]:
     return n, min(torch.cuda.get_device_properties(i).total_memory for i in range(n)) / GiB
 
 
-def check_devices(report: PlanReport, cluster: Any, have: tuple[int, float] | None = None,
-                  argv: list[str] | None = None) -> None:
-    """Refuse, before any process starts, a run on this machine's GPUs (a job kind with `local_devices`: local)
-    whose plan needs GPUs this machine does not have: the plan, what the machine has, and the nearest command that
-    runs here. (Slurm and Kubernetes jobs run the controller on a machine without the run's GPUs: nothing to check.)"""
-    here = job_backend(str(_get(cluster, "job", "local"))).local_devices
-    if not here or str(_get(cluster, "device", "cpu")) != "cuda":
+def check_devices(report: PlanReport | None, cluster: Any, have: tuple[int, float] | None = None,
+                  argv: list[str] | None = None, needed: int | None = None) -> None:
+    """Refuse, before any process starts, a CUDA run whose roles on this machine need GPUs it does
+    not have: the plan, what the machine has, and the nearest command that runs here. `needed`: the
+    GPUs of the roles this machine (the controller's) hosts (`rlexp.cluster.layout.controller_gpus`:
+    every role on a local job, none on a Slurm job whose roles all have hosts of their own, so a
+    controller on a login node is not refused); None: the plan's total, on a job kind whose roles
+    run here (`local_devices`). `torch.cuda.device_count()` already counts through a scheduler's
+    `CUDA_VISIBLE_DEVICES`, which the spawned processes' masks are mapped through
+    (`rlexp.core.gpu_mask`). `report` None (the tiny model): GPUs are counted, not their memory."""
+    if str(_get(cluster, "device", "cpu")) != "cuda":
+        return
+    if needed is None:
+        here = job_backend(str(_get(cluster, "job", "local"))).local_devices
+        needed = (report.gpus_needed if report is not None else 0) if here else 0
+    if needed == 0:
         return
     gpus, gib = have if have is not None else local_gpus()
-    if gpus >= report.gpus_needed and (not report.gpu_memory_gib or gib >= report.gpu_memory_gib * 0.95):
+    want_gib = report.gpu_memory_gib if report is not None else None
+    if gpus >= needed and (not want_gib or gib >= want_gib * 0.95):
         return
+    model = report.model if report is not None else str(_get(cluster, "name", "?"))
     machine = f"{gpus} GPU(s) of {gib:.0f} GiB" if gpus else "no GPU visible to torch (CPU only)"
-    raise PlanError(f"model={report.model} needs {report.gpus_needed} GPUs of {report.gpu_memory_gib or '?'} GiB "
-                    f"(cluster={_get(cluster, 'name', '?')}); this machine has {machine}.\n{report.table()}\n"
+    table = f"\n{report.table()}" if report is not None else ""
+    raise PlanError(f"model={model} needs {needed} GPUs of {want_gib or '?'} GiB on this machine "
+                    f"(cluster={_get(cluster, 'name', '?')}); this machine has {machine} "
+                    f"(CUDA_VISIBLE_DEVICES="
+                    f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}).{table}\n"
                     f"nearest command that runs here: {nearest_command(argv, gpus)}", report)
 
 

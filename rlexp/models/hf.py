@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -303,28 +304,39 @@ def load_hf_into_sharded_titan(model: nn.Module, path: str | Path, cfg: ModelCon
                               f"unexpected {unexpected[:5]}")
 
 
-def titan_full_hf_state_dict(model: nn.Module, cfg: ModelConfig,
-                             dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """The model's weights in HF naming as full (unsharded) CPU tensors.
-
-    DTensor parameters are gathered with `full_tensor()` (a collective: every rank of the mesh
-    must call this).
-    """
+def full_tensors_to_cpu(model: nn.Module, dtype: torch.dtype | None = None,
+                        keep: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """The model's weights (TorchTitan naming, RoPE caches left out), one at a time, each gathered
+    whole (`full_tensor()`: a collective, every rank of the mesh must run this), cast to `dtype` on
+    the CPU and moved to the CPU before the next is gathered. Why: gathering every tensor first held
+    a whole unsharded copy on each GPU at the first weight push (+15 GiB per trainer GPU at 8B, +61
+    GiB at 32B); streamed, a push needs one tensor beyond the model, what `rlexp plan` counts.
+    `keep=False` (a rank that publishes nothing): take part in each gather, yield nothing."""
     from torch.distributed.tensor import DTensor
 
-
-    sd: dict[str, torch.Tensor] = {}
     for k, v in model.state_dict().items():
         if k.endswith(("rope.cache", "freqs_cis")):
             continue
         v = v.detach()
         if isinstance(v, DTensor):
             v = v.full_tensor()
+        if not keep:
+            continue
+        v = v.to("cpu")
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)
-        sd[k] = v
-    out = titan_to_hf(sd, cfg.arch)
-    return {k: v.to("cpu").contiguous() for k, v in out.items()}
+        yield k, v
+
+
+def titan_full_hf_state_dict(model: nn.Module, cfg: ModelConfig, dtype: torch.dtype | None = None,
+                             keep: bool = True) -> dict[str, torch.Tensor]:
+    """The model's weights in HF naming as full (unsharded) CPU tensors, gathered one tensor at a
+    time (`full_tensors_to_cpu`); empty with `keep=False` (every rank must call this when
+    sharded)."""
+    sd = dict(full_tensors_to_cpu(model, dtype, keep))
+    if not keep:
+        return {}
+    return {k: v.contiguous() for k, v in titan_to_hf(sd, cfg.arch).items()}
 
 
 def save_titan_as_hf(model: nn.Module, out_dir: str | Path, cfg: ModelConfig, *, dtype: torch.dtype | None = None,

@@ -101,9 +101,13 @@ def load_hf_state_dict(model: nn.Module, hf_sd: dict[str, torch.Tensor], arch: A
 
 
 def hf_state_dict(model: nn.Module, arch: ArchConfig) -> dict[str, torch.Tensor]:
-    """The model's weights in HF naming, detached, on the CPU and contiguous (ready for safetensors)."""
-    sd = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith(("rope.cache", "freqs_cis"))}
-    return {k: v.to("cpu").contiguous() for k, v in titan_to_hf(sd, arch).items()}
+    """The model's weights in HF naming, detached, on the CPU and contiguous (ready for
+    safetensors). Each tensor is copied to the CPU before the HF renaming and splitting, so a GPU
+    model needs no second copy on the GPU (on the CPU the tensors are the parameters' own
+    storage)."""
+    sd = {k: v.detach().to("cpu") for k, v in model.state_dict().items()
+          if not k.endswith(("rope.cache", "freqs_cis"))}
+    return {k: v.contiguous() for k, v in titan_to_hf(sd, arch).items()}
 
 
 def _adjacent_concat(parts: list[torch.Tensor]) -> torch.Tensor | None:

@@ -44,7 +44,8 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
     """The `Services` of `launcher.build_graph` from the same wiring table, with every actor a `Local` object (same
     settings, same seeds), all on one host: weights travel by shm."""
     check_inprocess(p)
-    w = wiring(p)
+    # one process: no per-role GPU masks, every role on this process's device
+    w = wiring(p, spawned=False)
     events = asyncio.new_event_loop()  # one loop for every async endpoint, as an actor's process has one
     weights = transport_spec("shm", run_name, p.cfg)
 

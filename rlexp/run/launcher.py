@@ -26,6 +26,7 @@ from rlexp.cluster.hosts import LOCAL, ROLES, Host, Hosts
 from rlexp.cluster.layout import assign_gpus
 from rlexp.cluster.registry import job_backend
 from rlexp.config.schema import TrainConfig
+from rlexp.core import gpu_mask
 from rlexp.core.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.errors import RunStopped
 from rlexp.run import checkpoints
@@ -57,6 +58,8 @@ class Graph:
         self.services: Services | None = None
         self.add_generator: Callable[[], None] | None = None  # set by build_graph
         self.transports: list[str] = []  # per generator replica: how its weights arrive
+        # mesh name -> each rank's GPUs (`assign_gpus`; empty on CPU)
+        self.gpus: dict[str, list[str]] = {}
 
     def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, host: Host | None = None,
               mesh: Any = None) -> Any:
@@ -77,9 +80,13 @@ class Graph:
         return mesh.spawn(role.name, role.actor, role.settings, **given)
 
     def procs(self, name: str, procs: int = 1, host: Host | None = None) -> Any:
-        """A new proc mesh for `name`, `procs` processes per host, and where each of them runs."""
+        """A new proc mesh for `name`, `procs` processes per host, and where each of them runs. On
+        CUDA each process starts with its GPUs masked (`spawn_masks`), before anything in it imports
+        torch."""
         host = host or self.hosts.host(role_of(name))
-        mesh = host.mesh.spawn_procs(per_host={"procs": procs})
+        gpus = self.gpus.get(name)
+        mesh = host.mesh.spawn_procs(per_host={"procs": procs},
+                                     bootstrap_command=spawn_masks(gpus) if gpus else None)
         self.meshes[name] = (mesh, host)
         self.where[name] = list(mesh.spawn("probe", Probe).where.call().get().values())
         return mesh
@@ -208,6 +215,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     the processes are up and as each role has loaded its weights: the long waits of start-up."""
     c = p.cfg
     g = g if g is not None else Graph(Hosts(c.cluster))
+    g.gpus = assign_gpus(c)
     w = wiring(p)
     pairs = WeightPairs(g, c, run_name)
     # The trainer's processes first: the machine they run on decides each generator's weight transport. The trainer
@@ -285,6 +293,22 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
         g.write_placement(placement)
     g.placement = describe_placement(g, c, n_params, times[:-1], p, verifier_s)
     return g
+
+
+def spawn_masks(gpus: list[str]) -> Callable[[Any], Any]:
+    """Monarch's per-rank bootstrap command for a mesh whose rank r gets GPU(s) `gpus[r]` (rlexp's
+    indices on its host): `python -m rlexp.core.gpu_mask` with `RLEXP_GPUS`, which sets
+    `CUDA_VISIBLE_DEVICES` through the scheduler's mask before Monarch's bootstrap, and before
+    torch, runs. A mesh across hosts numbers its ranks host-major, as `gpus` does
+    (`rlexp.cluster.layout.gpu_layout`)."""
+    base = monarch.actor.default_bootstrap_cmd()
+
+    def command(point: Any) -> Any:
+        cmd = base.with_env({gpu_mask.GPUS_ENV: gpus[point.rank], gpu_mask.APPLIED_ENV: None})
+        cmd.args = ["-m", gpu_mask.MODULE]
+        return cmd
+
+    return command
 
 
 def first_proc(mesh: Any) -> Any:

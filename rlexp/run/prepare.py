@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algorithm.grpo import LOSSES
 from rlexp.cluster.hosts import check_cluster, weight_hosts
-from rlexp.cluster.layout import auto_threads, check_hosts_fit
+from rlexp.cluster.layout import auto_threads, check_hosts_fit, controller_gpus
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
 from rlexp.cluster.registry import job_backend
 from rlexp.config.overrides import check_composed_keys
@@ -36,6 +37,7 @@ from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env, check_env_options
 from rlexp.evals.benchmarks import load_benchmarks
 from rlexp.models.hf import CheckpointError, check_model_files
+from rlexp.models.limits import LimitError, apply_limits, read_limits
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.rewards.base import Reward
 from rlexp.rewards.registry import build_reward
@@ -81,12 +83,17 @@ def check_config(cfg: DictConfig) -> TrainConfig:
         job_backend(t.cluster.job)  # the planner and the layout ask the job kind: an unknown one stops here
     except ValueError as e:
         raise ConfigError(f"cluster={t.cluster.name}: {e}") from None
-    real = t.model.flavor != "tiny"
-    report = plan_memory(cfg) if real or t.trainer.micro_batch_size == 0 else None
+    real, cuda = t.model.flavor != "tiny", t.cluster.device == "cuda"
+    report = plan_memory(cfg) if real or cuda or t.trainer.micro_batch_size == 0 else None
     if report is not None and t.trainer.micro_batch_size == 0:  # derived: the largest the plan fits
         t.trainer.micro_batch_size = cfg.trainer.micro_batch_size = report.micro_batch_size
-    if report is not None and real:
-        check_devices(report, t.cluster)  # this machine has the GPUs the plan needs, before anything else says no
+    # derived: vLLM holds the plan
+    if report is not None and cuda and not t.generator.gpu_memory_utilization:
+        t.generator.gpu_memory_utilization = report.gpu_memory_utilization
+        cfg.generator.gpu_memory_utilization = report.gpu_memory_utilization
+    # every CUDA run, the tiny model too: the GPUs of the roles this machine hosts, before spawning
+    if cuda:
+        check_devices(report, t.cluster, needed=controller_gpus(t))
     validate(t, check_weights=check_model_files)
     if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
         t.cluster.threads_per_proc = cfg.cluster.threads_per_proc = auto_threads(t)
@@ -136,6 +143,7 @@ def prepare(cfg: DictConfig) -> Prepared:
         raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
     check_multi_turn(t, env)
     model_dir = str(resolve_model(t.model))
+    extra_limits = check_checkpoint_limits(t, model_dir)
     warm = None
     if t.model.warmup.steps:
         warm_dir, warm = ensure_warm_checkpoint(Path(model_dir), t, env)
@@ -149,7 +157,8 @@ def prepare(cfg: DictConfig) -> Prepared:
             f"{t.environment.name}/eval": {"n": len(held), "sha256": fingerprint_examples(
                 [(s.id, s.problem.prompt, s.answer) for s in held])}},
         "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
-                  "path": model_dir, "sha256": hash_files(model_dir), "warmup": warm},
+                  "path": model_dir, "sha256": hash_files(model_dir), "warmup": warm,
+                  "limits": extra_limits},
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
@@ -160,6 +169,25 @@ def prepare(cfg: DictConfig) -> Prepared:
     # A subclass of a pure reward that keeps state or scores with verifiers is not pure, whatever it inherits.
     pure = type(reward).pure and not stateful and not reward.verifiers
     return Prepared(t, env, model_dir, seeds, extra, benchmarks, served, stateful, pure)
+
+
+def check_checkpoint_limits(t: TrainConfig, model_dir: str) -> list[str]:
+    """The checkpoint's own config.json against the run (`rlexp.models.limits`): vocabulary and RoPE
+    must match, `model.arch.max_seq_len` (vLLM's max_model_len) is lowered to the checkpoint's
+    positions and said. The tiny model's checkpoint is written from `model.arch`, so there is
+    nothing to compare. Returns what was changed."""
+    if t.model.flavor == "tiny" and not t.model.path:
+        return []
+    limits = read_limits(model_dir)
+    if limits is None:
+        return []
+    try:
+        notes = apply_limits(t.model, limits, t.algorithm.max_prompt_tokens, t.algorithm.max_tokens)
+    except LimitError as e:
+        raise ConfigError(str(e)) from None
+    for note in notes:
+        print(f"[rlexp] {note}", file=sys.stderr, flush=True)
+    return notes
 
 
 def check_multi_turn(t: TrainConfig, env: Environment) -> None:

@@ -82,11 +82,13 @@ def generator_options(p: Prepared) -> dict[str, Any]:
     return opts
 
 
-def generator_role(p: Prepared, i: int) -> Role:
-    """Generator replica `i`, also one added later (elastic) or respawned: it takes the seed of shard i mod shards."""
+def generator_role(p: Prepared, i: int, spawned: bool = True) -> Role:
+    """Generator replica `i`, also one added later (elastic) or respawned: it takes the seed of
+    shard i mod shards. `spawned`: in a process of its own, whose GPUs were masked at spawn (see
+    `wiring`)."""
     c = p.cfg
     seeds = generator_seeds(p)
-    gpus = assign_gpus(c).get(f"generator{i}", [None])[0]
+    gpus = assign_gpus(c).get(f"generator{i}", [None])[0] if spawned else None
     return Role(f"generator{i}", Generator,
                 GeneratorSettings(c.model, p.model_dir, c.generator.backend, seeds[i % len(seeds)],
                                   c.cluster.threads_per_proc, generator_options(p), gpus),
@@ -111,9 +113,12 @@ def generator_seeds(p: Prepared) -> tuple[int, ...]:
     return tuple(p.seeds[f"generator/{i}"] for i in range(p.cfg.generator.shards))
 
 
-def wiring(p: Prepared) -> Wiring:
+def wiring(p: Prepared, spawned: bool = True) -> Wiring:
+    """The run's roles and their settings. `spawned` (the launcher): each role in processes of its
+    own whose GPUs were masked at spawn (`rlexp.core.gpu_mask`), which the actors check; False
+    (`rlexp.run.inprocess`): every role in this one process, on its device, no masks."""
     c = p.cfg
-    gpus = assign_gpus(c)
+    gpus = assign_gpus(c) if spawned else {}
     par = c.model.parallelism
     ranks = Ranks(world=par.trainer_world, tp=par.trainer_tp, device=c.cluster.device, gpus=gpus.get("trainer"),
                   threads=c.cluster.threads_per_proc)
@@ -134,7 +139,7 @@ def wiring(p: Prepared) -> Wiring:
                       hosts="verifier", index=k, procs=v.replicas)
                  for k, v in enumerate(p.served_verifiers)]
     return Wiring(trainer=trainer, reference=reference,
-                  generators=[generator_role(p, i) for i in range(c.generator.replicas)],
+                  generators=[generator_role(p, i, spawned) for i in range(c.generator.replicas)],
                   verifiers=verifiers, rewards=[reward_role(p, i) for i in range(c.reward.replicas)],
                   rewards_in_controller=reward_in_controller(p),
                   # The replay buffer is light state saved in checkpoints, read and written every step: it lives in
