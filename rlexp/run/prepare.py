@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algorithm.grpo import LOSSES
+from rlexp.cluster.cuda_env import check_driver
 from rlexp.cluster.hosts import check_cluster, weight_hosts
 from rlexp.cluster.layout import auto_threads, check_hosts_fit
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
@@ -87,6 +88,8 @@ def check_config(cfg: DictConfig) -> TrainConfig:
         t.trainer.micro_batch_size = cfg.trainer.micro_batch_size = report.micro_batch_size
     if report is not None and real:
         check_devices(report, t.cluster)  # this machine has the GPUs the plan needs, before anything else says no
+    if t.cluster.device == "cuda" and job_backend(t.cluster.job).local_devices:
+        check_driver()  # this machine's driver runs torch's CUDA build (rlexp doctor prints the details)
     validate(t, check_weights=check_model_files)
     if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
         t.cluster.threads_per_proc = cfg.cluster.threads_per_proc = auto_threads(t)
