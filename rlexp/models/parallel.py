@@ -17,7 +17,12 @@ Qwen3 preset), or bf16 under `trainer.mixed_precision`: FSDP2's `MixedPrecisionP
 reduce_dtype=fp32)` when sharded, `compute_in` (the same cast, per module) on one rank. Why: bf16 weights
 cannot take an AdamW step of lr 1e-6 (a bf16 weight of magnitude ~0.02 moves in steps of ~1e-4; at lr 1e-6
 2% of a bf16 model's weights moved, all of them in fp32), so a run would print healthy losses and not learn.
-The reference model (frozen) and the generators hold the serving dtype; the weights pushed to generators and
+What the generators see: the titan generator's bf16 model computes op for op what the trainer's bf16 cast of its
+fp32 masters computes, so their logprobs agree bit for bit in bf16 as in fp32 when the batches match
+(tests/test_master_weights.py); vLLM's bf16 kernels differ from them by rounding (~1e-2 in logprob_diff). Under
+`trainer.mixed_precision` with an fp32 `model.dtype` one rank keeps bf16 autocast around the forward (fp32 norms
+and residuals) and the generators stay fp32: they differ by bf16 rounding. The reference model (frozen) and the
+generators hold the serving dtype; the weights pushed to generators and
 the exported HF checkpoint are cast to it, the trainer's checkpoints keep the fp32 masters. Memory per trained
 parameter: 4 (fp32 param) + 4 (fp32 grad) + 8 (AdamW m, v) = 16 B / shards, plus a transient compute-dtype copy
 (2 B bf16) of the unsharded units in use (FSDP2) or, on one rank, of every weight for the forward and backward.
