@@ -22,8 +22,8 @@ fp32 masters computes, so their logprobs agree bit for bit in bf16 as in fp32 wh
 (tests/test_master_weights.py); vLLM's bf16 kernels differ from them by rounding (~1e-2 in logprob_diff). Under
 `trainer.mixed_precision` with an fp32 `model.dtype` one rank keeps bf16 autocast around the forward (fp32 norms
 and residuals) and the generators stay fp32: they differ by bf16 rounding. The reference model (frozen) and the
-generators hold the serving dtype; the weights pushed to generators and
-the exported HF checkpoint are cast to it, the trainer's checkpoints keep the fp32 masters. Memory per trained
+generators hold the serving dtype; the weights pushed to generators and the exported HF checkpoint are cast to
+it, the trainer's checkpoints keep the fp32 masters. Memory per trained
 parameter: 4 (fp32 param) + 4 (fp32 grad) + 8 (AdamW m, v) = 16 B / shards, plus a transient compute-dtype copy
 (2 B bf16) of the unsharded units in use (FSDP2) or, on one rank, of every weight for the forward and backward.
 """
