@@ -9,6 +9,7 @@ from rlexp.errors import friendly_errors
 COMMANDS = {
     "train": ("rlexp.train", "GRPO training through the Monarch actor graph (Hydra; --help lists groups)"),
     "eval": ("rlexp.evals.cli", "benchmark a model or a finished run: Math-500, GPQA Diamond, MMLU-Pro"),
+    "doctor": ("rlexp.cluster.doctor", "torch's CUDA, the driver, the GPUs, each role's GPUs; refuses an old driver"),
     "plan": ("rlexp.cluster.plan_cli", "per-device memory estimate of a layout; refuses layouts that cannot fit"),
     "compare": ("rlexp.tracking.compare", "table + plots over run folders, sweeps, MLflow or W&B"),
     "reproduce": ("rlexp.tracking.reproduce", "re-run a run from its manifest and compare metrics exactly"),

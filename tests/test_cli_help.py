@@ -36,6 +36,7 @@ EXPECTED: dict[str, list[str]] = {
     "train": ["algorithm:", "benchmark:", "environment:", "generator:", "model:", "reward:", "sync:"],
     "eval": _eval_expected(),
     "plan": ["overrides", "--headroom", "--config-dir", "--config-name"],
+    "doctor": ["overrides", "--config-dir", "--config-name"],
     "compare": ["paths", "--out", "--tracking-uri", "--metrics"],
     "reproduce": ["run_dir", "--dry-run", "extra"],
     "bench": ["--sync-mb", "--reps", "--batch", "--prompt-len", "--max-tokens", "--backends", "--skip-sync",

@@ -258,3 +258,45 @@ def test_ignore_eos_runs_every_row_to_max_tokens(backend: TitanBackend) -> None:
     assert any(len(c.token_ids) < 16 for c in short), "want some rows that eos would end"
     assert all(len(c.token_ids) == 16 and c.finish_reason == "length" for c in full)
     assert sum(eos in c.token_ids[:-1] for c in full) > 0
+
+
+class FakeCudaGenerator:
+    """A named fake for `torch.Generator(device="cuda:1")`, which this CPU-only machine cannot construct: records
+    the device and seed it is given, as the real one would hold them."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device, self.seed = torch.device(device), None
+
+    def manual_seed(self, seed: int) -> FakeCudaGenerator:
+        self.seed = seed
+        return self
+
+
+def test_the_sampling_generator_lives_on_the_probabilities_device(monkeypatch) -> None:
+    from rlexp.models import backends
+
+    cpu = backends.sampling_generator(torch.device("cpu"), 7)
+    assert cpu.device == torch.device("cpu")
+    assert torch.equal(torch.rand(5, generator=cpu), torch.rand(5, generator=torch.Generator().manual_seed(7)))
+    monkeypatch.setattr(torch, "Generator", FakeCudaGenerator)
+    cuda = backends.sampling_generator(torch.device("cuda", 1), 7)
+    assert (cuda.device, cuda.seed) == (torch.device("cuda", 1), 7)
+
+
+def test_the_backend_samples_with_a_generator_on_its_own_device(backend: TitanBackend, monkeypatch) -> None:
+    """Every sampling path (the cached decode and the one-token forward) draws from the generator made for the
+    backend's device: on CUDA that is a CUDA generator, which `torch.multinomial` needs for CUDA probabilities."""
+    from rlexp.models import backends
+
+    asked: list[torch.device] = []
+    real = backends.sampling_generator
+
+    def recording(device: torch.device, seed: int) -> torch.Generator:
+        asked.append(device)
+        return real(device, seed)
+
+    monkeypatch.setattr(backends, "sampling_generator", recording)
+    prompts = _prompts(3, (4, 6), 2)
+    for max_tokens in (1, 3):  # one token: no cache; more: the KV-cached decode
+        backend.generate(prompts, 2, max_tokens, 1.0, seed=5)
+    assert asked == [backend.device, backend.device]

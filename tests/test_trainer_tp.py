@@ -14,6 +14,7 @@ not divide the KV heads.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -154,6 +155,34 @@ def test_reference_model_sharded_on_the_trainer_ranks_matches_one_rank(env) -> N
     assert [len(r) for r in out["ref_tp"]] == [len(r) for r in b.responses]
     diff = max(abs(x - y) for r1, r2 in zip(out["ref1"], out["ref_tp"]) for x, y in zip(r1, r2))
     assert diff < 1e-5, diff
+
+
+@pytest.mark.slow
+def test_a_bf16_model_under_tensor_parallelism_keeps_fp32_masters_and_moves_at_lr_1e_6(env) -> None:
+    """TP 2 (DTensor parameters, FSDP2 at degree 1 on top): fp32 master shards cast to bf16 for the compute; one
+    AdamW step at lr 1e-6 moves nearly every weight, and the published weights are bf16 (the serving dtype)."""
+    cfg = replace(CFG, dtype="bfloat16")
+    d = str(ensure_tiny_checkpoint(cfg))
+    policy = PolicySettings(cfg, d, 0, Ranks(world=2, tp=2, threads=1, master_port=env["port"]))
+    spec = TransportSpec("shm", "rlexp.transport.shm", "tp_bf16", {"root": str(env["tmp"])})
+    t = env["two"].spawn("tp_bf16", Trainer, TrainerSettings(policy, TrainerConfig(lr=1e-6, micro_batch_size=3),
+                                                               ALGO, 10, 0), transports=[spec])
+    t.setup.call().get()
+    try:
+        before = rank0(t, "full_hf_state_dict")
+        assert {v.dtype for v in before.values()} == {torch.float32}
+        train_steps(t, [grpo_batch(cfg, d, 0, 3)])
+        after = rank0(t, "full_hf_state_dict")
+        moved = sum(int((after[k] != before[k]).sum()) for k in before)
+        total = sum(v.numel() for v in before.values())
+        assert moved > 0.9 * total, f"{moved:,} of {total:,} weights moved"
+        from rlexp.models.hf import read_hf_state_dict
+
+        pushed = read_hf_state_dict(rank0(t, "push_weights", 1)["shm"])
+        assert pushed.keys() == after.keys() and {v.dtype for v in pushed.values()} == {torch.bfloat16}
+        assert all(torch.equal(pushed[k], after[k].bfloat16()) for k in after)
+    finally:
+        t.shutdown.call().get()
 
 
 def test_tp_degree_that_splits_a_kv_head_is_refused_with_the_fix() -> None:

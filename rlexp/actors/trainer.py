@@ -31,7 +31,7 @@ from rlexp.core.weights import safe_load
 from rlexp.models.hf import save_titan_as_hf, titan_full_hf_state_dict
 from rlexp.models.parallel import build_policy, claim_device, full_tensor, loss_parallel_if
 from rlexp.models.policy import pad_rows, sequence_logprobs
-from rlexp.models.titan import hf_state_dict
+from rlexp.models.titan import hf_state_dict, torch_dtype
 from rlexp.transport import TransportSpec, WeightTransport, build_publisher
 from rlexp.types import TrainBatch
 
@@ -97,14 +97,18 @@ class Trainer(Actor):
     async def setup(self) -> int:
         torch.manual_seed(self.seed)  # nothing random today, but any future dropout/init draws from here
         t = self.tcfg
-        self.model, dims = build_policy(self.settings.policy, self.rank, self.device)
+        self.model, dims = build_policy(self.settings.policy, self.rank, self.device, train=True)
         self.model.train()
         if self.tcfg.freeze_pad_row:  # one rank (rlexp/config/validate.py); the lookup's gradient only, as in HF
             self.model.tok_embeddings.padding_idx = self.pad_id
         if dims is not None:
             self.dp_group = dims.get_mesh("fsdp").get_group()
-        # Unsharded mixed precision: bf16 autocast around the forward (fp32 master weights, fp32 log-softmax).
-        self.autocast = torch.bfloat16 if t.mixed_precision and self.world == 1 else None
+        # fp32 master weights always (rlexp/models/parallel.py); what the generators hold is `model.dtype`, and the
+        # weights pushed to them and exported are cast to it. A bf16 model already computes in bf16 (`compute_in`);
+        # an fp32 one under unsharded mixed precision gets bf16 autocast around the forward (fp32 log-softmax).
+        self.serving_dtype = torch_dtype(self.model_cfg.dtype)
+        self.autocast = torch.bfloat16 if t.mixed_precision and self.world == 1 \
+            and self.serving_dtype == torch.float32 else None
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=tuple(t.betas),
                                        weight_decay=t.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
@@ -230,8 +234,9 @@ class Trainer(Actor):
         with self._weights(ema):  # published inside: on one rank the state dict views the parameters' storage
             # Streamed: one tensor at a time to the CPU (what `rlexp plan` counts as the weight
             # push); the ranks that publish nothing take part in each gather and keep nothing.
-            sd = (hf_state_dict(self.model, self.model_cfg.arch) if self.world == 1
-                  else titan_full_hf_state_dict(self.model, self.model_cfg, keep=self.rank == 0))
+            sd = ({k: v.to(self.serving_dtype) for k, v in hf_state_dict(self.model, self.model_cfg.arch).items()}
+                  if self.world == 1 else titan_full_hf_state_dict(self.model, self.model_cfg, self.serving_dtype,
+                                                                   keep=self.rank == 0))
             if self.rank != 0:
                 return {}
             return {name: await t.apublish(version, sd) for name, t in self.transports.items()}
@@ -307,7 +312,8 @@ class Trainer(Actor):
         """Final checkpoint as an HF folder (what `rlexp eval run_dir=...` and vLLM load); rank 0 writes."""
         with self._weights(ema=True):  # the run's product is the weight average, when one is kept
             if self.rank == 0:
-                save_titan_as_hf(self.model, out_dir, self.model_cfg, source_dir=self.model_dir)
+                save_titan_as_hf(self.model, out_dir, self.model_cfg, dtype=self.serving_dtype,
+                                 source_dir=self.model_dir)
             else:
                 # the gathers rank 0 runs
                 titan_full_hf_state_dict(self.model, self.model_cfg, keep=False)

@@ -489,7 +489,8 @@ def setups_from_cfg(cfg: Any) -> tuple[ArchConfig, TrainerSetup, GeneratorSetup]
         micro_batch_size=int(_get(cfg, "trainer.micro_batch_size")),
         seq_len=seq_len,
         activation_checkpointing=bool(_get(cfg, "trainer.activation_checkpointing", False)),
-        mixed_precision=bool(_get(cfg, "trainer.mixed_precision", True)),
+        # the trainer keeps fp32 masters whenever it computes in a half dtype (rlexp.models.parallel)
+        mixed_precision=bool(_get(cfg, "trainer.mixed_precision", True)) or dtype != "float32",
         dtype=dtype,
         reference_model=float(_get(cfg, "algorithm.kl_coef", 0.0)) > 0,
         rows_per_rank=math.ceil(seqs / fsdp),

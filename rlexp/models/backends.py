@@ -77,6 +77,14 @@ class _ReuseLastForward(torch.nn.Module):
         return out
 
 
+def sampling_generator(device: torch.device, seed: int) -> torch.Generator:
+    """The sampler's random stream, on the device of the probabilities it draws from: `torch.multinomial` refuses
+    a generator on another device, so a CPU generator made the first rollout at temperature > 0 fail on CUDA.
+    Seeded per call: a CPU run draws what it always drew; a CUDA run repeats itself on the same GPU and software,
+    but draws other tokens than a CPU run (CUDA's Philox stream is not the CPU's Mersenne Twister)."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 class TitanBackend:
     """Samples with the trainer's own TorchTitan model; returns the trainer's logprobs bit for bit.
 
@@ -109,7 +117,7 @@ class TitanBackend:
                  stop: list[str] | None = None) -> list[Completion]:
         _refuse_torn(self)
         rows = [p for p in prompt_ids for _ in range(n)]  # prompt-major: row i*n+j is sample j of prompt i
-        gen = torch.Generator().manual_seed(seed)
+        gen = sampling_generator(self.device, seed)
         responses: list[list[int]] = [[] for _ in rows]
         forward = _ReuseLastForward(self.model)
         by_len: dict[int, list[int]] = {}

@@ -10,18 +10,34 @@ TorchTitan's `parallelize_qwen3` does, on a 2-D (fsdp, tp) mesh with tp innermos
   - FSDP2 on the fsdp axis (each transformer block, then the root), even at degree 1, as TorchTitan
     does, so mixed precision has one code path.
 Each rank loads its shard of the HF checkpoint.
+
+Precision, as TorchTitan trains: the *trained* copy keeps fp32 master weights (parameters, gradients and
+AdamW state fp32, whatever `model.dtype` says) and computes in the serving dtype `model.dtype` (bf16 for every
+Qwen3 preset), or bf16 under `trainer.mixed_precision`: FSDP2's `MixedPrecisionPolicy(param_dtype=compute,
+reduce_dtype=fp32)` when sharded, `compute_in` (the same cast, per module) on one rank. Why: bf16 weights
+cannot take an AdamW step of lr 1e-6 (a bf16 weight of magnitude ~0.02 moves in steps of ~1e-4; at lr 1e-6
+2% of a bf16 model's weights moved, all of them in fp32), so a run would print healthy losses and not learn.
+What the generators see: the titan generator's bf16 model computes op for op what the trainer's bf16 cast of its
+fp32 masters computes, so their logprobs agree bit for bit in bf16 as in fp32 when the batches match
+(tests/test_master_weights.py); vLLM's bf16 kernels differ from them by rounding (~1e-2 in logprob_diff). Under
+`trainer.mixed_precision` with an fp32 `model.dtype` one rank keeps bf16 autocast around the forward (fp32 norms
+and residuals) and the generators stay fp32: they differ by bf16 rounding. The reference model (frozen) and the
+generators hold the serving dtype; the weights pushed to generators and the exported HF checkpoint are cast to
+it, the trainer's checkpoints keep the fp32 masters. Memory per trained
+parameter: 4 (fp32 param) + 4 (fp32 grad) + 8 (AdamW m, v) = 16 B / shards, plus a transient compute-dtype copy
+(2 B bf16) of the unsharded units in use (FSDP2) or, on one rank, of every weight for the forward and backward.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from rlexp.config.model import ModelConfig
+from rlexp.config.model import DType, ModelConfig
 from rlexp.models.hf import load_hf_into_sharded_titan
 from rlexp.models.policy import load_policy
 from rlexp.models.titan import titan_config, torch_dtype
@@ -66,14 +82,55 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
                                                               preserve_rng_state=False))
 
 
+def compute_dtype(cfg: ModelConfig, mixed_precision: bool) -> torch.dtype:
+    """The dtype a policy's forward and backward run in: the serving dtype `model.dtype` (what the generators
+    hold), or bf16 under `trainer.mixed_precision`."""
+    return torch.bfloat16 if mixed_precision else torch_dtype(cfg.dtype)
+
+
+def _cast_buffers(model: nn.Module, dtype: torch.dtype) -> None:
+    """Floating buffers (the RoPE cos/sin cache) in `dtype`, as the generators' model (built fp32, then cast
+    whole to the serving dtype) holds them: the same cache, hence the same logprobs."""
+    for m in model.modules():
+        for name, b in m._buffers.items():
+            if b is not None and b.is_floating_point() and b.dtype != dtype:
+                m._buffers[name] = b.to(dtype)
+
+
+def compute_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Run `model`'s forward (and activation checkpointing's recompute) with every parameter cast to `dtype`,
+    while the parameters the optimizer steps stay fp32: FSDP2's `MixedPrecisionPolicy(param_dtype=dtype)` for one
+    unsharded rank. Each module with parameters of its own casts them in a forward pre-hook and puts the fp32
+    ones back after its forward (also when it raises); the cast is differentiable, so gradients reach the fp32
+    parameters in fp32. The compute is then op for op a `dtype` model's, as the generators run it."""
+
+    def cast(mod: nn.Module, _args: Any) -> None:
+        mod._rlexp_master = dict(mod._parameters)  # type: ignore[assignment]
+        for n, p in mod._rlexp_master.items():  # type: ignore[union-attr]
+            if p is not None and p.is_floating_point():
+                mod._parameters[n] = p.to(dtype)  # type: ignore[assignment]
+
+    def restore(mod: nn.Module, _args: Any, _out: Any) -> None:
+        master = mod.__dict__.pop("_rlexp_master", None)
+        if master is not None:
+            mod._parameters.update(master)
+
+    for m in model.modules():
+        if any(True for _ in m.parameters(recurse=False)):
+            m.register_forward_pre_hook(cast)
+            m.register_forward_hook(restore, always_call=True)
+
+
 def build_sharded_policy(cfg: ModelConfig, model_dir: str, dims: Any, device: torch.device, *,
-                         activation_checkpointing: bool = False, mixed_precision: bool = False) -> nn.Module:
+                         activation_checkpointing: bool = False, mixed_precision: bool = False,
+                         master_fp32: bool = False) -> nn.Module:
     """TorchTitan Qwen3 built on meta, tensor-parallel over `dims`' tp axis, FSDP2-sharded over its
     fsdp axis (blocks, then root), HF weights loaded. Collective: every rank calls it.
 
     A small version of TorchTitan's `parallelize_qwen3` (dense; TP without sequence parallelism): TP is
-    TorchTitan's own plan, AC comes before sharding, mixed precision is FSDP2's
-    `MixedPrecisionPolicy(bf16 params, fp32 reduce)` with fp32 sharded master weights.
+    TorchTitan's own plan, AC comes before sharding, and `master_fp32` (the trainer) keeps fp32 sharded
+    parameters that FSDP2 casts to the compute dtype when it all-gathers them
+    (`MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=fp32)`); the reference model keeps `model.dtype`.
     """
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -83,13 +140,15 @@ def build_sharded_policy(cfg: ModelConfig, model_dir: str, dims: Any, device: to
         from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
 
         set_qwen3_sharding_config(tc, enable_sp=False, enable_ep=False)
+    param_dtype = torch.float32 if master_fp32 else torch_dtype(cfg.dtype)
+    compute = compute_dtype(cfg, mixed_precision)
     with torch.device("meta"):
-        model = tc.build().to(dtype=torch_dtype(cfg.dtype))
+        model = tc.build().to(dtype=param_dtype)
     if dims.tp > 1:
         model.parallelize(dims)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision \
+    mp = MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32) if compute != param_dtype \
         else MixedPrecisionPolicy()
     mesh = dims.get_mesh("fsdp")
     for block in model.layers.values():
@@ -98,6 +157,7 @@ def build_sharded_policy(cfg: ModelConfig, model_dir: str, dims: Any, device: to
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_states(buffer_device=device)  # RoPE cache; the parameters are overwritten just below
+    _cast_buffers(model, torch_dtype(cfg.dtype))
     for m in model.modules():
         if isinstance(m, FSDPModule):
             # Plain SUM of the ranks' gradients: each loss already carries its share of the global batch.
@@ -157,19 +217,28 @@ def init_parallel(rank: int, world: int, tp: int, master_port: int | str, device
     return dims
 
 
-def build_policy(settings: PolicySettings, rank: int, device: torch.device) -> tuple[nn.Module, Any]:
+def build_policy(settings: PolicySettings, rank: int, device: torch.device, *, train: bool = False
+                 ) -> tuple[nn.Module, Any]:
     """The policy for this rank (plain on one rank, TP/FSDP-sharded on several) and its `ParallelDims`
-    (None on one rank). Collective when sharded."""
+    (None on one rank). `train`: the trainer's copy, fp32 master weights computing in the serving dtype (module
+    docstring); otherwise (the reference model) the serving dtype throughout. Collective when sharded."""
     ranks = settings.ranks
+    cfg = settings.model
     if ranks.world == 1:
-        model = load_policy(settings.model, settings.model_dir, device=str(device))
+        serving = torch_dtype(cfg.dtype)
+        if not train or serving == torch.float32:
+            model = load_policy(cfg, settings.model_dir, device=str(device))
+        else:
+            model = load_policy(replace(cfg, dtype=DType.float32), settings.model_dir, device=str(device))
+            _cast_buffers(model, serving)
+            compute_in(model, serving)
         if settings.activation_checkpointing:
             apply_activation_checkpointing(model)
         return model, None
     dims = init_parallel(rank, ranks.world, ranks.tp, ranks.master_port, device)
-    return build_sharded_policy(settings.model, settings.model_dir, dims, device,
+    return build_sharded_policy(cfg, settings.model_dir, dims, device,
                                 activation_checkpointing=settings.activation_checkpointing,
-                                mixed_precision=settings.mixed_precision), dims
+                                mixed_precision=settings.mixed_precision, master_fp32=train), dims
 
 
 def loss_parallel_if(tp: int) -> Any:

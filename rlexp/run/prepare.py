@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algorithm.grpo import LOSSES
+from rlexp.cluster.cuda_env import check_driver
 from rlexp.cluster.hosts import check_cluster, weight_hosts
 from rlexp.cluster.layout import auto_threads, check_hosts_fit, controller_gpus
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
@@ -92,8 +93,9 @@ def check_config(cfg: DictConfig) -> TrainConfig:
         t.generator.gpu_memory_utilization = report.gpu_memory_utilization
         cfg.generator.gpu_memory_utilization = report.gpu_memory_utilization
     # every CUDA run, the tiny model too: the GPUs of the roles this machine hosts, before spawning
-    if cuda:
-        check_devices(report, t.cluster, needed=controller_gpus(t))
+    if cuda and (here := controller_gpus(t)):
+        check_devices(report, t.cluster, needed=here)
+        check_driver()  # this machine's driver runs torch's CUDA build (rlexp doctor prints the details)
     validate(t, check_weights=check_model_files)
     if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
         t.cluster.threads_per_proc = cfg.cluster.threads_per_proc = auto_threads(t)
