@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cells import md_text
 from .runs import NUISANCE_KEYS, RunRecord
 from .stats import METHOD, Estimate, estimate
 
@@ -305,7 +306,8 @@ def unique_names(runs: Sequence[RunRecord]) -> None:
 
 
 def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    esc = [[c.replace("|", "\\|") for c in r] for r in [header, *rows]]
+    """Every cell escaped (rlexp.tracking.cells.md_text): names and values come from the runs' authors."""
+    esc = [[md_text(c) for c in r] for r in [header, *rows]]
     lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
     return "\n".join(lines)
