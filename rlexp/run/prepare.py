@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algorithm.grpo import LOSSES
+from rlexp.cluster.host_plan import check_context, check_host, sizes_of
 from rlexp.cluster.hosts import check_cluster, weight_hosts
 from rlexp.cluster.layout import auto_threads, check_hosts_fit
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
@@ -88,6 +89,8 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     if report is not None and real:
         check_devices(report, t.cluster)  # this machine has the GPUs the plan needs, before anything else says no
     validate(t, check_weights=check_model_files)
+    check_context(t)
+    check_host(sizes_of(t, job_backend(t.cluster.job).one_machine))  # RAM and processes, before any spawn
     if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
         t.cluster.threads_per_proc = cfg.cluster.threads_per_proc = auto_threads(t)
     if t.cluster.device == "cuda" and t.cluster.gpus_per_host:
