@@ -152,3 +152,12 @@ def test_refused_by_the_real_cli_before_torch_loads(tmp_path: Path) -> None:
     assert "algorithm.prompts_per_step=100000000 -> at most" in out and "Traceback" not in out
     assert "torch and Monarch loaded" not in out and took < 60
     assert not (tmp_path / "run" / "manifest.json").exists()
+
+
+def test_plan_prints_the_host_line(this_machine: None, capsys) -> None:
+    from rlexp.cluster import plan_cli
+
+    assert plan_cli.main([]) == 0
+    assert "host: at least 1." in capsys.readouterr().out  # 4 processes of the default run, about 1.5 GiB
+    assert plan_cli.main(["algorithm.group_size=1000000"]) == 1
+    assert "refused: this run needs at least" in capsys.readouterr().err

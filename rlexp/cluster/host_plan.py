@@ -212,6 +212,20 @@ def check_context(t: Any) -> None:
                                 f"{limit} tokens (prompt and response together); set {key} below {limit}")
 
 
+def host_line(cfg: Any) -> str:
+    """`rlexp plan`'s line for this host: the estimate, or why it does not fit ("" when it cannot be read)."""
+    from rlexp.cluster.registry import JOBS
+
+    try:
+        job = JOBS.get(str(cfg.cluster.job))
+        plan = check_host(sizes_of(cfg, bool(job and job.one_machine)))
+    except HostPlanError as e:
+        return f"refused: {e}"
+    except Exception:  # an unreadable size: `rlexp train` names it at validation
+        return ""
+    return plan.line()
+
+
 def check_sizes(cfg: Any) -> None:
     """`check_context` and `check_host` on the composed config, before torch and Monarch load (`rlexp train`
     calls it first, so a size this machine cannot hold is refused in a second or two, not after the imports).
