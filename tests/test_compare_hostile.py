@@ -191,3 +191,38 @@ def test_hostile_sweep_in_process_values(tmp_path: Path) -> None:
     assert ys[0] == 0.9 and math.isnan(ys[1]) and ys[2] == pytest.approx(0.25)  # the later rows of 0 and 1
     assert by_source["6"].history == [] and by_source["6"].problems
     _check_outputs(tmp_path / "out")
+
+
+def test_a_file_of_bad_lines_is_not_a_flood(tmp_path: Path) -> None:
+    from rlexp.tracking.compare import MAX_SHOWN, problem_lines
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0, "loss": 1}\n' + "[1]\n" * (MAX_SHOWN + 5))
+    rec = load_run_dir(run)
+    assert len(rec.problems) == MAX_SHOWN + 5 and len(rec.history) == 1
+    lines = problem_lines([rec])
+    assert lines[:-1] == rec.problems[:MAX_SHOWN] and lines[-1] == f"{run}: 5 more problems like these"
+
+
+def test_tracker_sources_get_the_same_checks(tmp_path: Path) -> None:
+    """W&B offline files and MLflow histories are files and stores someone else wrote, too: a record that does
+    not parse ends the reading there, named; a non-finite value or a bad step is dropped, named."""
+    import struct
+
+    from rlexp.tracking.runs import _checked, load_wandb_dir
+
+    run = tmp_path / "wandb" / "offline-run-1" / "run-1.wandb"
+    run.parent.mkdir(parents=True)
+    junk = b"\xff" * 12  # not a protobuf Record
+    run.write_bytes(b":W&B" + b"\x00\x00\x01" + struct.pack("<IHB", 0, len(junk), 1) + junk)
+    rec, = load_wandb_dir(tmp_path / "wandb")
+    assert rec.history == [] and len(rec.problems) == 1
+    assert rec.problems[0].startswith(f"{run}: record 1 does not parse (Error parsing message")
+    assert rec.problems[0].endswith("the rest of the file is skipped")
+    problems: list[str] = []
+    rows = _checked([{"step": 0, "loss": float("inf")}, {"step": 1.0, "loss": 0.5}, {"step": float("nan")}],
+                    "mlflow:exp/abc", problems)
+    assert rows == [{"step": 0}, {"step": 1, "loss": 0.5}]
+    assert problems == ["mlflow:exp/abc step 0: 'loss' is inf, not finite; value dropped",
+                        "mlflow:exp/abc step nan: step nan is not a whole number >= 0; row skipped"]

@@ -38,7 +38,7 @@ UNITS: tuple[tuple[str, str], ...] = (
 BOUNDS = {"fraction of prompts": (0.0, 1.0)}  # unit -> the range a value of it can take
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 FIGSIZE, DPI = (10.0, 6.0), 120
-MAX_SHOWN = 5  # problems printed per run (the rest counted), so a file of bad lines is not a flood
+MAX_SHOWN = 10  # problems printed per run (the rest counted), so a file of bad lines is not a flood
 
 
 def unit(metric: str) -> str | None:
