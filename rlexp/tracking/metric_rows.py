@@ -21,38 +21,42 @@ from __future__ import annotations
 
 import json
 import math
-import re
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 MAX_LINE_BYTES = 1 << 20  # rlexp writes rows of a few KB; a megabyte is no metrics row
 MAX_DEPTH = 16  # rlexp's rows are flat; nesting only matters as an attack on the parser
-_STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 
 
-def json_depth(text: str) -> int:
-    """The deepest nesting of `[`/`{` outside strings (cheap when the text has few brackets)."""
-    if text.count("[") + text.count("{") <= 1:
-        return text.count("[") + text.count("{")
-    depth = deepest = 0
-    for ch in _STRING.sub('""', text):
-        if ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
+class TooDeep(ValueError):
+    """JSON nested deeper than a reader allows."""
+
+
+def json_depth(obj: Any) -> int:
+    """How deeply lists and objects nest in a parsed value (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
     return deepest
 
 
 def loads_bounded(text: str, max_depth: int = MAX_DEPTH) -> Any:
-    """`json.loads` that raises ValueError, never RecursionError, for input nested deeper than `max_depth`."""
-    if (d := json_depth(text)) > max_depth:
-        raise ValueError(f"nested {d} levels deep, over the limit of {max_depth}")
+    """`json.loads` that raises ValueError (`TooDeep`), never RecursionError, for input nested deeper than
+    `max_depth`. The C parser raises RecursionError past Python's recursion limit; anything below it is parsed
+    (in linear time, no regular expression an attacker could make quadratic) and measured."""
     try:
-        return json.loads(text)
+        obj = json.loads(text)
     except RecursionError:
-        raise ValueError("nested too deep for the JSON parser") from None
+        raise TooDeep(f"nested more than {sys.getrecursionlimit()} levels deep, over the limit of {max_depth}"
+                      ) from None
+    if (d := json_depth(obj)) > max_depth:
+        raise TooDeep(f"nested {d} levels deep, over the limit of {max_depth}")
+    return obj
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes | None, int]]:
@@ -80,10 +84,10 @@ def parse_line(raw: bytes) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ValueError(f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
-    if (d := json_depth(text)) > MAX_DEPTH:
-        raise ValueError(f"nested {d} levels deep, over the limit of {MAX_DEPTH}")
     try:
         obj = loads_bounded(text)
+    except TooDeep:
+        raise
     except ValueError as e:
         raise ValueError(f"not JSON ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(obj, dict):
