@@ -57,7 +57,9 @@ BAD_LINES: list[tuple[bytes, str]] = [
     (b'{"step": 1, "reward/mean": Infinity}', "'reward/mean' is inf, not finite; value dropped"),
     (b'{"step": 1, "reward/mean": -Infinity}', "'reward/mean' is -inf, not finite; value dropped"),
     (b'{"step": 1, "reward/mean": 1e999}', "not finite"),
-    (b'{"step": "two", "reward/mean": 0.5}', 'step "two" is not a whole number >= 0; row skipped'),
+    (b'{"step": "two", "reward/mean": 0.5}', 'step "two" is not a whole number in [0, 2^63); row skipped'),
+    (b'{"step": 1' + b"0" * 30 + b', "reward/mean": 0.5}', "is not a whole number in [0, 2^63)"),
+    (b'{"step": 1, "reward/mean": 1.7e308}', "'reward/mean' is 1.7e+308, beyond 1e+100 in magnitude; value dropped"),
     (b'{"step": 1.5, "reward/mean": 0.5}', "step 1.5 is not a whole number"),
     (b'{"step": true, "reward/mean": 0.5}', "step true is not a whole number"),
     (b'{"step": -3, "reward/mean": 0.5}', "step -3 is not a whole number"),
@@ -225,4 +227,4 @@ def test_tracker_sources_get_the_same_checks(tmp_path: Path) -> None:
                     "mlflow:exp/abc", problems)
     assert rows == [{"step": 0}, {"step": 1, "loss": 0.5}]
     assert problems == ["mlflow:exp/abc step 0: 'loss' is inf, not finite; value dropped",
-                        "mlflow:exp/abc step nan: step nan is not a whole number >= 0; row skipped"]
+                        "mlflow:exp/abc step nan: step nan is not a whole number in [0, 2^63); row skipped"]

@@ -8,11 +8,12 @@ as a warning and listed in compare.md's notes:
 
 * a line that is not UTF-8, longer than `MAX_LINE_BYTES`, nested deeper than `MAX_DEPTH` (Python's json
   parser would raise RecursionError on very deep input), not JSON, or not a JSON object: the row is skipped;
-* a `step` that is missing or not a whole number >= 0 (`"step": "two"`, `1.5`, `true`): the row is skipped,
-  it cannot be placed on any curve;
-* a metric value that is not a number (a string, a list, `true`) or is `Infinity` / `-Infinity` (a mean
-  with it is meaningless): that value is dropped, the row kept. `NaN` is kept as "no value": rlexp's own
-  tracker writes it for a metric undefined at a step, and every statistic skips it;
+* a `step` that is missing or not a whole number in [0, 2^63) (`"step": "two"`, `1.5`, `true`): the row is
+  skipped, it cannot be placed on any curve;
+* a metric value that is not a number (a string, a list, `true`), is `Infinity` / `-Infinity` (a mean
+  with it is meaningless) or beyond `MAX_ABS` (sums overflow): that value is dropped, the row kept. `NaN` is
+  kept as "no value": rlexp's own tracker writes it for a metric undefined at a step, and every statistic
+  skips it;
 * a step logged twice with the same metric (a run restarted or resumed without truncating its file):
   `duplicate_steps` names the steps and **the later rows win**, as they do in W&B and MLflow, because the
   later rows are the ones the run continued from.
@@ -28,6 +29,8 @@ from typing import Any
 
 MAX_LINE_BYTES = 1 << 20  # rlexp writes rows of a few KB; a megabyte is no metrics row
 MAX_DEPTH = 16  # rlexp's rows are flat; nesting only matters as an attack on the parser
+MAX_ABS = 1e100  # a larger metric is no measurement, and the statistics' sums of such values overflow
+MAX_STEP = 2**63  # the range of every schema int (rlexp.config.validate.check_numbers)
 
 
 class TooDeep(ValueError):
@@ -105,8 +108,9 @@ def check_row(obj: dict[str, Any], step_key: str = "step") -> tuple[dict[str, An
     step = obj.get(step_key)
     if isinstance(step, float) and math.isfinite(step) and step.is_integer():
         step = int(step)
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        what = "no step" if step_key not in obj else f"step {_describe(step)} is not a whole number >= 0"
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < MAX_STEP:
+        what = ("no step" if step_key not in obj
+                else f"step {_describe(step)} is not a whole number in [0, 2^63)")
         return None, [f"{what}; row skipped"]
     row: dict[str, Any] = {"step": step}
     problems: list[str] = []
@@ -117,6 +121,8 @@ def check_row(obj: dict[str, Any], step_key: str = "step") -> tuple[dict[str, An
             problems.append(f"{k!r} is {_describe(v)}, not a number; value dropped")
         elif math.isinf(v):
             problems.append(f"{k!r} is {v}, not finite; value dropped")
+        elif abs(v) > MAX_ABS:
+            problems.append(f"{k!r} is {_describe(v)}, beyond {MAX_ABS:g} in magnitude; value dropped")
         else:
             row[k] = v
     return row, problems

@@ -123,7 +123,9 @@ class Configuration:
 
 
 def seed_of(run: RunRecord) -> Any:
-    vals = tuple(run.config.get(k) for k in NUISANCE_KEYS)
+    """The run's seed, hashable (a folder's manifest may hold a list or an object there: its JSON text)."""
+    vals = tuple(v if v is None or isinstance(v, (str, int, float)) else json.dumps(v, sort_keys=True, default=repr)
+                 for v in (run.config.get(k) for k in NUISANCE_KEYS))
     return vals[0] if len(vals) == 1 else vals
 
 
