@@ -11,6 +11,7 @@ import csv
 import json
 import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -228,3 +229,52 @@ def test_tracker_sources_get_the_same_checks(tmp_path: Path) -> None:
     assert rows == [{"step": 0}, {"step": 1, "loss": 0.5}]
     assert problems == ["mlflow:exp/abc step 0: 'loss' is inf, not finite; value dropped",
                         "mlflow:exp/abc step nan: step nan is not a whole number in [0, 2^63); row skipped"]
+
+
+FUZZ_VALUES = [0, 1, -1, 0.5, -0.0, 1e99, -1e99, 1e-320, 2**63, -2**70, 10**300, True, None, "x", "", "=1", [], {},
+               [1], {"a": 1}, "NaN", float("nan"), float("inf")]
+FUZZ_KEYS = ["step", "eval/accuracy", "reward/mean", "time/wall_s", "time/unix_s", "_wall_s", "loss", "", "\u0000",
+             "a|b", "<script>", "eval/accuracy\n#", "=x"]
+
+
+def _fuzz_line(rng: random.Random) -> str:
+    if rng.random() < 0.05:
+        return rng.choice(["", "null", "1", "[]", '"s"', "{", "}", "NaN", "Infinity", '{"step":}'])
+    row: dict = {}
+    if rng.random() < 0.9:
+        row["step"] = rng.choice([rng.randint(0, 5)] * 5 + FUZZ_VALUES)
+    for _ in range(rng.randint(0, 5)):
+        row[rng.choice(FUZZ_KEYS)] = rng.choice([*FUZZ_VALUES, rng.random(), rng.gauss(0, 1e50)])
+    return json.dumps(row, allow_nan=True)
+
+
+def test_seeded_random_sweeps_never_end_in_a_traceback(tmp_path: Path) -> None:
+    """Seeded random run folders (rows of random keys and values of every JSON type, manifests of the wrong
+    shape, names a spreadsheet or a renderer would act on): `compare` finishes or raises ValueError (the CLI's
+    one line), and what it writes is inert. This is how the 1e308 and list-seed tracebacks were found."""
+    rng = random.Random(41)
+    for it in range(30):
+        sweep = tmp_path / f"sw{it}"
+        for r in range(rng.randint(1, 3)):
+            run = sweep / str(r)
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text("\n".join(_fuzz_line(rng) for _ in range(rng.randint(0, 8))) + "\n")
+            if rng.random() < 0.4:
+                m: object = {"schema": 1, "identity": {"run_name": rng.choice(["=a", "<b>", "a\nb", "x"])},
+                             "config": {"seed": rng.choice(FUZZ_VALUES[:20]), "extra": {"n": rng.choice(FUZZ_VALUES)}}}
+                if rng.random() < 0.3:
+                    m = rng.choice([[], "x", {"config": [1]}, {"identity": 3}])
+                (run / "manifest.json").write_text(json.dumps(m, allow_nan=True))
+        try:
+            compare([str(sweep)], tmp_path / f"out{it}", metrics=rng.choice([None, ["loss:best"], ["=x:auc"]]))
+        except ValueError:
+            continue
+        _check_no_live_cells(tmp_path / f"out{it}")
+
+
+def _check_no_live_cells(out: Path) -> None:
+    for name in ("runs.csv", "compare.csv"):
+        with open(out / name, newline="", encoding="utf-8") as f:
+            assert all(csv_cell(c) == c or c.startswith("'") for row in csv.reader(f) for c in row)
+    md = (out / "compare.md").read_text(encoding="utf-8")
+    assert "<script" not in md and not [x for x in md.splitlines() if x.startswith("#")]
