@@ -7,8 +7,10 @@ and a refusal names the key to lower and the largest value that fits.
 
 What runs on this host: the controller always; with a job whose hosts are processes of this machine
 (`one_machine`: cluster=local, cluster=process) every actor process too, and on CPU their tensors. Each figure
-is a **floor** (what the run holds at least), so a refusal is certain, never a guess; a run under the budget
-may still be tight, and one above the memory available right now (other work) is warned about, not refused:
+is a **floor** per token and per process (what the run holds at least), at the lengths the GPU planner sizes
+for (`algorithm.max_prompt_tokens + algorithm.max_tokens`, cut to the context), against 90% of the machine's
+RAM: a refusal is a run that cannot fit, not a guess. A run under the budget may still be tight, and one above
+the memory available right now (other work) is warned about, not refused:
 
 * a process: `PROCESS_MIB`, measured here: the unique memory (USS, psutil) of a Python process that has
   imported what a Monarch actor process imports (torch, monarch.actor, rlexp's generator and trainer actors):
