@@ -29,6 +29,9 @@ def train(cfg: DictConfig) -> float:
         # not wait for torch and Monarch to load (which takes tens of seconds on a loaded machine: said first).
         phases = Phases(since_start=True)
         phases.done("started, config composed")
+        from rlexp.cluster.host_plan import check_sizes
+
+        check_sizes(cfg)  # sizes this machine cannot hold: refused before torch loads
         from rlexp.run.launcher import run
 
         phases.done("torch and Monarch loaded")

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -734,6 +736,90 @@ def _(work: Path) -> Outcome:
     kept = sorted(str(q.relative_to(shm)) for q in shm.rglob("*"))
     ok = p.returncode == 0 and kept == ["notes.txt", "photos-3999999", "photos-3999999/a.jpg"]
     return Outcome(f"exit {p.returncode} in {secs:.1f} s; left in DIR: {kept}", ok, secs)
+# --- issue 41: compare, redaction, host sizes ---
+DAMAGE = {  # appended to a run's metrics.jsonl: line content -> what the warning must say
+    '{"step": 7, "reward/mean": Infinity}': "not finite; value dropped",
+    '{"step": "two", "reward/mean": 0.5}': 'step "two" is not a whole number',
+    "[1, 2]": "a JSON list, not an object",
+    "[" * 50_000 + "]" * 50_000: "levels deep, over the limit",
+    '{"step": 8, "x\udcff": 1}': "not UTF-8",
+    '{"step": 9, "pad": "' + "x" * (2 << 20) + '"}': "over the limit of 1048576",
+}
+FORMULAS = ['=HYPERLINK("http://evil.invalid","x")', "@SUM(1+1)", "+1+1", "\uff1d1+1"]
+
+
+@case("bad input", "`rlexp compare` on a hostile sweep: formula run names and `extra` values, `<script>` and a "
+      "newline heading, Infinity, `\"step\": \"two\"`, a list, deep nesting, non-UTF-8, a 2 MiB line, duplicate "
+      "steps (#41)", "rlexp compare SWEEP --out OUT",
+      "exit 0; one warning per damaged line naming file:line; duplicate steps named, later rows used; no live "
+      "formula in runs.csv/compare.csv; compare.md escaped")
+def _(work: Path) -> Outcome:
+    sweep = work / "sweep"
+    for i, name in enumerate(FORMULAS):
+        run = BASE.copy(sweep, str(i))
+        m = json.loads((run / "manifest.json").read_text())
+        m["identity"]["run_name"] = name
+        m["config"].setdefault("extra", {})["note"] = ["<script>alert(1)</script>", "a\n# Heading", "-0.5", name][i]
+        (run / "manifest.json").write_text(json.dumps(m))
+    lines = (sweep / "0" / "metrics.jsonl").read_text().splitlines()
+    with open(sweep / "1" / "metrics.jsonl", "ab") as f:
+        for text in DAMAGE:
+            f.write(text.encode("utf-8", "surrogateescape") + b"\n")
+    with open(sweep / "2" / "metrics.jsonl", "a") as f:
+        f.write("\n".join(lines[:3]) + "\n")  # steps logged again: a resume that did not truncate
+    p, secs = rlexp(["compare", str(sweep), "--out", str(work / "out")], cwd=work)
+    first = len(lines) + 1
+    named = [f"metrics.jsonl:{first + k}: " in p.stderr and want in p.stderr for k, want in enumerate(DAMAGE.values())]
+    dup = "logged more than once" in p.stderr and "later rows are used" in p.stderr
+    cells = []
+    for name in ("runs.csv", "compare.csv"):
+        with contextlib.suppress(OSError), open(work / "out" / name, encoding="utf-8") as f:
+            cells += [c for row in csv.reader(f) for c in row]
+    live = [c for c in cells if c.lstrip().startswith(("=", "+", "@", "\uff1d")) or
+            (c.startswith("-") and not re.fullmatch(r"-[\d.]+(?:e[+-]?\d+)?", c))]
+    md = (work / "out" / "compare.md").read_text(encoding="utf-8") if (work / "out" / "compare.md").exists() else ""
+    inert = "<script" not in md and not any(x.startswith("#") for x in md.splitlines()) and "&lt;script" in md
+    ok = p.returncode == 0 and all(named) and dup and not live and inert and not has_traceback(p) and bool(cells)
+    return Outcome(f"exit {p.returncode} in {secs:.1f} s; damaged lines named {sum(named)}/{len(named)}; duplicate "
+                   f"steps named: {dup}; live formula cells: {len(live)}; compare.md inert: {inert}", ok, secs)
+
+
+SECRETS_41 = {"pat": "Pt-{n}", "otp": "Ot-{n}", "sas_sig": "Sg-{n}", "totp_secret": "Tt-{n}",
+              "note": "https://a.blob.core.windows.net/c/b?sv=2022-11-02&se=2026-01-01&sig=Sx{n}"}
+
+
+@case("secrets", "planted `+extra.pat`, `+extra.otp`, `+extra.sas_sig`, `+extra.totp_secret` and an Azure SAS URL "
+      "through `logger=all` (#41)", "rlexp train logger=all +extra.pat=... +extra.otp=... +extra.sas_sig=... ...",
+      "no secret in any file of the run folder, the W&B files or the MLflow store")
+def _(work: Path) -> Outcome:
+    marker = uuid.uuid4().hex[:10]
+    over = [f"+extra.{k}='{v.format(n=marker)}'" for k, v in SECRETS_41.items()]
+    p, secs = rlexp(["train", "steps=2", "eval.every_n_steps=0", "logger=all", *over, f"hydra.run.dir={work / 'r'}",
+                     f"logger.runs_root={work}"], cwd=work)
+    leaks = sorted({str(q.relative_to(work)) for q in work.rglob("*")
+                    if q.is_file() and marker.encode() in q.read_bytes()})
+    db = next(work.rglob("mlflow.db"), None)
+    if db is not None:
+        with sqlite3.connect(db) as con:
+            for (t,) in con.execute("select name from sqlite_master where type='table'").fetchall():
+                if marker in repr(con.execute(f"select * from {t}").fetchall()):
+                    leaks.append(f"mlflow.db:{t}")
+    return Outcome(f"exit {p.returncode}; files with a secret: {leaks or 'none'}",
+                   p.returncode == 0 and not leaks and db is not None, secs)
+
+
+for _over, _needle in ((["algorithm.group_size=1000000"], "algorithm.group_size=1000000 -> at most"),
+                       (["algorithm.prompts_per_step=100000000"], "algorithm.prompts_per_step=100000000 -> at most"),
+                       (["algorithm.prompts_per_step=1e8"], "algorithm.prompts_per_step"),
+                       (["algorithm.max_tokens=100000000"], "model.arch.max_seq_len=1024"),
+                       (["generator.replicas=64", "cluster=process"], "generator.replicas=64 -> at most")):
+    def _size_case(work: Path, over: list[str] = _over, needle: str = _needle) -> Outcome:
+        p, secs = rlexp(["train", *over, f"hydra.run.dir={work / 'r'}"], cwd=work, timeout=120)
+        return refused(p, secs, needle, limit_s=10.0)
+
+    case("bad input", f"a size this machine cannot hold: `{' '.join(_over)}` (#41)", f"rlexp train {' '.join(_over)}",
+         "refused in under 10 s, before torch loads or anything spawns, naming the key and the value that fits "
+         "(or the context)")(_size_case)
 
 
 def main(argv: list[str] | None = None) -> int:

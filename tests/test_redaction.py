@@ -67,6 +67,54 @@ def test_harmless_names(name: str) -> None:
     assert not is_secret_name(name)
 
 
+# issue 41: a table of secret-like words and innocent look-alikes, each in every name style a config, an
+# override, a flag or an environment variable spells it. Short words (`pat`, `otp`, `sas`, `sig`) are secrets as
+# the name's last segment; numbered, only the long ones are (`api_key_2`), because `pass@1` is a metric.
+SECRET_WORDS = ["pat", "otp", "totp", "sas", "sig", "sas_sig", "sas_token", "sas_signature", "sas_url",
+                "client_secret", "private_key", "refresh_token", "session", "cookie", "api_key", "passcode",
+                "mfa_code", "otp_code", "github_pat", "access_token", "signing_key"]
+LONG_SECRET_WORDS = [w for w in SECRET_WORDS if w.split("_")[-1] not in ("pat", "otp", "totp", "sas", "sig")]
+# `signature` stays: a DSPy program's `signature` is its task spec and `signature_dim` a size; only a signature
+# that signs a request (`sas_signature`, `SharedAccessSignature`) is a credential.
+INNOCENT_WORDS = ["max_tokens", "n_passes", "pattern", "signature_dim", "signature", "path", "patience", "sigma",
+                  "session_dir", "token_ids", "sas_count", "otp_enabled", "pat_file", "num_keys", "eos_token",
+                  "spatial_size", "compass", "max_num_batched_tokens"]
+
+
+def name_styles(word: str, numbered: bool = True) -> list[str]:
+    """snake, camel, kebab, upper, a config path, an override with prefixes, a flag, an env var (, numbered)."""
+    parts = word.split("_")
+    camel = parts[0] + "".join(p.capitalize() for p in parts[1:])
+    styles = [word, camel, camel[0].upper() + camel[1:], "-".join(parts), word.upper(), f"extra.{word}",
+              f"+extra.{word}", f"++logger.wandb.{camel}", f"~extra.{word}", f"--{'-'.join(parts)}",
+              f"RLEXP_{word.upper()}", f"my_service_{word}"]
+    return styles + ([f"{word}_2", f"{camel}2"] if numbered else [])
+
+
+GENERATED_SECRETS = sorted({n for w in SECRET_WORDS for n in name_styles(w, w in LONG_SECRET_WORDS)})
+GENERATED_INNOCENT = sorted({n for w in INNOCENT_WORDS for n in name_styles(w)})
+
+
+@pytest.mark.parametrize("name", GENERATED_SECRETS)
+def test_generated_secret_names(name: str) -> None:
+    assert is_secret_name(name)
+    if not name.startswith("-"):
+        assert redact_override(f"{name}=v4lue") == f"{name}={REDACTED}"
+
+
+@pytest.mark.parametrize("name", GENERATED_INNOCENT)
+def test_generated_innocent_names(name: str) -> None:
+    assert not is_secret_name(name)
+    if not name.startswith("-"):
+        assert redact_override(f"{name}=v4lue") == f"{name}=v4lue"
+
+
+def test_numbered_short_words_and_metrics() -> None:
+    assert not is_secret_name("eval/pass@1") and not is_secret_name("pass_at_1") and is_secret_name("db_pass")
+    assert redact({"eval/pass@1": 0.5, "extra": {"pat": "x", "sas_sig": "y"}}) == {
+        "eval/pass@1": 0.5, "extra": {"pat": REDACTED, "sas_sig": REDACTED}}
+
+
 def test_redact_by_name_keeps_non_credentials() -> None:
     tree = {"api_keys": ["a", "b"], "hf_tokens": {"main": "x"}, "use_auth_token": True, "api_key": None,
             "password": "", "max_tokens": 64, "token_ids": [1, 2], "cookie": "c"}
@@ -116,6 +164,13 @@ TOKENS = {
     "DATABASE_URL=mysql://u:p@h/db": "DATABASE_URL=***REDACTED***",
     "ya29.a0AfH6SMBx1234567890abcdefghij": REDACTED,
     "npm_" + "A1" * 18: REDACTED,
+    # issue 41: an Azure SAS query string (only its signature is the secret), a Slack app-level token
+    "https://a.blob.core.windows.net/c/b?sv=2022-11-02&se=2026-01-01&sr=b&sp=r&sig=abcDEF%2B123%3D":
+        "https://a.blob.core.windows.net/c/b?sv=2022-11-02&se=2026-01-01&sr=b&sp=r&sig=***REDACTED***",
+    "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessSignature=sr%3Dx%26sig%3Dab":
+        "Endpoint=sb://x.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessSignature=***REDACTED***",
+    "xapp-1-A0123456789-0123456789012-abcdef0123456789": REDACTED,
+    "gho_" + "B2" * 18: REDACTED,
 }
 UNTOUCHED = [
     "model=tiny trainer.lr=3e-4", "sqlite:////tmp/x/mlflow.db", "file:///tmp/artifacts", "Qwen/Qwen3-8B",
@@ -353,7 +408,8 @@ def test_planted_secrets_never_reach_disk_or_trackers(tmp_path: Path) -> None:
         [sys.executable, str(app / "train_app.py"), "-m", f"hydra.sweep.dir={sweep}",
          f"logger.mlflow.tracking_uri={uri}",  # the real store; MLFLOW_TRACKING_URI (env) is a planted decoy
          f"+service.hf_token=hf_{MARK}cli0123456789abcdefghijk",
-         f"+misc.mirror=https://mirror:{MARK}cliurl@mirror.example.com/x"],
+         f"+misc.mirror=https://mirror:{MARK}cliurl@mirror.example.com/x",
+         f"+extra.pat={MARK}pat", f"+extra.otp={MARK}otp", f"+extra.sas_sig={MARK}sig"],  # issue 41
         check=False, cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
     run = sweep / "0"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rlexp.tracking.cells import md_text
 from rlexp.tracking.sweep_summary import SUMMARY_FILE, summarise
 from tests.conftest import rlexp
 from tests.test_compare import _sweep
@@ -111,7 +112,7 @@ def test_mlflow_sweep_reads_as_an_answer(tmp_path: Path, offline_trackers: None,
     assert (f"MLflow sweep run: http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/{parent.info.run_id}"
             "?workflowType=machine_learning\n") in printed
     note = client.get_run(parent.info.run_id).data.tags["mlflow.note.content"]
-    assert note.startswith(res["verdict"].sentence) and "Best configuration by eval/accuracy" in note
+    assert note.startswith(md_text(res["verdict"].sentence)) and "Best configuration by eval/accuracy" in note
     assert note.endswith(parent.data.tags["mlflow.note.content"])  # the sweep's own note kept after it
     assert client.get_run(parent.info.run_id).data.tags["rlexp.winner"] == "reward.name=weaver"
 

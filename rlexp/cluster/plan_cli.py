@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rlexp.cluster.host_plan import host_line
 from rlexp.cluster.layout import check_hosts_fit, gpu_layout, gpu_placement
 from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, plan_memory
 from rlexp.config.paths import CONF_DIR
@@ -129,12 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(report.table())
     limits_ok = print_checkpoint_limits(cfg)
+    host = host_line(cfg)  # this host's RAM and processes (rlexp.cluster.host_plan)
+    if host:
+        print(f"\n{host}", file=sys.stderr if host.startswith("refused") else sys.stdout)
     if too_big_for_cpu(cfg):
         print(f"\nrefused: model={cfg.model.name} needs GPUs, but cluster={cfg.cluster.name} is CPU-only "
               f"(cluster.device=cpu), so rlexp train would refuse it. Leave cluster= out (the model brings its GPU "
               f"cluster) or name one with GPUs: cluster=gpu_node, cluster=slurm", file=sys.stderr)
         return 1
-    hosts_ok = print_hosts(cfg)
+    hosts_ok = print_hosts(cfg) and not host.startswith("refused")
     if not report.ok or not hosts_ok or not limits_ok:
         print("\nrefused: the layout does not fit (see 'fix:' lines)", file=sys.stderr)
         return 1

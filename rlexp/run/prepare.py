@@ -17,6 +17,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algorithm.grpo import LOSSES
 from rlexp.cluster.cuda_env import check_driver
+from rlexp.cluster.host_plan import check_context, check_host, sizes_of
 from rlexp.cluster.hosts import check_cluster, weight_hosts
 from rlexp.cluster.layout import auto_threads, check_hosts_fit, controller_gpus
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
@@ -97,6 +98,8 @@ def check_config(cfg: DictConfig) -> TrainConfig:
         check_devices(report, t.cluster, needed=here)
         check_driver()  # this machine's driver runs torch's CUDA build (rlexp doctor prints the details)
     validate(t, check_weights=check_model_files)
+    check_context(t)
+    check_host(sizes_of(t, job_backend(t.cluster.job).one_machine))  # RAM and processes, before any spawn
     if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
         t.cluster.threads_per_proc = cfg.cluster.threads_per_proc = auto_threads(t)
     if t.cluster.device == "cuda" and t.cluster.gpus_per_host:

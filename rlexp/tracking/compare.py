@@ -8,6 +8,10 @@ PATH is a run folder, a sweep folder (multirun dir with job subdirs) or any fold
 `compare.md` (table + winner), `compare.csv` (configurations), `runs.csv` (one row per run),
 `<metric>_vs_step.png`, `<metric>_vs_wall.png` (mean per configuration with its band, seeds faint; one
 colour per configuration in every figure).
+
+The runs may be someone else's: each damaged row or value is dropped and named (`FILE:LINE: what`, on
+stderr and in compare.md's notes; rlexp.tracking.metric_rows), and every name or value written out is made
+inert for the program that reads the file (rlexp.tracking.cells: no spreadsheet formula, markdown or HTML).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .cells import CSV_QUOTING, csv_row, md_text, plot_text
 from .runs import NUISANCE_KEYS, RunRecord, load_runs
 from .stats import METHOD, estimate
 from .verdict import Configuration, Headline, answer, build_run_table, build_table, markdown_table, unique_names
@@ -33,6 +38,7 @@ UNITS: tuple[tuple[str, str], ...] = (
 BOUNDS = {"fraction of prompts": (0.0, 1.0)}  # unit -> the range a value of it can take
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 FIGSIZE, DPI = (10.0, 6.0), 120
+MAX_SHOWN = 10  # problems printed per run (the rest counted), so a file of bad lines is not a flood
 
 
 def unit(metric: str) -> str | None:
@@ -104,7 +110,7 @@ def plot(configs: Sequence[Configuration], metric: str, x: str, path: Path) -> b
             dup = seen.get(key)
             seen.setdefault(key, c.label)
             n = len(c.runs)
-            label = f"{c.label} (n={n})" + (f" = {dup}" if dup else "")
+            label = plot_text(f"{c.label} (n={n})" + (f" = {dup}" if dup else ""))
             ax.plot(xs, ys, color=c.colour, linewidth=2.2, linestyle="--" if dup else "-",
                     marker=_MARKERS[i % len(_MARKERS)], markevery=max(1, len(xs) // 15), markersize=5,
                     label=label)
@@ -132,6 +138,16 @@ def _slug(metric: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_")
 
 
+def problem_lines(runs: Sequence[RunRecord]) -> list[str]:
+    """Each run's input problems, the first `MAX_SHOWN` of a run in full and the rest counted."""
+    out = []
+    for r in runs:
+        out += r.problems[:MAX_SHOWN]
+        if len(r.problems) > MAX_SHOWN:
+            out.append(f"{r.source}: {len(r.problems) - MAX_SHOWN} more problems like these")
+    return out
+
+
 def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = None,
             tracking_uri: str | None = None, report: str = "compare.md") -> dict[str, Any]:
     """Library entry point (the CLI and the multirun summary are thin wrappers): the verdict, tables, files."""
@@ -145,6 +161,9 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
         runs.extend(got)
         origins += [i] * len(got)
     unique_names(runs)
+    problems = problem_lines(runs)
+    for line in problems:
+        print(f"rlexp compare: warning: {line}", file=sys.stderr, flush=True)
     ans = answer(runs, metrics, origins)
     headlines, configs, v = ans.headlines, ans.configurations, ans.verdict
     header, rows = build_table(v.ranked, headlines)
@@ -155,14 +174,16 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
              f"mean ± half-width of the {METHOD} (n=1: no interval); AUC = area under the curve over steps "
              "divided by the step span.",
              "better: " + "; ".join(f"{h.label} {h.direction or 'not declared (no ranking)'}" for h in headlines)]
-    md = (f"**{v.sentence}**\n\n" + markdown_table(v.ranked, headlines) + "\n\n"
-          + "\n".join(f"- {n}" for n in notes))
+    if problems:
+        notes += [f"{len(problems)} input problem(s); the damaged rows or values are left out:", *problems]
+    md = (f"**{md_text(v.sentence)}**\n\n" + markdown_table(v.ranked, headlines) + "\n\n"
+          + "\n".join(f"- {md_text(n)}" for n in notes))
     (out / report).write_text(md + "\n", encoding="utf-8")
     for name, (h, rs) in (("compare.csv", (header, rows)), ("runs.csv", (run_header, run_rows))):
         with open(out / name, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(h)
-            w.writerows(rs)
+            w = csv.writer(f, quoting=CSV_QUOTING)
+            w.writerow(csv_row(h))
+            w.writerows(csv_row(r) for r in rs)
     plots = []
     for m in PLOT_METRICS:
         for x in ("step", "wall"):
@@ -185,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         res = compare(args.paths, args.out, args.metrics, args.tracking_uri)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # a bad argument or an unreadable folder: one line
         print(f"rlexp compare: {e}", file=sys.stderr)
         return 2
     print(res["markdown"])

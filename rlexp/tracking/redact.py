@@ -16,7 +16,9 @@ Two axes:
     and redacting it would hide a real config change;
   - *short words* that are credentials only as the whole last segment: `pass` (`db_pass`, but not `passes`,
     `n_passes`, `bypass`, `compass`, `pass_at_k`), `pwd` (`smtp_pwd`; the shell's `PWD` env var is a directory),
-    `dsn` (`sentry_dsn`, not `dsn_count`), `webhook(s)`;
+    `dsn` (`sentry_dsn`, not `dsn_count`), `webhook(s)`, `pat` (not `path`), `otp`/`totp`/`hotp`, `sas`, `sig`
+    (an Azure SAS's `sig=`); `signature` only when it signs a request (`sas_signature`, not a DSPy `signature`);
+    a trailing number counts for the long words only (`API_KEY_2`, but `pass@1` is a metric);
   - *compound names*: `connection_string`, `conn_str`, `webhook_url`, `database_url`, `db_uri` and the like (a
     connection string or a webhook URL *is* the credential);
   - *head words* (`key`, `token`, `auth`, `authorization`, `session`) as the last segment: `hf_token`, `apikey`,
@@ -25,10 +27,11 @@ Two axes:
     them (`api_keys`, `hf_tokens`).
 * By value (`redact_text`): token-shaped substrings of any string, whatever the key: URL userinfo
   (`postgres://user:pw@host` -> `postgres://***REDACTED***@host`), Slack/Discord/Teams webhook paths, `Bearer`,
-  provider prefixes (`hf_`, `sk-`, `sk-ant-`, `ghp_`, `github_pat_`, `glpat-`, `xox?-`, `AKIA`, `AIza`, `sk_live_`,
-  `ya29.`, `npm_`, `pypi-`), JWTs, PEM private keys, and `name=value` / `name: value` / `--name value` pairs inside
-  a string whose name passes `is_secret_name` (`password=...` in a libpq DSN, `AccountKey=...;` in an Azure
-  connection string, `?access_token=...&` in a URL query).
+  provider prefixes (`hf_`, `sk-`, `sk-ant-`, `ghp_`, `github_pat_`, `glpat-`, `xox?-`, `xapp-`, `AKIA`, `AIza`,
+  `sk_live_`, `ya29.`, `npm_`, `pypi-`), JWTs, PEM private keys, and `name=value` / `name: value` /
+  `--name value` pairs inside a string whose name passes `is_secret_name` (`password=...` in a libpq DSN,
+  `AccountKey=...;` in an Azure connection string, `?access_token=...&` in a URL query, `&sig=...` in an Azure
+  SAS query string).
 
 Everything is idempotent: redacting a redacted tree changes nothing.
 """
@@ -42,7 +45,8 @@ REDACTED = "***REDACTED***"
 
 # --------------------------------------------------------------------------------------------- by name
 # Words that always mean a credential, anywhere in a name (also as a segment suffix: `dbpassword`, plural).
-_STRONG_WORDS = ("password", "passwd", "passphrase", "secret", "credential", "creds", "bearer", "cookie")
+_STRONG_WORDS = ("password", "passwd", "passphrase", "passcode", "secret", "credential", "creds", "bearer",
+                 "cookie")
 # Last segments that describe a credential rather than hold it: behind a strong word (`password_min_len`,
 # `secret_name`, `password_file`), the value is a number, a path, a name or a switch.
 _METADATA_HEADS = frozenset({
@@ -51,14 +55,18 @@ _METADATA_HEADS = frozenset({
     "regex", "pattern", "format", "hint", "manager", "backend", "provider", "store", "rotation",
 })
 # Credentials only as the whole last segment (`db_pass`), never as a suffix (`bypass`, `compass`) or plural
-# (`passes` counts); `pwd` also as a suffix (`dbpwd`: no English word ends in it).
-_EXACT_HEADS = frozenset({"pass", "pwd", "dsn", "webhook", "webhooks"})
-_SUFFIX_HEADS = ("pwd", "webhook", "webhooks")
+# (`passes` counts); `pwd` also as a suffix (`dbpwd`: no English word ends in it). Issue 41: `pat` (a personal
+# access token; not `path`, `pattern`), `otp`/`totp`/`hotp` (one-time codes and their seeds), `sas` (an Azure
+# shared access signature) and `sig` (its `sig=` part, AWS's `X-Amz-Signature`).
+_EXACT_HEADS = frozenset({"pass", "pwd", "dsn", "webhook", "webhooks", "pat", "otp", "totp", "hotp", "sas", "sig"})
+_SUFFIX_HEADS = ("pwd", "webhook", "webhooks", "otp")
 # (qualifier, last segment) pairs that name a credential as a whole.
 _COMPOUNDS = frozenset({
     *((q, h) for q in ("connection", "conn") for h in ("string", "str", "uri", "url")),
     *((q, h) for q in ("webhook", "hook") for h in ("url", "uri")),
     *((q, h) for q in ("database", "db") for h in ("url", "uri", "dsn")),
+    *((q, h) for q in ("sas", "presigned", "signed") for h in ("url", "uri")),  # the URL carries its signature
+    *((q, "code") for q in ("otp", "totp", "mfa", "auth", "oauth", "verification", "recovery", "backup")),
 })
 _COMPOUND_SEGMENTS = frozenset({"connstr", "connectionstring", "webhookurl", "databaseurl", "dburl"})
 # Whole names (case-sensitive) that look like one of the above but are not: the shell's working directory.
@@ -73,6 +81,9 @@ _BENIGN_QUALIFIERS = frozenset({
     "label", "answer", "prompt", "text", "input", "output", "column", "field", "lookup", "hash", "partition",
     "shard", "rng", "prng", "random", "seed", "index", "reward", "dataset", "data", "sample", "batch", "kv",
 })
+# What signs a request: `sas_signature`, `SharedAccessSignature`, `url_signature`, `request_signature`.
+_SIGNERS = frozenset({"sas", "shared", "access", "url", "request", "webhook", "hmac", "amz", "aws", "azure",
+                      "jwt", "upload", "download", "slack", "stripe"})
 # Plural `tokens` / `keys` usually count things (`max_tokens`, `max_num_batched_tokens`, `num_keys`); they are
 # credentials only behind a qualifier naming an issuer or kind of credential (`api_keys`, `hf_tokens`).
 _CREDENTIAL_QUALIFIERS = frozenset({
@@ -89,6 +100,16 @@ def _name_parts(name: str) -> list[str]:
     return [p for p in re.split(r"[^A-Za-z0-9]+", spaced.lower()) if p]
 
 
+def _unnumbered(parts: list[str]) -> list[str]:
+    """The segments without a trailing number (`API_KEY_2`, `hfToken2`: the second of its kind)."""
+    parts = list(parts)
+    while len(parts) > 1 and parts[-1].isdigit():
+        parts.pop()
+    if parts and not parts[-1].isdigit():
+        parts[-1] = parts[-1].rstrip("0123456789")
+    return parts
+
+
 def is_secret_name(name: str) -> bool:
     """True for api_key, WANDB_API_KEY, hfToken, client-secret, db_password, db_pass, smtp_pwd, sentry_dsn,
     connection_string, webhook_url, api_keys, hf_tokens, authorization, passphrase, cookies, session; False for
@@ -97,6 +118,13 @@ def is_secret_name(name: str) -> bool:
     name = str(name)
     parts = _name_parts(name)
     if not parts or name.lstrip("-+~") in _NOT_SECRET:
+        return False
+    base = _unnumbered(parts)  # numbered: only long words (`pass@1` is a metric, `api_key_2` a key)
+    return _secret_parts(parts) or (base != parts and base[-1] not in _EXACT_HEADS and _secret_parts(base))
+
+
+def _secret_parts(parts: list[str]) -> bool:
+    if not parts or not parts[-1]:
         return False
     head, prev = parts[-1], (parts[-2] if len(parts) > 1 else "")
 
@@ -109,6 +137,8 @@ def is_secret_name(name: str) -> bool:
         return True
     if (prev, head) in _COMPOUNDS:
         return True
+    if head == "signature":  # a credential when it signs a request (`sas_signature`); a bare `signature` is a
+        return prev in _SIGNERS  # DSPy task's, `signature_dim` a size
     if head == "id" and prev in ("session", "sessionid"):
         return True
     for w in _HEAD_WORDS:
@@ -143,6 +173,7 @@ _TOKEN_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?<![\w-])github_pat_[A-Za-z0-9_]{40,}"), REDACTED),
     (re.compile(r"(?<![\w-])glpat-[A-Za-z0-9_\-]{20,}"), REDACTED),                    # GitLab
     (re.compile(r"(?<![\w-])xox[abposre]-[A-Za-z0-9\-]{10,}"), REDACTED),               # Slack
+    (re.compile(r"(?<![\w-])xapp-\d-[A-Za-z0-9\-]{10,}"), REDACTED),                   # Slack app-level
     (re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"), REDACTED),  # AWS access key id
     (re.compile(r"(?<![\w-])AIza[0-9A-Za-z_\-]{35}"), REDACTED),                        # Google API key
     (re.compile(r"(?<![\w-])ya29\.[0-9A-Za-z_\-]{20,}"), REDACTED),                     # Google OAuth token

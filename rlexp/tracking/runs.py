@@ -14,9 +14,7 @@ trackers stamp on every row. System metrics (`system/*`, W&B stats) are not hist
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import json
 import os
 import struct
 from collections.abc import Iterator, Mapping
@@ -28,6 +26,7 @@ from omegaconf import OmegaConf
 
 from .base import METRICS_FILE
 from .manifest import MANIFEST_NAME, Manifest, read_manifest
+from .metric_rows import check_row, duplicate_steps, loads_bounded, ranges, read_rows
 from .redact import redact
 from .runconfig import RUN_LOCAL_ANY_KEYS, RUN_LOCAL_TOP_KEYS
 
@@ -44,6 +43,8 @@ class RunRecord:
     history: list[dict[str, Any]]  # rows with "step", metrics, and "_wall_s" (seconds since run start)
     status: str | None = None
     manifest: dict[str, Any] = field(default_factory=dict)
+    # What was wrong with the files read (`FILE:LINE: what; what was done`, rlexp.tracking.metric_rows).
+    problems: list[str] = field(default_factory=list)
 
     def series(self, metric: str, x: str = "step") -> tuple[list[float], list[float]]:
         xs, ys = [], []
@@ -117,41 +118,60 @@ def is_run_dir(p: Path) -> bool:
     return (p / METRICS_FILE).is_file() or (p / MANIFEST_NAME).is_file()
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            line = line.strip()
-            if line:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:  # a line cut by a kill: keep what is readable
-                    continue
-    return rows
+MAX_SIDE_FILE_BYTES = 64 << 20  # a manifest (config, git diff) or Hydra config larger than this is no run's
+
+
+def _read_manifest(p: Path, problems: list[str]) -> tuple[Manifest, bool]:
+    """The manifest, or an empty one and a problem: unreadable or mistyped, the metrics still say a lot."""
+    path = p / MANIFEST_NAME
+    if not path.is_file():
+        return Manifest(), False
+    try:
+        if path.stat().st_size > MAX_SIDE_FILE_BYTES:
+            raise ValueError(f"{path.stat().st_size} bytes, over the limit of {MAX_SIDE_FILE_BYTES}")
+        loads_bounded(path.read_text(encoding="utf-8"), max_depth=64)  # depth first: no RecursionError below
+        return read_manifest(p), True
+    except (OSError, ValueError, TypeError) as e:
+        problems.append(f"{path}: unreadable ({str(e).splitlines()[0][:200]}); run read without it")
+        return Manifest(), False
+
+
+def _hydra_config(p: Path, problems: list[str]) -> Any:
+    """Hydra's copy of the config, unresolved: resolving a folder's file would run its resolvers
+    (`${oc.env:AWS_SECRET_ACCESS_KEY}` would put your secret in the comparison's files)."""
+    path = p / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return {}
+    try:
+        if path.stat().st_size > MAX_SIDE_FILE_BYTES:
+            raise ValueError(f"{path.stat().st_size} bytes, over the limit of {MAX_SIDE_FILE_BYTES}")
+        return redact(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+    except Exception as e:  # YAML of any shape: one line, never a traceback
+        problems.append(f"{path}: unreadable ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
+                        "run read without its config")
+        return {}
+
+
+def history_of(rows: list[dict[str, Any]], where: str, problems: list[str]) -> list[dict[str, Any]]:
+    """Checked rows -> one row per step; a step logged twice is named (the later rows win)."""
+    dups = duplicate_steps(rows)
+    if dups:
+        problems.append(f"{where}: steps {ranges(dups)} are logged more than once (a run restarted or resumed "
+                        "without truncating its metrics); the later rows are used")
+    return merge_steps(rows)
 
 
 def load_run_dir(run_dir: str | os.PathLike[str], name: str | None = None) -> RunRecord:
     p = Path(run_dir)
-    manifest, found = Manifest(), False
-    if (p / MANIFEST_NAME).is_file():
-        # unreadable or mistyped: the metrics and Hydra's copy still say a lot
-        with contextlib.suppress(OSError, ValueError):
-            manifest, found = read_manifest(p), True
-    config: Any = manifest.config  # resolved and redacted at start: preferred
-    hydra_cfg = p / ".hydra" / "config.yaml"
-    if not config and hydra_cfg.is_file():
-        loaded = OmegaConf.load(hydra_cfg)
-        try:
-            config = OmegaConf.to_container(loaded, resolve=True)
-        except Exception:  # ${hydra:...} resolvers only work inside a Hydra app
-            config = OmegaConf.to_container(loaded, resolve=False)
-        config = redact(config)
-    history = merge_steps(read_jsonl(p / METRICS_FILE))
+    problems: list[str] = []
+    manifest, found = _read_manifest(p, problems)
+    config: Any = manifest.config or _hydra_config(p, problems)  # the manifest's: resolved, redacted at start
+    history = history_of(read_rows(p / METRICS_FILE, problems), str(p / METRICS_FILE), problems)
     _add_wall(history, _parse_time(manifest.start_time))
     return RunRecord(
         name=manifest.identity.run_name or name or p.name, source=str(p), config=strip_run_local(flatten(config)),
         history=history,
-        status=manifest.status, manifest=manifest.to_dict() if found else {},
+        status=manifest.status, manifest=manifest.to_dict() if found else {}, problems=problems,
     )
 
 
@@ -181,9 +201,26 @@ def _natural(p: Path) -> tuple[Any, ...]:
 # --------------------------------------------------------------------------------------------- MLflow
 def _param_value(s: str) -> Any:
     try:
-        return json.loads(s)
+        return loads_bounded(s)
     except (ValueError, TypeError):
         return s
+
+
+def _checked(rows: list[dict[str, Any]], where: str, problems: list[str]) -> list[dict[str, Any]]:
+    """A tracker's history rows with the checks of a metrics.jsonl row (rlexp.tracking.metric_rows.check_row):
+    values that are not finite numbers dropped, rows without a usable step skipped, each named."""
+    out = []
+    for r in rows:
+        row, bad = check_row(r)
+        problems += [f"{where} step {_short(r.get('step'))}: {b}" for b in bad]
+        if row is not None:
+            out.append(row)
+    return out
+
+
+def _short(v: Any) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:40] + "..."
 
 
 def load_mlflow(experiment: str, tracking_uri: str | None) -> list[RunRecord]:
@@ -210,7 +247,9 @@ def load_mlflow(experiment: str, tracking_uri: str | None) -> list[RunRecord]:
                 row[key] = max(row.get(key, m.value), m.value) if key == "time/wall_s" else m.value
                 if t0 is not None:
                     row["_ts_wall_s"] = max(row.get("_ts_wall_s", 0.0), m.timestamp / 1000.0 - t0)
-        history = [rows[s] for s in sorted(rows)]
+        source = f"mlflow:{experiment}/{run.info.run_id}"
+        problems: list[str] = []
+        history = _checked([rows[s] for s in sorted(rows)], source, problems)
         for r in history:
             ts_wall = r.pop("_ts_wall_s", None)
             r["_wall_s"] = r["time/wall_s"] if isinstance(r.get("time/wall_s"), (int, float)) else ts_wall
@@ -219,11 +258,11 @@ def load_mlflow(experiment: str, tracking_uri: str | None) -> list[RunRecord]:
         config = {k: _param_value(v) for k, v in run.data.params.items() if not k.startswith("seed.")}
         status = {"FINISHED": "completed", "FAILED": "failed", "KILLED": "interrupted"}.get(run.info.status, "running")
         out.append(RunRecord(
-            name=run.data.tags.get("rlexp.run_name") or run.info.run_name or run.info.run_id,
-            source=f"mlflow:{experiment}/{run.info.run_id}",
+            name=run.data.tags.get("rlexp.run_name") or run.info.run_name or run.info.run_id, source=source,
             config=strip_run_local(config), history=history, status=status,
             manifest={"mlflow": {"run_id": run.info.run_id, "tags": dict(run.data.tags),
                                  "system_metrics": sorted(k for k in run.data.metrics if k.startswith("system/"))}},
+            problems=problems,
         ))
     return out
 
@@ -266,9 +305,32 @@ def _item_key(item: Any) -> str:
     return item.key or "/".join(item.nested_key)
 
 
-def load_wandb_file(path: Path) -> RunRecord:
+def _wandb_parsed(path: Path, problems: list[str]) -> Iterator[Any]:
+    """The file's records, parsed; a record that does not parse ends the reading there, named."""
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2 as pb
 
+    for i, blob in enumerate(wandb_records(path)):
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(blob)
+        except (DecodeError, RecursionError, ValueError) as e:
+            problems.append(f"{path}: record {i + 1} does not parse ({e or type(e).__name__}); "
+                            "the rest of the file is skipped")
+            return
+        yield rec
+
+
+def _wb_value(s: str) -> Any:
+    """A W&B JSON value (config, summary); None for one that is not JSON or nested too deep."""
+    try:
+        return loads_bounded(s)
+    except ValueError:
+        return None
+
+
+def load_wandb_file(path: Path) -> RunRecord:
+    problems: list[str] = []
     config: dict[str, Any] = {}
     history: list[dict[str, Any]] = []
     name, status = path.parent.name, None
@@ -278,9 +340,7 @@ def load_wandb_file(path: Path) -> RunRecord:
     summary: dict[str, Any] = {}
     defined: dict[str, dict[str, Any]] = {}
     tables: dict[str, str] = {}  # history key -> the table's JSON file, relative to the run's files/ folder
-    for blob in wandb_records(path):
-        rec = pb.Record()
-        rec.ParseFromString(blob)
+    for rec in _wandb_parsed(path, problems):
         kind = rec.WhichOneof("record_type")
         if kind == "run":
             name = rec.run.display_name or rec.run.run_id or name
@@ -288,16 +348,16 @@ def load_wandb_file(path: Path) -> RunRecord:
                     "project": rec.run.project, "job_type": rec.run.job_type,
                     "git": {"commit": rec.run.git.commit, "remote_url": rec.run.git.remote_url}}
             for u in rec.run.config.update:
-                config[_item_key(u)] = json.loads(u.value_json)
+                config[_item_key(u)] = _wb_value(u.value_json)
         elif kind == "config":
             for u in rec.config.update:
-                config[_item_key(u)] = json.loads(u.value_json)
+                config[_item_key(u)] = _wb_value(u.value_json)
         elif kind == "history":
             row: dict[str, Any] = {}
             media: dict[str, dict[str, Any]] = {}  # a table arrives as one item per field: nested_key [name, field]
             for it in rec.history.item:
                 try:
-                    v = json.loads(it.value_json)
+                    v = loads_bounded(it.value_json)
                 except ValueError:
                     continue
                 if len(it.nested_key) > 1:
@@ -306,7 +366,7 @@ def load_wandb_file(path: Path) -> RunRecord:
                     row[_item_key(it)] = v
             tables.update({k: str(m["path"]) for k, m in media.items() if m.get("_type") == "table-file"})
             if "_step" in row and any(not k.startswith("_") for k in row):  # not a row of tables only
-                row["step"] = int(row.pop("_step"))
+                row["step"] = row.pop("_step")
                 history.append(row)
         elif kind == "stats":
             stats.update(_item_key(it) for it in rec.stats.item)
@@ -315,8 +375,8 @@ def load_wandb_file(path: Path) -> RunRecord:
                               "files": sorted(e.path for e in rec.artifact.manifest.contents)})
         elif kind == "summary":
             for u in rec.summary.update:
-                summary[_item_key(u)] = json.loads(u.value_json)
-                if _item_key(u) == "rlexp/status":
+                summary[_item_key(u)] = _wb_value(u.value_json)
+                if _item_key(u) == "rlexp/status" and isinstance(summary["rlexp/status"], str):
                     status = summary["rlexp/status"]
         elif kind == "metric":
             m = rec.metric
@@ -325,7 +385,7 @@ def load_wandb_file(path: Path) -> RunRecord:
         elif kind == "exit" and status is None:
             status = "completed" if rec.exit.exit_code == 0 else "failed"
     config.pop("_wandb", None)
-    history = merge_steps(history)
+    history = history_of(_checked(history, str(path), problems), str(path), problems)
     ts = [r["_timestamp"] for r in history if "_timestamp" in r]
     for r in history:
         if "time/wall_s" in r:
@@ -336,7 +396,7 @@ def load_wandb_file(path: Path) -> RunRecord:
             r["_wall_s"] = r["_timestamp"] - ts[0]
     meta.update(artifacts=artifacts, stats=sorted(stats), summary=summary, defined_metrics=defined, tables=tables)
     return RunRecord(name=name, source=str(path), config=strip_run_local(flatten(config)), history=history,
-                     status=status, manifest={"wandb": meta})
+                     status=status, manifest={"wandb": meta}, problems=problems)
 
 
 def load_wandb_dir(root: Path) -> list[RunRecord]:

@@ -16,6 +16,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from .cells import md_text
+
 log = logging.getLogger(__name__)
 SUMMARY_FILE = "summary.md"
 
@@ -55,7 +57,8 @@ def note_mlflow_parent(res: dict[str, Any]) -> None:
 
         client = MlflowClient(tracking_uri=uri)
         note = client.get_run(parent).data.tags.get("mlflow.note.content", "")
-        client.set_tag(parent, "mlflow.note.content", res["verdict"].sentence + ("\n\n" + note if note else ""))
+        client.set_tag(parent, "mlflow.note.content",
+                       md_text(res["verdict"].sentence) + ("\n\n" + note if note else ""))
         if res["verdict"].best is not None:
             client.set_tag(parent, "rlexp.winner", res["verdict"].best.label)
     except Exception as e:  # the store may be remote and gone by now: the summary files are already written

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cells import md_text
 from .runs import NUISANCE_KEYS, RunRecord
 from .stats import METHOD, Estimate, estimate
 
@@ -122,7 +123,9 @@ class Configuration:
 
 
 def seed_of(run: RunRecord) -> Any:
-    vals = tuple(run.config.get(k) for k in NUISANCE_KEYS)
+    """The run's seed, hashable (a folder's manifest may hold a list or an object there: its JSON text)."""
+    vals = tuple(v if v is None or isinstance(v, (str, int, float)) else json.dumps(v, sort_keys=True, default=repr)
+                 for v in (run.config.get(k) for k in NUISANCE_KEYS))
     return vals[0] if len(vals) == 1 else vals
 
 
@@ -305,7 +308,8 @@ def unique_names(runs: Sequence[RunRecord]) -> None:
 
 
 def to_markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    esc = [[c.replace("|", "\\|") for c in r] for r in [header, *rows]]
+    """Every cell escaped (rlexp.tracking.cells.md_text): names and values come from the runs' authors."""
+    esc = [[md_text(c) for c in r] for r in [header, *rows]]
     lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in esc[1:]]
     return "\n".join(lines)
