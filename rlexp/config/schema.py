@@ -190,8 +190,8 @@ class ClusterConfig:
     mfu: float = 0.4
     # Where the weight transport stages safetensors (shared memory on one host).
     shm_dir: str = "/dev/shm/rlexp"
-    # How weights go from the trainer to each generator: auto = shm when the pair shares a host, monarch
-    # (chunked Monarch actor messages) across hosts; rlexp/transport/registry.py pair_transport. Any registered
+    # How weights go from the trainer to each generator: auto = shm when the pair shares a host, tcp (a socket
+    # stream from the trainer's host) across hosts; rlexp/transport/registry.py pair_transport. Any registered
     # transport's name (checked in `prepare`, which lists them), or package.module:Class for one outside rlexp.
     transport: str = "auto"
     # Per-transport settings, {transport name: {option: value}}, defaulted and checked by the transport

@@ -5,9 +5,15 @@ One probe publishes (the trainer's side), another on a different process fetches
 made inside the probe, not sent to it, so only the transport moves the bytes. For shm, two ways: `serve` takes
 a lease and serves the version file's tensors from its mapping (`rlexp.transport.shm.Lease`, what the titan
 generator does), `copy` copies it into weights the probe has already allocated (what other backends pay).
+For tcp, `copy` streams into the probe's receive buffer, kept across versions, and views its tensors (what a
+generator hands to `load_state_dict`); `plain_serve` / `plain_fetch` are its baseline, one `sendall` of the
+same bytes read with `recv_into` between the same two processes.
 """
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 from typing import Any
 
@@ -28,14 +34,21 @@ def synthetic_hf_state_dict(total_mb: int, seed: int = 0) -> dict[str, torch.Ten
 
 class TransportProbe(Actor):
     def __init__(self, run_name: str, total_mb: int, shm_root: str | None = None,
-                 chunk_bytes: int | None = None) -> None:
+                 chunk_bytes: int | None = None, checkpoint: str | None = None) -> None:
+        """`checkpoint`: a model folder whose weights are the state dict (the tiny model's), else `total_mb` of
+        synthetic ones."""
+        from rlexp.core.weights import read_hf_state_dict
+
         self.run_name, self.total_mb, self.shm_root, self.chunk_bytes = run_name, total_mb, shm_root, chunk_bytes
-        self.sd = synthetic_hf_state_dict(total_mb)
+        self.sd = read_hf_state_dict(checkpoint) if checkpoint else synthetic_hf_state_dict(total_mb)
         self.params = {k: torch.zeros_like(v) for k, v in self.sd.items()}  # the generator's own weights
         self.transports: dict[str, WeightTransport] = {}
         self.client: Any = None
         self.served: dict[str, torch.Tensor] | None = None  # the weights a `serve` fetch switched to
         self.lease: Any = None  # the lease behind them, released after the next switch
+        self.buf: torch.Tensor | None = None  # tcp: the receive buffer, reused across versions
+        self.plain: socket.socket | None = None  # the baseline's listening socket
+        self.plain_buf: torch.Tensor | None = None
 
     @endpoint
     async def nbytes(self) -> int:
@@ -47,7 +60,8 @@ class TransportProbe(Actor):
 
         if name not in self.transports:
             # keep=2: what a run keeps at least, and what lets shm reuse the dropped version's pages
-            settings = {"shm": {"root": self.shm_root}, "monarch": {"chunk_bytes": self.chunk_bytes}}.get(name, {})
+            settings = {"shm": {"root": self.shm_root}, "monarch": {"chunk_bytes": self.chunk_bytes},
+                        "tcp": {"host": "127.0.0.1"}}.get(name, {})
             self.transports[name] = build_transport(name, self.run_name, keep=2,
                                                     **{k: v for k, v in settings.items() if v is not None})
         t0 = time.perf_counter()
@@ -58,6 +72,7 @@ class TransportProbe(Actor):
     async def fetch(self, name: str, version: int, location: str, server: Any = None, mode: str = "copy") -> float:
         """Seconds to get `location` in use the way a generator does: `serve` (shm only) switches to the version
         file's mapped tensors under a lease and releases the previous lease; `copy` fills this probe's own weights."""
+        from rlexp.transport import tcp
         from rlexp.transport.monarch import MonarchWeightClient
         from rlexp.transport.shm import Lease, fetch_into
 
@@ -77,6 +92,10 @@ class TransportProbe(Actor):
             self.client = self.client or MonarchWeightClient(server)
             for k, v in (await self.client.afetch(location, version)).items():
                 self.params[k].copy_(v)
+        elif name == "tcp":
+            self._release()
+            h, self.buf = tcp.fetch(location, version, into=self.buf)
+            self.served = tcp.unpack(h, self.buf)
         else:
             raise ValueError(f"probe: no fetch for transport {name!r}")
         return time.perf_counter() - t0
@@ -96,10 +115,60 @@ class TransportProbe(Actor):
             torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)) for k, v in self.sd.items())
         for v in self.params.values():
             v.zero_()
+        for b in (self.buf, self.plain_buf):
+            if b is not None:
+                b.zero_()
         return ok
+
+    def _flat(self) -> torch.Tensor:
+        """The state dict's bytes back to back (the baseline's payload: exactly as many bytes)."""
+        return torch.cat([v.reshape(-1).view(torch.uint8) for v in self.sd.values()])
+
+    @endpoint
+    async def plain_serve(self) -> tuple[str, int]:
+        """The baseline's sender: a listening socket on loopback; each connection gets the state dict's bytes in one
+        `sendall`. Returns (address, port)."""
+        flat = self._flat()
+        self.plain = socket.create_server(("127.0.0.1", 0))
+
+        def serve(lsock: socket.socket) -> None:
+            while True:
+                try:
+                    conn, _ = lsock.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.sendall(memoryview(flat.numpy()))
+
+        threading.Thread(target=serve, args=(self.plain,), daemon=True).start()
+        return self.plain.getsockname()[:2]
+
+    @endpoint
+    async def plain_fetch(self, host: str, port: int) -> float:
+        """Seconds to connect and `recv_into` all of the baseline's bytes (into a buffer kept across calls)."""
+        n = sum(v.numel() * v.element_size() for v in self.sd.values())
+        if self.plain_buf is None:
+            self.plain_buf = torch.empty(n, dtype=torch.uint8)
+        mv = memoryview(self.plain_buf.numpy())
+        t0 = time.perf_counter()
+        with socket.create_connection((host, port), timeout=60) as s:
+            got = 0
+            while got < n:
+                r = s.recv_into(mv[got:], min(n - got, 4 * 2**20))
+                if r == 0:
+                    raise ConnectionError(f"probe: the baseline stream ended after {got} of {n} bytes")
+                got += r
+        dt = time.perf_counter() - t0
+        if not torch.equal(self.plain_buf, self._flat()):
+            raise RuntimeError("probe: the baseline socket delivered different bytes than were sent")
+        return dt
 
     @endpoint
     async def close(self) -> None:
+        if self.plain is not None:
+            with contextlib.suppress(OSError):  # wakes the accept loop (a close alone would not)
+                self.plain.shutdown(socket.SHUT_RDWR)
+            self.plain.close()
         self.served = None
         self._release()
         for t in self.transports.values():
