@@ -52,10 +52,9 @@ from rlexp.transport.base import TransportError, WeightReceiver, WeightSink, Wei
 URI = "tcp://"
 MAGIC, END, PROTOCOL = b"RLXW", b"DONE", 1
 _REQUEST = struct.Struct("<4sH16sQ")  # magic, protocol, key, version
-_REPLY = struct.Struct("<4sBI")  # magic, status (0 ok, 1 refused), header bytes
+REPLY = struct.Struct("<4sBI")  # magic, status (0 ok, 1 refused), header bytes
 _TRAILER = struct.Struct("<4sQ")  # END, version: the server sent the whole version
 _ALIGN = 64  # byte alignment of each tensor in the flat buffer, so a view of any dtype is legal
-_SOCK_BUF = 4 * 2**20  # socket buffers asked for (the kernel caps them): room for the stream to run ahead
 _RECV_MAX = 4 * 2**20  # bytes asked of one recv_into
 _MAX_HEADER = 64 * 2**20
 DEFAULT_TIMEOUT_S = 60.0
@@ -206,9 +205,10 @@ def _recv_into(sock: socket.socket, mv: memoryview, what: str, where: Where,
 
 
 def open_stream(loc: str, version: int | None = None, timeout_s: float = 60.0,
-                rcvbuf: int = _SOCK_BUF) -> tuple[socket.socket, dict[str, Any], Where]:
+                rcvbuf: int | None = None) -> tuple[socket.socket, dict[str, Any], Where]:
     """Dial the location, ask for its version and read the reply header: (socket, checked header, where).
-    The caller reads the body (`read_body`) and closes the socket."""
+    The caller reads the body (`read_body`) and closes the socket. Socket buffers are the kernel's, which grows
+    them to the path's bandwidth-delay product (setting one turns that off); `rcvbuf` pins it (tests)."""
     where = parse_location(loc)
     if version is not None and where.version != version:
         raise TransportError(f"transport=tcp: asked to load version {version} from {where.shown}, which holds "
@@ -220,10 +220,11 @@ def open_stream(loc: str, version: int | None = None, timeout_s: float = 60.0,
                              f"(is the trainer alive, and its address reachable from this host? "
                              f"`cluster.transport_options.tcp.host` sets the address it serves on)") from None
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        if rcvbuf is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(_REQUEST.pack(MAGIC, PROTOCOL, where.key, where.version))
-        magic, status, n = _REPLY.unpack(_recv_exact(sock, _REPLY.size, "the reply", where))
+        magic, status, n = REPLY.unpack(_recv_exact(sock, REPLY.size, "the reply", where))
         if magic != MAGIC or n > _MAX_HEADER:
             raise TransportError(f"transport=tcp: {where.shown} is not an rlexp weight server (bad reply)")
         body = _recv_exact(sock, n, "the reply header", where)
@@ -354,7 +355,6 @@ class _Server:
     def _serve(self, conn: socket.socket) -> None:
         try:
             conn.settimeout(self.timeout_s)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCK_BUF)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             req = bytearray(_REQUEST.size)
             view, got = memoryview(req), 0
@@ -371,7 +371,7 @@ class _Server:
             except TransportError as e:
                 return self._refuse(conn, str(e))
             try:
-                conn.sendall(_REPLY.pack(MAGIC, 0, len(pub.header)) + pub.header)
+                conn.sendall(REPLY.pack(MAGIC, 0, len(pub.header)) + pub.header)
                 mv = memoryview(pub.flat.numpy()) if pub.flat.numel() else memoryview(b"")
                 chunk = self.owner.chunk
                 for s in range(0, len(mv), chunk):
@@ -389,7 +389,7 @@ class _Server:
     @staticmethod
     def _refuse(conn: socket.socket, why: str) -> None:
         body = json.dumps({"error": why}).encode()
-        conn.sendall(_REPLY.pack(MAGIC, 1, len(body)) + body)
+        conn.sendall(REPLY.pack(MAGIC, 1, len(body)) + body)
 
     def close(self) -> None:
         """Stop accepting, cut the streams in flight (their receivers get a clear error) and join the threads."""
