@@ -195,3 +195,21 @@ def test_train_by_tcp_matches_shm(tmp_path: Path, tag: str) -> None:
         assert f"trainer -> generators by {t} (cluster.transport={t})" in p.stdout
     assert len(metrics(runs["tcp"])) == len(metrics(runs["shm"])) >= 5
     assert compare_metrics(runs["shm"] / "metrics.jsonl", runs["tcp"] / "metrics.jsonl") is None
+
+
+def test_plan_estimates_the_weight_sync_of_each_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    """Across hosts the trainer's link carries one copy per generator replica; on one host, shm's two copies."""
+    from rlexp.cluster.plan_cli import main as plan
+    from rlexp.cluster.weight_sync import weight_sync
+
+    est = weight_sync(10**9, 2, replicas=4, cross_hosts=True, network_gbps=100)
+    assert est.seconds == pytest.approx(2e9 * 4 * 8 / 100e9)
+    assert weight_sync(10**9, 2, 4, cross_hosts=False).seconds == pytest.approx(2 * 2e9 / 10e9)
+    with pytest.raises(ValueError, match=r"cluster\.network_gbps=0"):
+        weight_sync(1, 2, 1, True, network_gbps=0)
+    plan(["model=qwen3_14b", "cluster.network_gbps=200"])
+    out = capsys.readouterr().out
+    assert ("weight sync (estimate): 29.54 GB bfloat16 x 4 generator replica(s) across hosts by tcp at 200 Gb/s "
+            "(cluster.network_gbps), the trainer's link carrying every copy = 4.73 s per sync") in out
+    plan(["model=qwen3_8b"])
+    assert "16.38 GB bfloat16 on one host by shm" in capsys.readouterr().out

@@ -198,6 +198,9 @@ class ClusterConfig:
     # (`rlexp.transport.base.WeightTransport.settings`); shm and monarch read shm_dir / transport_chunk_mb.
     transport_options: dict[str, Any] = field(default_factory=dict)
     transport_chunk_mb: int = 64  # monarch: bytes per actor message, so no message is unbounded
+    # The trainer host's link in Gb/s, for `rlexp plan`'s weight-sync estimate across hosts (rlexp/cluster/
+    # weight_sync.py): 100 is a common cross-node Ethernet/IPoIB link; the tcp transport runs at a plain socket's speed.
+    network_gbps: float = 100.0
     # torch intra-op threads per generator/trainer/verifier process; 0 = torch's default. Unset: this host's
     # cores divided by the most processes that compute at the same moment (`rlexp.cluster.layout.auto_threads`),
     # resolved before spawning and recorded in the run's config. More threads than cores is far slower
