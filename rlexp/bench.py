@@ -194,11 +194,12 @@ def bench_transports(sizes_mb: list[int], reps: int, chunk_mb: int = 64,
 
 def bench_tcp(sizes_mb: list[int], reps: int, tiny: bool = True) -> list[Row]:
     """The tcp transport's fetch against a plain TCP socket copy of as many bytes between the same two processes
-    (one `sendall`, `recv_into` on the other side: `TransportProbe.plain_*`), on loopback. Reps alternate, baseline
-    then transport, so load on a shared machine hits both alike; the first of each is a warm-up. The fetch is what
-    a generator's `update_weights` waits for before `load_state_dict`: connect, request, header, the stream into
-    its receive buffer (kept across versions) with CRC32s checked, the end mark, tensors viewed from the buffer;
-    the publish (the trainer's pack) is reported beside it. `tiny`: one more row with the tiny model's weights."""
+    (one `sendall` per request byte, `recv_into` on the other side: `TransportProbe.plain_*`), on loopback, each
+    on a connection kept across reps. Each rep publishes, then fetches by both, in turns first, so the
+    publisher's process is as busy for either and load on a shared machine hits both alike; two warm-up reps.
+    The fetch is what a generator's `update_weights` waits for before `load_state_dict`: request, header, the
+    stream into its receive buffer (kept across versions), the end mark, tensors viewed from the buffer; the
+    publish (the trainer's pack) is reported beside it. `tiny`: the same rows with the tiny model's weights."""
     from monarch.actor import this_host
 
     from rlexp.transport.probe import TransportProbe
@@ -209,6 +210,7 @@ def bench_tcp(sizes_mb: list[int], reps: int, tiny: bool = True) -> list[Row]:
         from rlexp.models.tiny import ensure_tiny_checkpoint
 
         cases.append((0, str(ensure_tiny_checkpoint(ModelConfig()))))
+    variants = {"": None, " with CRC32s": {"checksum": True}}
     rows: list[Row] = []
     for mb, checkpoint in cases:
         meshes = [this_host().spawn_procs(per_host={"procs": 1}) for _ in range(2)]
@@ -218,25 +220,34 @@ def bench_tcp(sizes_mb: list[int], reps: int, tiny: bool = True) -> list[Row]:
             sub = meshes[1].spawn("probe_sub", TransportProbe, run, mb, None, None, checkpoint)
             nbytes = pub.nbytes.call_one().get()
             host, port = pub.plain_serve.call_one().get()
-            plain, fetches, pubs = [], [], []
-            for r in range(reps + 1):
-                plain_s = sub.plain_fetch.call_one(host, port).get()
-                loc, pub_s = pub.publish.call_one("tcp", r + 1).get()
-                fetch_s = sub.fetch.call_one("tcp", r + 1, loc).get()
-                if not sub.check_and_clear.call_one().get():
-                    raise RuntimeError("bench: tcp delivered different bytes than were published")
-                if r:
-                    plain.append(nbytes / 1e9 / plain_s)
-                    fetches.append(nbytes / 1e9 / fetch_s)
-                    pubs.append(pub_s)
+            plain: list[float] = []
+            fetches: dict[str, list[float]] = {v: [] for v in variants}
+            pubs: dict[str, list[float]] = {v: [] for v in variants}
+            version = 0
+            for r in range(reps + 2):  # two warm-ups: the processes have just started
+                for i, (label, options) in enumerate(variants.items()):
+                    version += 1
+                    loc, pub_s = pub.publish.call_one("tcp", version, options).get()
+                    # Each right after a publish, in turns first: the publisher's process is equally busy for both
+                    first_plain = (r + i) % 2 == 0
+                    plain_s = sub.plain_fetch.call_one(host, port).get() if first_plain else 0.0
+                    fetch_s = sub.fetch.call_one("tcp", version, loc).get()
+                    plain_s = plain_s or sub.plain_fetch.call_one(host, port).get()
+                    if not sub.check_and_clear.call_one().get():
+                        raise RuntimeError(f"bench: tcp{label} delivered different bytes than were published")
+                    if r > 1:
+                        plain.append(nbytes / 1e9 / plain_s)
+                        fetches[label].append(nbytes / 1e9 / fetch_s)
+                        pubs[label].append(pub_s)
             what = "tiny model" if checkpoint else "bf16"
             size = f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
-            rows.append(Row(
-                f"tcp fetch, {size} {what}", statistics.median(fetches), "GB/s",
-                "plain TCP socket copy", statistics.median(plain),
-                f"loopback, process to process, median of {reps} alternating reps; range "
-                f"{min(fetches):.3g}-{max(fetches):.3g} GB/s, plain {min(plain):.3g}-{max(plain):.3g} GB/s; "
-                f"CRC32s checked; publish (pack + checksums) median {statistics.median(pubs):.4f} s"))
+            for label, got in fetches.items():
+                rows.append(Row(
+                    f"tcp fetch{label}, {size} {what}", statistics.median(got), "GB/s",
+                    "plain TCP socket copy", statistics.median(plain),
+                    f"loopback, process to process, median of {reps} alternating reps; range "
+                    f"{min(got):.3g}-{max(got):.3g} GB/s, plain {min(plain):.3g}-{max(plain):.3g} GB/s; publish "
+                    f"(pack{' + checksums' if label else ''}) median {statistics.median(pubs[label]):.4f} s"))
             sub.close.call_one().get()
             pub.close.call_one().get()
         finally:

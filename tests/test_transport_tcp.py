@@ -19,6 +19,7 @@ from rlexp.transport.registry import build_transport
 from rlexp.transport.tcp import (
     MAGIC,
     REPLY,
+    Client,
     TcpTransport,
     Where,
     check_header,
@@ -52,7 +53,7 @@ def _same_bits(a: dict, b: dict) -> None:
 
 @pytest.fixture
 def publisher():
-    t = build_transport("tcp", "tcp-test", keep=2, host="127.0.0.1", chunk_mb=1)
+    t = build_transport("tcp", "tcp-test", keep=2, host="127.0.0.1", chunk_mb=1, checksum=True)
     yield t
     t.close()
 
@@ -87,6 +88,30 @@ def test_versions_stream_bit_exact_and_old_ones_are_dropped(publisher: TcpTransp
     assert h["publish_id"] != json.loads(publisher.versions[2].header)["publish_id"] and len(h["crc32"]) == 3
     _same_bits(unpack(h, flat), big)
     _same_bits(publisher.fetch(locs[2]), sds[2])
+
+
+def test_a_client_keeps_its_connection_and_redials_one_cut_while_idle() -> None:
+    t = TcpTransport("tcp-keep", keep=2, host="127.0.0.1")
+    client = Client(timeout_s=10)
+    try:
+        flat, views = None, None
+        for v in (1, 2):
+            h, flat = client.fetch(t.publish(v, _odd_state_dict(v)), v, flat)
+            assert h["crc32"] is None  # checksums are off by default (the module says why)
+            got = client.tensors(h, flat)
+            _same_bits(got, _odd_state_dict(v))
+            assert views is None or got is views  # same layout, same buffer: the same views, refilled
+            views = got
+            assert len(t.listener.conns) == 1  # one connection served both versions
+        first = client.sock
+        for c in list(t.listener.conns):  # as a firewall's idle timeout would
+            c.shutdown(socket.SHUT_RDWR)
+        h, flat = client.fetch(t.publish(3, _odd_state_dict(3)), 3)
+        _same_bits(unpack(h, flat), _odd_state_dict(3))
+        assert client.sock is not first
+    finally:
+        client.close()
+        t.close()
 
 
 def test_requests_without_the_key_are_refused_and_locations_checked(publisher: TcpTransport) -> None:
@@ -147,11 +172,11 @@ def test_two_processes_exact_bytes_then_a_stopped_and_a_killed_sender_fail_fast(
             _same_bits(unpack(h, flat), _odd_state_dict(v))
         for stop, why in ((signal.SIGSTOP, "no data from the trainer .* for 1.5 s after"),
                           (signal.SIGKILL, "closed the stream after|stream from .* failed after")):
-            sock, h, where = open_stream(locs[2], 3, timeout_s=1.5, rcvbuf=64 * 1024)
+            sock, reply = open_stream(locs[2], 3, timeout_s=1.5, rcvbuf=64 * 1024)
             with sock:
                 os.kill(p.pid, stop)
                 with pytest.raises(TransportError, match=why):
-                    read_body(sock, h, where)
+                    read_body(sock, reply)
             os.kill(p.pid, signal.SIGCONT)
     finally:
         os.kill(p.pid, signal.SIGKILL)
@@ -173,7 +198,8 @@ def test_a_reply_cut_short_names_the_missing_bytes() -> None:
     th = threading.Thread(target=serve)
     th.start()
     try:
-        with pytest.raises(TransportError, match=r"closed the stream after 100 of 128 bytes of version 1"):
+        why = r"closed the stream after 100 of 140 bytes of version 1 \(128 bytes\) and its end mark"
+        with pytest.raises(TransportError, match=why):
             fetch(location("127.0.0.1", port, "r", 1, bytes(16)), 1, timeout_s=10)
     finally:
         th.join(10)

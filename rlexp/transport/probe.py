@@ -44,28 +44,32 @@ class TransportProbe(Actor):
         self.params = {k: torch.zeros_like(v) for k, v in self.sd.items()}  # the generator's own weights
         self.transports: dict[str, WeightTransport] = {}
         self.client: Any = None
+        self.tcp_client: Any = None  # rlexp.transport.tcp.Client, one connection kept across versions
         self.served: dict[str, torch.Tensor] | None = None  # the weights a `serve` fetch switched to
         self.lease: Any = None  # the lease behind them, released after the next switch
         self.buf: torch.Tensor | None = None  # tcp: the receive buffer, reused across versions
         self.plain: socket.socket | None = None  # the baseline's listening socket
         self.plain_buf: torch.Tensor | None = None
+        self.plain_conn: socket.socket | None = None
 
     @endpoint
     async def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for v in self.sd.values())
 
     @endpoint
-    async def publish(self, name: str, version: int) -> tuple[str, float]:
+    async def publish(self, name: str, version: int, options: dict[str, Any] | None = None) -> tuple[str, float]:
+        """`options`: settings beyond the probe's (a second instance of the transport, e.g. tcp with checksums)."""
         from rlexp.transport.registry import build_transport
 
-        if name not in self.transports:
+        key = f"{name}{sorted((options or {}).items())}"
+        if key not in self.transports:
             # keep=2: what a run keeps at least, and what lets shm reuse the dropped version's pages
             settings = {"shm": {"root": self.shm_root}, "monarch": {"chunk_bytes": self.chunk_bytes},
                         "tcp": {"host": "127.0.0.1"}}.get(name, {})
-            self.transports[name] = build_transport(name, self.run_name, keep=2,
-                                                    **{k: v for k, v in settings.items() if v is not None})
+            settings = {**{k: v for k, v in settings.items() if v is not None}, **(options or {})}
+            self.transports[key] = build_transport(name, self.run_name, keep=2, **settings)
         t0 = time.perf_counter()
-        loc = await self.transports[name].apublish(version, self.sd)
+        loc = await self.transports[key].apublish(version, self.sd)
         return loc, time.perf_counter() - t0
 
     @endpoint
@@ -94,8 +98,9 @@ class TransportProbe(Actor):
                 self.params[k].copy_(v)
         elif name == "tcp":
             self._release()
-            h, self.buf = tcp.fetch(location, version, into=self.buf)
-            self.served = tcp.unpack(h, self.buf)
+            self.tcp_client = self.tcp_client or tcp.Client()
+            h, self.buf = self.tcp_client.fetch(location, version, self.buf)
+            self.served = self.tcp_client.tensors(h, self.buf)
         else:
             raise ValueError(f"probe: no fetch for transport {name!r}")
         return time.perf_counter() - t0
@@ -126,8 +131,8 @@ class TransportProbe(Actor):
 
     @endpoint
     async def plain_serve(self) -> tuple[str, int]:
-        """The baseline's sender: a listening socket on loopback; each connection gets the state dict's bytes in one
-        `sendall`. Returns (address, port)."""
+        """The baseline's sender: a listening socket on loopback; on a connection, each request byte is answered
+        with the state dict's bytes in one `sendall`. Returns (address, port)."""
         flat = self._flat()
         self.plain = socket.create_server(("127.0.0.1", 0))
 
@@ -138,26 +143,30 @@ class TransportProbe(Actor):
                 except OSError:
                     return
                 with conn:
-                    conn.sendall(memoryview(flat.numpy()))
+                    while conn.recv(1):
+                        conn.sendall(memoryview(flat.numpy()))
 
         threading.Thread(target=serve, args=(self.plain,), daemon=True).start()
         return self.plain.getsockname()[:2]
 
     @endpoint
     async def plain_fetch(self, host: str, port: int) -> float:
-        """Seconds to connect and `recv_into` all of the baseline's bytes (into a buffer kept across calls)."""
+        """Seconds to ask for the baseline's bytes and `recv_into` all of them (into a buffer kept across calls), on
+        a connection kept across calls, as the tcp transport's `Client` keeps its own."""
         n = sum(v.numel() * v.element_size() for v in self.sd.values())
         if self.plain_buf is None:
             self.plain_buf = torch.empty(n, dtype=torch.uint8)
+            self.plain_conn = socket.create_connection((host, port), timeout=60)
+            self.plain_conn.settimeout(None)  # blocking: Python polls before each call on a socket with a timeout
         mv = memoryview(self.plain_buf.numpy())
         t0 = time.perf_counter()
-        with socket.create_connection((host, port), timeout=60) as s:
-            got = 0
-            while got < n:
-                r = s.recv_into(mv[got:], min(n - got, 4 * 2**20))
-                if r == 0:
-                    raise ConnectionError(f"probe: the baseline stream ended after {got} of {n} bytes")
-                got += r
+        self.plain_conn.sendall(b"x")
+        got = 0
+        while got < n:
+            r = self.plain_conn.recv_into(mv[got:], min(n - got, 4 * 2**20))
+            if r == 0:
+                raise ConnectionError(f"probe: the baseline stream ended after {got} of {n} bytes")
+            got += r
         dt = time.perf_counter() - t0
         if not torch.equal(self.plain_buf, self._flat()):
             raise RuntimeError("probe: the baseline socket delivered different bytes than were sent")
@@ -165,6 +174,10 @@ class TransportProbe(Actor):
 
     @endpoint
     async def close(self) -> None:
+        if self.tcp_client is not None:
+            self.tcp_client.close()
+        if self.plain_conn is not None:
+            self.plain_conn.close()
         if self.plain is not None:
             with contextlib.suppress(OSError):  # wakes the accept loop (a close alone would not)
                 self.plain.shutdown(socket.SHUT_RDWR)

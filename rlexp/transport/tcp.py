@@ -6,8 +6,8 @@ copies only: the trainer's server sends straight from the published buffer (`sen
 user-space copy) and the generator receives straight into its own contiguous buffer (`recv_into`, pinned
 memory where CUDA is present so the host-to-device copy is fast too), so a fetch runs at the speed of a plain
 socket copy of the same bytes (`rlexp bench`, results/perf_cpu.md). The kernel pipelines the stream: the
-server's next `sendall` fills the socket while the receiver drains the last; a checksum thread on the receiver
-verifies chunk k (`zlib.crc32`, which releases the GIL) while chunk k+1 arrives.
+server's next `sendall` fills the socket while the receiver drains the last. A generator keeps its connection
+across versions (`Client`), so a sync is one request and its stream: no handshake, no new thread.
 
 Trainer side (`TcpTransport`): `publish` packs the HF state dict into one flat buffer (the trainer's one copy:
 it goes on training in place while generators read) with per-chunk CRC32s, keeps the newest `keep` versions, and
@@ -23,14 +23,18 @@ publisher) must open every request, so another process that finds the port reads
 
 Integrity: the reply header names the version, publish id, every tensor's dtype, shape and byte range; the
 receiver checks the header (known dtypes, sizes that add up, ranges inside the buffer) before allocating, the
-byte count, the per-chunk CRC32s (`checksum`, on by default) and an end mark carrying the version. A trainer that
-dies mid-stream gives a closed connection, one that hangs a timeout (`timeout_s` per receive): either way a
-`TransportError` that says how many bytes of which version arrived, and nothing is loaded.
+byte count, and an end mark carrying the version. CRC32s per chunk are optional (`checksum`, off by default):
+one core computes CRC32 at about 4 GB/s, below a 100 Gb/s link's 12.5 GB/s and, on a busy host, enough to cost a
+third of the speed (results/perf_cpu.md), while TCP's checksum and the link's frame CRC already guard the wire;
+with it on, a second thread on the receiver checks chunk k while chunk k+1 arrives. A trainer that dies mid-stream
+gives a closed connection, one that hangs a timeout (`timeout_s` per receive): either way a `TransportError` that
+says how many bytes of which version arrived, and nothing is loaded.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import hmac
 import json
 import math
@@ -57,6 +61,7 @@ _TRAILER = struct.Struct("<4sQ")  # END, version: the server sent the whole vers
 _ALIGN = 64  # byte alignment of each tensor in the flat buffer, so a view of any dtype is legal
 _RECV_MAX = 4 * 2**20  # bytes asked of one recv_into
 _MAX_HEADER = 64 * 2**20
+_FIRST_READ = 64 * 2**10  # the first receive of a reply: its header and, usually, the start of the stream
 DEFAULT_TIMEOUT_S = 60.0
 DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -124,9 +129,16 @@ def pack(version: int, sd: dict[str, torch.Tensor], chunk: int, checksum: bool,
         off += -(-n // _ALIGN) * _ALIGN
     total = off
     flat = into if into is not None and into.numel() == total else torch.empty(total, dtype=torch.uint8)
+    base = flat.data_ptr()
     for k, _, _, o, n in entries:
-        flat[o:o + n].copy_(sd[k].detach().contiguous().reshape(-1).view(torch.uint8))
-        flat[o + n:o - (-n // _ALIGN) * _ALIGN].zero_()
+        src = sd[k].detach()
+        if src.device.type == "cpu" and src.is_contiguous():
+            # One memcpy, with the GIL released (ctypes) and no torch thread pool: torch's parallel copy wakes
+            # OpenMP workers that then spin, which on a busy host slows the server threads sending a version.
+            ctypes.memmove(base + o, src.data_ptr(), n)
+        else:  # a GPU tensor (the host copy is the sync's) or a strided view
+            flat[o:o + n].copy_(src.contiguous().reshape(-1).view(torch.uint8))
+        ctypes.memset(base + o + n, 0, -(-n // _ALIGN) * _ALIGN - n)
     crcs = None
     if checksum:
         mv = memoryview(flat.numpy())
@@ -174,101 +186,195 @@ def check_header(h: Any, where: Where) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------- receiving
 
 
-def _recv_exact(sock: socket.socket, n: int, what: str, where: Where) -> bytes:
-    buf = bytearray(n)
-    _recv_into(sock, memoryview(buf), what, where)
-    return bytes(buf)
+def kernel_timeouts(sock: socket.socket, seconds: float | None) -> None:
+    """Blocking mode with the wait bounded by the kernel (SO_RCVTIMEO / SO_SNDTIMEO; None: unbounded). Why not
+    `settimeout`: Python then polls before every send and receive, a system call and a GIL round trip each, which on
+    a loaded host cost a third of the stream's speed against a plain blocking socket (rlexp bench); a blocking
+    `sendall` of a whole chunk or a `MSG_WAITALL` receive is one call. A wait that runs out raises
+    `BlockingIOError` (EAGAIN)."""
+    sock.settimeout(None)
+    sec = 0.0 if seconds is None else seconds
+    tv = struct.pack("ll", int(sec), int((sec - int(sec)) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
-def _recv_into(sock: socket.socket, mv: memoryview, what: str, where: Where,
-               done: Any = None) -> None:
-    """Fill `mv` from `sock`; `done(received)` after each receive. A closed stream or a silent one
-    (`sock`'s timeout) raises a TransportError saying how far it got."""
-    got, n = 0, len(mv)
+class StreamClosed(TransportError):
+    """The other end closed the connection (or reset it)."""
+
+
+def _recv_some(sock: socket.socket, mv: memoryview, what: str, where: Where) -> int:
+    """One receive into `mv` (whatever has arrived, at least a byte); errors as `_recv_views`."""
+    try:
+        r = sock.recv_into(mv)
+    except (TimeoutError, BlockingIOError):
+        raise TransportError(f"transport=tcp: no answer from the trainer at {where.shown} for {_waits(sock):g} s "
+                             f"(is the trainer's process stopped?); nothing was loaded") from None
+    except OSError as e:
+        raise StreamClosed(f"transport=tcp: the connection to {where.shown} failed before {what}: {e}") from None
+    if r == 0:
+        raise StreamClosed(f"transport=tcp: the trainer at {where.shown} closed the connection before {what} (did "
+                           f"the trainer's process die?); nothing was loaded")
+    return r
+
+
+def _recv_views(sock: socket.socket, views: list[memoryview], what: str, where: Where,
+                done: Any = None, already: int = 0) -> None:
+    """Fill `views` in turn from `sock`, each call (`recvmsg_into`, `MSG_WAITALL`) spanning views up to `_RECV_MAX`
+    bytes, so a small version and its end mark take one call; `done(received)` after each. A closed stream or a
+    silent one (the kernel timeout) raises a TransportError saying how far it got (`already`: bytes of `what`
+    received before)."""
+    n, got, i, off = sum(len(v) for v in views), 0, 0, 0
     try:
         while got < n:
-            r = sock.recv_into(mv[got:], min(n - got, _RECV_MAX))
+            iov, room, j, o = [], _RECV_MAX, i, off
+            while j < len(views) and room > 0:
+                take = min(len(views[j]) - o, room)
+                if take:
+                    iov.append(views[j][o:o + take])
+                    room -= take
+                j, o = j + 1, 0
+            r = sock.recvmsg_into(iov, 0, socket.MSG_WAITALL)[0]
             if r == 0:
-                raise TransportError(f"transport=tcp: the trainer at {where.shown} closed the stream after {got} of "
-                                     f"{n} bytes of {what} (did the trainer's process die?); nothing was loaded")
+                raise StreamClosed(f"transport=tcp: the trainer at {where.shown} closed the stream after "
+                                   f"{already + got} of {already + n} bytes of {what} (did the trainer's process "
+                                   f"die?); nothing was loaded")
             got += r
+            off += r
+            while i < len(views) and off >= len(views[i]) and (off or not len(views[i])):
+                off -= len(views[i])
+                i += 1
             if done is not None:
                 done(got)
-    except TimeoutError:
-        raise TransportError(f"transport=tcp: no data from the trainer at {where.shown} for {sock.gettimeout():g} "
-                             f"s after {got} of {n} bytes of {what} (is the trainer's process stopped or the network "
-                             f"down? `cluster.transport_options.tcp.timeout_s` sets the wait); nothing was "
-                             f"loaded") from None
+    except (TimeoutError, BlockingIOError):
+        raise TransportError(f"transport=tcp: no data from the trainer at {where.shown} for {_waits(sock):g} s "
+                             f"after {already + got} of {already + n} bytes of {what} (is the trainer's process "
+                             f"stopped or the network down? `cluster.transport_options.tcp.timeout_s` sets the "
+                             f"wait); nothing was loaded") from None
     except OSError as e:
-        raise TransportError(f"transport=tcp: the stream from {where.shown} failed after {got} of {n} bytes of "
-                             f"{what}: {e}; nothing was loaded") from None
+        raise StreamClosed(f"transport=tcp: the stream from {where.shown} failed after {already + got} of "
+                           f"{already + n} bytes of {what}: {e}; nothing was loaded") from None
 
 
-def open_stream(loc: str, version: int | None = None, timeout_s: float = 60.0,
-                rcvbuf: int | None = None) -> tuple[socket.socket, dict[str, Any], Where]:
-    """Dial the location, ask for its version and read the reply header: (socket, checked header, where).
-    The caller reads the body (`read_body`) and closes the socket. Socket buffers are the kernel's, which grows
-    them to the path's bandwidth-delay product (setting one turns that off); `rcvbuf` pins it (tests)."""
+def _waits(sock: socket.socket) -> float:
+    """The receive timeout set by `kernel_timeouts`, in seconds."""
+    sec, usec = struct.unpack("ll", sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.calcsize("ll")))
+    return sec + usec / 1e6
+
+
+def _where(loc: str, version: int | None) -> Where:
     where = parse_location(loc)
     if version is not None and where.version != version:
         raise TransportError(f"transport=tcp: asked to load version {version} from {where.shown}, which holds "
                              f"version {where.version}; refusing a mismatched version")
+    return where
+
+
+def _connect(where: Where, timeout_s: float, rcvbuf: int | None = None) -> socket.socket:
+    """Socket buffers are the kernel's, which grows them to the path's bandwidth-delay product (setting one turns
+    that off); `rcvbuf` pins it (tests)."""
     try:
         sock = socket.create_connection((where.host, where.port), timeout=timeout_s)
     except OSError as e:
         raise TransportError(f"transport=tcp: cannot connect to the trainer's weight server at {where.shown}: {e} "
                              f"(is the trainer alive, and its address reachable from this host? "
                              f"`cluster.transport_options.tcp.host` sets the address it serves on)") from None
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    kernel_timeouts(sock, timeout_s)
+    return sock
+
+
+def _request(sock: socket.socket, where: Where) -> tuple[dict[str, Any], bytes]:
+    """Ask for the version and read the reply header (checked): (header, the stream's bytes that came with it).
+    One receive usually brings the reply, the header and the start of the body (the server sends them together)."""
     try:
-        if rcvbuf is not None:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(_REQUEST.pack(MAGIC, PROTOCOL, where.key, where.version))
-        magic, status, n = REPLY.unpack(_recv_exact(sock, REPLY.size, "the reply", where))
-        if magic != MAGIC or n > _MAX_HEADER:
-            raise TransportError(f"transport=tcp: {where.shown} is not an rlexp weight server (bad reply)")
-        body = _recv_exact(sock, n, "the reply header", where)
-        try:
-            h = json.loads(body)
-        except ValueError:
-            raise TransportError(f"transport=tcp: {where.shown} sent an unreadable header") from None
-        if status != 0:
-            raise TransportError(f"transport=tcp: {where.shown} refused: {str(h.get('error', h))[:500]}")
-        return sock, check_header(h, where), where
+    except OSError as e:
+        raise StreamClosed(f"transport=tcp: cannot send a request to {where.shown}: {e}") from None
+    buf, got = bytearray(_FIRST_READ), 0
+    while got < REPLY.size:
+        got += _recv_some(sock, memoryview(buf)[got:], "the reply", where)
+    magic, status, n = REPLY.unpack_from(buf)
+    if magic != MAGIC or n > _MAX_HEADER:
+        raise TransportError(f"transport=tcp: {where.shown} is not an rlexp weight server (bad reply)")
+    need = REPLY.size + n
+    if got < need:
+        buf = buf[:got] + bytearray(need - got)
+        _recv_views(sock, [memoryview(buf)[got:]], "the reply header", where)
+        got = need
+    try:
+        h = json.loads(bytes(buf[REPLY.size:need]))
+    except ValueError:
+        raise TransportError(f"transport=tcp: {where.shown} sent an unreadable header") from None
+    if status != 0:
+        raise TransportError(f"transport=tcp: {where.shown} refused: {str(h.get('error', h))[:500]}")
+    return check_header(h, where), bytes(buf[need:got])
+
+
+@dataclass
+class Reply:
+    """A request answered: the checked header and the stream's first bytes, which came with it."""
+
+    header: dict[str, Any]
+    start: bytes
+    where: Where
+
+
+def open_stream(loc: str, version: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                rcvbuf: int | None = None) -> tuple[socket.socket, Reply]:
+    """Dial the location on a new connection, ask for its version and read the reply header. The caller reads
+    the rest (`read_body`) and closes the socket."""
+    where = _where(loc, version)
+    sock = _connect(where, timeout_s, rcvbuf)
+    try:
+        return sock, Reply(*_request(sock, where), where)
     except BaseException:
         sock.close()
         raise
 
 
-def read_body(sock: socket.socket, h: dict[str, Any], where: Where, into: torch.Tensor | None = None,
+def read_body(sock: socket.socket, reply: Reply, into: torch.Tensor | None = None,
               pin: bool = False) -> torch.Tensor:
-    """The version's bytes into `into` (reused when its size fits) or a new buffer, checksums verified by a
-    second thread chunk by chunk while the next chunks arrive, then the end mark."""
+    """The version's bytes into `into` (reused when its size fits) or a new buffer, then the end mark (the last
+    piece and the mark in one call). With checksums, a second thread verifies chunk k while chunk k+1 arrives (one
+    chunk: inline after it)."""
+    h, where = reply.header, reply.where
     total, chunk, crcs = h["total"], h["chunk"], h["crc32"]
     flat = into if into is not None and into.numel() == total else torch.empty(total, dtype=torch.uint8,
                                                                               pin_memory=pin)
     mv = memoryview(flat.numpy()) if total else memoryview(bytearray(0))
+    trailer = bytearray(_TRAILER.size)
     what = f"version {where.version} ({total} bytes)"
-    # A second thread only when there is a next chunk to overlap with; one chunk is checked inline after it.
+    start = reply.start
+    if len(start) > total + len(trailer):
+        raise TransportError(f"transport=tcp: {where.shown} sent more than {what} and its end mark")
+    k = min(len(start), total)
+    mv[:k] = start[:k]
+    trailer[:len(start) - k] = start[k:]
     pool = ThreadPoolExecutor(1) if crcs and len(crcs) > 1 else None
     checks: list[Future] = []
 
     def chunk_done(got: int) -> None:  # hand every complete chunk to the checksum thread
+        got += k
         while pool is not None and len(checks) < len(crcs) and got >= min((len(checks) + 1) * chunk, total):
-            k = len(checks)
-            checks.append(pool.submit(zlib.crc32, mv[k * chunk:min((k + 1) * chunk, total)]))
+            c = len(checks)
+            checks.append(pool.submit(zlib.crc32, mv[c * chunk:min((c + 1) * chunk, total)]))
 
     try:
-        _recv_into(sock, mv, what, where, chunk_done)
-        mark, v = _TRAILER.unpack(_recv_exact(sock, _TRAILER.size, f"the end of {what}", where))
+        chunk_done(0)
+        _recv_views(sock, [mv[k:], memoryview(trailer)[len(start) - k:]], what + " and its end mark", where,
+                    chunk_done, already=len(start))
+        mark, v = _TRAILER.unpack(trailer)
         if mark != END or v != where.version:
             raise TransportError(f"transport=tcp: {where.shown}: the stream of {what} did not end with its end "
                                  f"mark; nothing was loaded")
         if crcs and pool is None:
             checks = [_done(zlib.crc32(mv[:total]))] if total else []
-        for k, f in enumerate(checks):
-            if f.result() != crcs[k]:
-                raise TransportError(f"transport=tcp: chunk {k} of {what} from {where.shown} failed its CRC32 "
+        for c, f in enumerate(checks):
+            if f.result() != crcs[c]:
+                raise TransportError(f"transport=tcp: chunk {c} of {what} from {where.shown} failed its CRC32 "
                                      f"check: corrupted on the way; nothing was loaded")
     finally:
         if pool is not None:
@@ -282,35 +388,101 @@ def _done(value: int) -> Future:
     return f
 
 
-def fetch(loc: str, version: int | None = None, *, into: torch.Tensor | None = None, timeout_s: float = 60.0,
-          pin: bool = False) -> tuple[dict[str, Any], torch.Tensor]:
-    """(header, flat buffer) of the version at `loc`; `unpack` gives its tensors."""
-    sock, h, where = open_stream(loc, version, timeout_s)
-    with sock:
-        return h, read_body(sock, h, where, into, pin)
+class Client:
+    """One connection to a trainer's server, kept across versions: a fetch is a request and its stream, with no
+    connection set-up and no new server thread. Any failure closes it (the stream's position is unknown); a kept
+    connection found closed before the reply (the trainer restarted its server) is redialled once."""
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, pin: bool = False) -> None:
+        self.timeout_s, self.pin = timeout_s, pin
+        self.sock: socket.socket | None = None
+        self.peer: tuple[str, int, bytes] | None = None
+        self.views: tuple[torch.Tensor, list, dict[str, torch.Tensor]] | None = None
+
+    def fetch(self, loc: str, version: int | None = None, into: torch.Tensor | None = None
+              ) -> tuple[dict[str, Any], torch.Tensor]:
+        """(header, flat buffer) of the version at `loc`; `unpack` gives its tensors."""
+        where = _where(loc, version)
+        peer = (where.host, where.port, where.key)
+        if self.peer != peer:
+            self.close()
+        while True:
+            fresh = self.sock is None
+            if self.sock is None:
+                self.sock, self.peer = _connect(where, self.timeout_s), peer
+            try:
+                reply = Reply(*_request(self.sock, where), where)
+            except StreamClosed:
+                self.close()
+                if fresh:
+                    raise
+                continue  # the kept connection had been closed: dial again
+            except BaseException:
+                self.close()
+                raise
+            try:
+                return reply.header, read_body(self.sock, reply, into, self.pin)
+            except BaseException:
+                self.close()
+                raise
+
+    def tensors(self, h: dict[str, Any], flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """`unpack`, with the views of the last call when the layout and the buffer are the same (every version
+        of a run, received into the kept buffer): making them anew costs more than a small model's stream."""
+        if self.views is not None and self.views[0] is flat and self.views[1] == h["entries"]:
+            return self.views[2]
+        out = unpack(h, flat)
+        self.views = (flat, h["entries"], out)
+        return out
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = self.peer = None
+        self.views = None
+
+
+def fetch(loc: str, version: int | None = None, *, into: torch.Tensor | None = None,
+          timeout_s: float = DEFAULT_TIMEOUT_S, pin: bool = False) -> tuple[dict[str, Any], torch.Tensor]:
+    """(header, flat buffer) of the version at `loc` on a connection of its own; `unpack` gives its tensors."""
+    client = Client(timeout_s, pin)
+    try:
+        return client.fetch(loc, version, into)
+    finally:
+        client.close()
 
 
 class TcpReceiver(WeightReceiver):
-    """Generator side: one stream per version into a buffer kept across versions (the backend copies out of it
-    in `load_state_dict`, so the next version can reuse it: no allocation, pages already faulted in)."""
+    """Generator side: a `Client` streaming each version into a buffer kept across versions (the backend copies
+    out of it in `load_state_dict`, so the next version reuses it: no allocation, pages already faulted in)."""
 
     def __init__(self, run_name: str, settings: dict[str, Any]) -> None:
         super().__init__(run_name, settings)
-        self.timeout_s = float(settings.get("timeout_s", DEFAULT_TIMEOUT_S))
-        self.pin = torch.cuda.is_available()
+        self.client = Client(float(settings.get("timeout_s", DEFAULT_TIMEOUT_S)), pin=torch.cuda.is_available())
         self.buf: torch.Tensor | None = None
 
     async def afetch(self, version: int, location: str) -> dict[str, torch.Tensor]:
-        h, flat = await asyncio.to_thread(fetch, location, version, timeout_s=self.timeout_s, pin=self.pin)
-        return unpack(h, flat)
+        h, flat = await asyncio.to_thread(self.client.fetch, location, version)
+        return unpack(h, flat)  # a buffer of its own: the caller may keep these
 
     async def receive(self, version: int, location: str, backend: WeightSink) -> None:
-        h, self.buf = await asyncio.to_thread(fetch, location, version, into=self.buf, timeout_s=self.timeout_s,
-                                              pin=self.pin)
-        backend.load_state_dict(version, unpack(h, self.buf), where=parse_location(location).shown)
+        h, self.buf = await asyncio.to_thread(self.client.fetch, location, version, self.buf)
+        backend.load_state_dict(version, self.client.tensors(h, self.buf), where=parse_location(location).shown)
 
 
 # ----------------------------------------------------------------------------------------------- serving
+
+
+def _send_all(sock: socket.socket, parts: list[Any]) -> None:
+    """`sendall` of several buffers in one gathering call (`sendmsg`), resumed after a partial send."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        n = sock.sendmsg(views)
+        while n and views:
+            if n >= len(views[0]):
+                n -= len(views.pop(0))
+            else:
+                views[0], n = views[0][n:], 0
 
 
 class _Server:
@@ -353,38 +525,46 @@ class _Server:
             t.start()
 
     def _serve(self, conn: socket.socket) -> None:
+        """Answer requests on one connection until the generator hangs up: it waits for the next request as long as
+        it takes (a step may be long; `close` cuts it), then sends within `timeout_s` per send."""
         try:
-            conn.settimeout(self.timeout_s)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            req = bytearray(_REQUEST.size)
-            view, got = memoryview(req), 0
-            while got < len(req):
-                r = conn.recv_into(view[got:])
-                if r == 0:
-                    return
-                got += r
-            magic, proto, key, version = _REQUEST.unpack(req)
-            if magic != MAGIC or proto != PROTOCOL or not hmac.compare_digest(key, self.key):
-                return self._refuse(conn, "wrong magic, protocol or key: not a request of this run's generators")
-            try:
-                pub = self.owner.checkout(version)
-            except TransportError as e:
-                return self._refuse(conn, str(e))
-            try:
-                conn.sendall(REPLY.pack(MAGIC, 0, len(pub.header)) + pub.header)
-                mv = memoryview(pub.flat.numpy()) if pub.flat.numel() else memoryview(b"")
-                chunk = self.owner.chunk
-                for s in range(0, len(mv), chunk):
-                    conn.sendall(mv[s:s + chunk])
-                conn.sendall(_TRAILER.pack(END, version))
-            finally:
-                self.owner.checkin(pub)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # a vanished generator host ends the wait
+            kernel_timeouts(conn, self.timeout_s)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 0))  # requests: any time
+            while self._serve_one(conn):
+                pass
         except OSError:
             pass  # the generator hung up or timed out: its fetch reports it; the server goes on
         finally:
             with self.lock:
                 self.conns.discard(conn)
             conn.close()
+
+    def _serve_one(self, conn: socket.socket) -> bool:
+        """One request and its stream; False when the connection is done."""
+        req = bytearray(_REQUEST.size)
+        if conn.recv_into(req, len(req), socket.MSG_WAITALL) < len(req):
+            return False  # the generator hung up
+        magic, proto, key, version = _REQUEST.unpack(req)
+        if magic != MAGIC or proto != PROTOCOL or not hmac.compare_digest(key, self.key):
+            self._refuse(conn, "wrong magic, protocol or key: not a request of this run's generators")
+            return False
+        try:
+            pub = self.owner.checkout(version)
+        except TransportError as e:
+            self._refuse(conn, str(e))
+            return False
+        try:  # header, chunks and end mark in as few calls as can be: each costs the GIL once
+            head, tail = REPLY.pack(MAGIC, 0, len(pub.header)) + pub.header, _TRAILER.pack(END, version)
+            mv = memoryview(pub.flat.numpy()) if pub.flat.numel() else memoryview(b"")
+            chunk = self.owner.chunk
+            pieces = [mv[s:s + chunk] for s in range(0, len(mv), chunk)] or [mv]
+            for i, piece in enumerate(pieces):
+                _send_all(conn, [head] * (i == 0) + [piece] + [tail] * (i == len(pieces) - 1))
+        finally:
+            self.owner.checkin(pub)
+        return True
 
     @staticmethod
     def _refuse(conn: socket.socket, why: str) -> None:
@@ -411,12 +591,13 @@ class TcpTransport(WeightTransport):
 
     Settings (`cluster.transport_options.tcp`): `host`, the address to serve on and hand to generators ("" this
     host's name, resolved, as Monarch's workers advertise it); `port` (0: any free one); `chunk_mb`, the unit of
-    sending and of the CRC32s; `checksum`; `timeout_s`, how long either end waits for the other's next bytes."""
+    sending and of the CRC32s; `checksum` (CRC32 per chunk, see the module); `timeout_s`, how long either end
+    waits for the other's next bytes within a request."""
 
     receiver = TcpReceiver
 
     def __init__(self, run_name: str, *, keep: int = 2, host: str = "", port: int = 0, chunk_mb: int = 8,
-                 checksum: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+                 checksum: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         _check_values(keep=keep, port=port, chunk_mb=chunk_mb, timeout_s=timeout_s)
         self.run, self.keep, self.chunk, self.checksum = run_name, keep, chunk_mb * 2**20, checksum
         self.lock = threading.Lock()
