@@ -216,8 +216,9 @@ def bench_tcp(sizes_mb: list[int], reps: int, tiny: bool = True) -> list[Row]:
         meshes = [this_host().spawn_procs(per_host={"procs": 1}) for _ in range(2)]
         try:
             run = f"rlexp-bench-tcp-{os.getpid()}-{mb}"
-            pub = meshes[0].spawn("probe_pub", TransportProbe, run, mb, None, None, checkpoint)
-            sub = meshes[1].spawn("probe_sub", TransportProbe, run, mb, None, None, checkpoint)
+            # One torch thread: no OpenMP pool left spinning by the checks between timed fetches (TransportProbe)
+            pub = meshes[0].spawn("probe_pub", TransportProbe, run, mb, None, None, checkpoint, 1)
+            sub = meshes[1].spawn("probe_sub", TransportProbe, run, mb, None, None, checkpoint, 1)
             nbytes = pub.nbytes.call_one().get()
             host, port = pub.plain_serve.call_one().get()
             plain: list[float] = []

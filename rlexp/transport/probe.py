@@ -34,17 +34,22 @@ def synthetic_hf_state_dict(total_mb: int, seed: int = 0) -> dict[str, torch.Ten
 
 class TransportProbe(Actor):
     def __init__(self, run_name: str, total_mb: int, shm_root: str | None = None,
-                 chunk_bytes: int | None = None, checkpoint: str | None = None) -> None:
+                 chunk_bytes: int | None = None, checkpoint: str | None = None, threads: int | None = None) -> None:
         """`checkpoint`: a model folder whose weights are the state dict (the tiny model's), else `total_mb` of
-        synthetic ones."""
+        synthetic ones. `threads`: torch's intra-op threads here; 1 keeps the bit-for-bit checks between timed
+        fetches from leaving an OpenMP pool spinning on the cores the next fetch needs (sub-millisecond fetches
+        measured 3-10x slower right after one on a 2-core host)."""
         from rlexp.core.weights import read_hf_state_dict
+
+        if threads:
+            torch.set_num_threads(threads)
 
         self.run_name, self.total_mb, self.shm_root, self.chunk_bytes = run_name, total_mb, shm_root, chunk_bytes
         self.sd = read_hf_state_dict(checkpoint) if checkpoint else synthetic_hf_state_dict(total_mb)
         self.params = {k: torch.zeros_like(v) for k, v in self.sd.items()}  # the generator's own weights
         self.transports: dict[str, WeightTransport] = {}
         self.client: Any = None
-        self.tcp_client: Any = None  # rlexp.transport.tcp.Client, one connection kept across versions
+        self.tcp_clients: dict[tuple[str, int], Any] = {}  # rlexp.transport.tcp.Client per server
         self.served: dict[str, torch.Tensor] | None = None  # the weights a `serve` fetch switched to
         self.lease: Any = None  # the lease behind them, released after the next switch
         self.buf: torch.Tensor | None = None  # tcp: the receive buffer, reused across versions
@@ -98,9 +103,10 @@ class TransportProbe(Actor):
                 self.params[k].copy_(v)
         elif name == "tcp":
             self._release()
-            self.tcp_client = self.tcp_client or tcp.Client()
-            h, self.buf = self.tcp_client.fetch(location, version, self.buf)
-            self.served = self.tcp_client.tensors(h, self.buf)
+            w = tcp.parse_location(location)  # a client per server: each keeps its connection
+            client = self.tcp_clients.setdefault((w.host, w.port), tcp.Client())
+            h, self.buf = client.fetch(location, version, self.buf)
+            self.served = client.tensors(h, self.buf)
         else:
             raise ValueError(f"probe: no fetch for transport {name!r}")
         return time.perf_counter() - t0
@@ -113,11 +119,13 @@ class TransportProbe(Actor):
     @endpoint
     async def check_and_clear(self) -> bool:
         """Whether the weights in use equal the published ones bit for bit (both probes build the same synthetic
-        state dict); then clear them so the next fetch is checked afresh (own weights zeroed, served ones dropped:
-        the mapping is read-only)."""
+        state dict; the baseline's bytes too, when it ran); then clear them so the next fetch is checked afresh
+        (own weights zeroed, served ones dropped: the mapping is read-only)."""
         got, self.served = (self.served, None) if self.served is not None else (self.params, None)
         ok = sorted(got) == sorted(self.sd) and all(
             torch.equal(got[k].view(torch.uint8), v.view(torch.uint8)) for k, v in self.sd.items())
+        if self.plain_buf is not None and not torch.equal(self.plain_buf, self._flat()):
+            raise RuntimeError("probe: the baseline socket delivered different bytes than were sent")
         for v in self.params.values():
             v.zero_()
         for b in (self.buf, self.plain_buf):
@@ -167,15 +175,12 @@ class TransportProbe(Actor):
             if r == 0:
                 raise ConnectionError(f"probe: the baseline stream ended after {got} of {n} bytes")
             got += r
-        dt = time.perf_counter() - t0
-        if not torch.equal(self.plain_buf, self._flat()):
-            raise RuntimeError("probe: the baseline socket delivered different bytes than were sent")
-        return dt
+        return time.perf_counter() - t0  # checked by `check_and_clear`: no torch work between two timed fetches
 
     @endpoint
     async def close(self) -> None:
-        if self.tcp_client is not None:
-            self.tcp_client.close()
+        for c in self.tcp_clients.values():
+            c.close()
         if self.plain_conn is not None:
             self.plain_conn.close()
         if self.plain is not None:

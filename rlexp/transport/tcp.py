@@ -154,8 +154,9 @@ def unpack(header: dict[str, Any], flat: torch.Tensor) -> dict[str, torch.Tensor
     return {k: flat[o:o + n].view(DTYPES[d]).view(tuple(shape)) for k, d, shape, o, n in header["entries"]}
 
 
-def check_header(h: Any, where: Where) -> dict[str, Any]:
-    """The reply header, checked before anything is allocated from it: a value the other end sent is data."""
+def check_header(h: Any, where: Where, known: tuple[int, list] | None = None) -> dict[str, Any]:
+    """The reply header, checked before anything is allocated from it: a value the other end sent is data.
+    `known`: (total, entries) of a header checked before; the same layout is not walked again."""
     def bad(why: str) -> TransportError:
         return TransportError(f"transport=tcp: {where.shown} answered a header that {why}; not loading it "
                               f"(is the trainer's rlexp the same version as this generator's?)")
@@ -169,7 +170,7 @@ def check_header(h: Any, where: Where) -> dict[str, Any]:
     if not (isinstance(total, int) and isinstance(chunk, int) and total >= 0 and chunk > 0):
         raise bad(f"has total {total!r} / chunk {chunk!r}")
     end = 0
-    for e in h["entries"]:
+    for e in h["entries"] if known != (total, h["entries"]) else ():
         if not (isinstance(e, list) and len(e) == 5 and e[1] in DTYPES and isinstance(e[2], list)
                 and all(isinstance(x, int) and x >= 0 for x in (*e[2], e[3], e[4]))):
             raise bad(f"has an entry {str(e)[:200]} (name, dtype, shape, offset, bytes) it cannot be")
@@ -286,7 +287,8 @@ def _connect(where: Where, timeout_s: float, rcvbuf: int | None = None) -> socke
     return sock
 
 
-def _request(sock: socket.socket, where: Where) -> tuple[dict[str, Any], bytes]:
+def _request(sock: socket.socket, where: Where,
+             known: tuple[int, list] | None = None) -> tuple[dict[str, Any], memoryview]:
     """Ask for the version and read the reply header (checked): (header, the stream's bytes that came with it).
     One receive usually brings the reply, the header and the start of the body (the server sends them together)."""
     try:
@@ -310,7 +312,7 @@ def _request(sock: socket.socket, where: Where) -> tuple[dict[str, Any], bytes]:
         raise TransportError(f"transport=tcp: {where.shown} sent an unreadable header") from None
     if status != 0:
         raise TransportError(f"transport=tcp: {where.shown} refused: {str(h.get('error', h))[:500]}")
-    return check_header(h, where), bytes(buf[need:got])
+    return check_header(h, where, known), memoryview(buf)[need:got]
 
 
 @dataclass
@@ -318,7 +320,7 @@ class Reply:
     """A request answered: the checked header and the stream's first bytes, which came with it."""
 
     header: dict[str, Any]
-    start: bytes
+    start: memoryview
     where: Where
 
 
@@ -398,6 +400,7 @@ class Client:
         self.sock: socket.socket | None = None
         self.peer: tuple[str, int, bytes] | None = None
         self.views: tuple[torch.Tensor, list, dict[str, torch.Tensor]] | None = None
+        self.known: tuple[int, list] | None = None  # the last layout checked (`check_header`)
 
     def fetch(self, loc: str, version: int | None = None, into: torch.Tensor | None = None
               ) -> tuple[dict[str, Any], torch.Tensor]:
@@ -411,7 +414,7 @@ class Client:
             if self.sock is None:
                 self.sock, self.peer = _connect(where, self.timeout_s), peer
             try:
-                reply = Reply(*_request(self.sock, where), where)
+                reply = Reply(*_request(self.sock, where, self.known), where)
             except StreamClosed:
                 self.close()
                 if fresh:
@@ -421,7 +424,9 @@ class Client:
                 self.close()
                 raise
             try:
-                return reply.header, read_body(self.sock, reply, into, self.pin)
+                flat = read_body(self.sock, reply, into, self.pin)
+                self.known = (reply.header["total"], reply.header["entries"])
+                return reply.header, flat
             except BaseException:
                 self.close()
                 raise
