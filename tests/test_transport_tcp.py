@@ -16,11 +16,11 @@ import torch
 
 from rlexp.transport import TransportError, check_transport, pair_transport
 from rlexp.transport.registry import build_transport
-from rlexp.transport.tcp import (
+from rlexp.transport.tcp import TcpTransport
+from rlexp.transport.tcp_wire import (
     MAGIC,
     REPLY,
     Client,
-    TcpTransport,
     Where,
     check_header,
     fetch,

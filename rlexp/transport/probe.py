@@ -49,7 +49,7 @@ class TransportProbe(Actor):
         self.params = {k: torch.zeros_like(v) for k, v in self.sd.items()}  # the generator's own weights
         self.transports: dict[str, WeightTransport] = {}
         self.client: Any = None
-        self.tcp_clients: dict[tuple[str, int], Any] = {}  # rlexp.transport.tcp.Client per server
+        self.tcp_clients: dict[tuple[str, int], Any] = {}  # rlexp.transport.tcp_wire.Client per server
         self.served: dict[str, torch.Tensor] | None = None  # the weights a `serve` fetch switched to
         self.lease: Any = None  # the lease behind them, released after the next switch
         self.buf: torch.Tensor | None = None  # tcp: the receive buffer, reused across versions
@@ -81,7 +81,7 @@ class TransportProbe(Actor):
     async def fetch(self, name: str, version: int, location: str, server: Any = None, mode: str = "copy") -> float:
         """Seconds to get `location` in use the way a generator does: `serve` (shm only) switches to the version
         file's mapped tensors under a lease and releases the previous lease; `copy` fills this probe's own weights."""
-        from rlexp.transport import tcp
+        from rlexp.transport import tcp_wire as tcp
         from rlexp.transport.monarch import MonarchWeightClient
         from rlexp.transport.shm import Lease, fetch_into
 
