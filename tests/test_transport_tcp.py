@@ -114,6 +114,24 @@ def test_a_client_keeps_its_connection_and_redials_one_cut_while_idle() -> None:
         t.close()
 
 
+def test_a_version_being_streamed_is_never_overwritten_by_later_publishes() -> None:
+    """keep=1: the streamed version is dropped mid-stream and later publishes recycle dropped buffers; the stream
+    still delivers exactly the version it started with (its buffer is recycled only once no stream reads it)."""
+    t = TcpTransport("tcp-recycle", keep=1, host="127.0.0.1")
+    try:
+        first = {"w": torch.full((2**20,), 1.0)}  # 4 MiB: more than the small receive buffer holds in flight
+        sock, reply = open_stream(t.publish(1, first), 1, timeout_s=10, rcvbuf=64 * 1024)
+        with sock:
+            for v in (2, 3, 4):  # 2 is dropped unread, so 3 and 4 pack into recycled buffers
+                t.publish(v, {"w": torch.full((2**20,), float(v))})
+            assert t.spare is None or t.spare.data_ptr() != t.versions[4].flat.data_ptr()
+            _same_bits(unpack(reply.header, read_body(sock, reply)), first)
+        h, flat = fetch(t.publish(5, first), 5)
+        _same_bits(unpack(h, flat), first)
+    finally:
+        t.close()
+
+
 def test_requests_without_the_key_are_refused_and_locations_checked(publisher: TcpTransport) -> None:
     where = parse_location(publisher.publish(1, _odd_state_dict(1)))
     stranger = location(where.host, where.port, where.run, 1, bytes(16))

@@ -10,7 +10,7 @@ server's next `sendall` fills the socket while the receiver drains the last. A g
 across versions (`Client`), so a sync is one request and its stream: no handshake, no new thread.
 
 Trainer side (`TcpTransport`): `publish` packs the HF state dict into one flat buffer (the trainer's one copy:
-it goes on training in place while generators read) with per-chunk CRC32s, keeps the newest `keep` versions, and
+it goes on training in place while generators read), keeps the newest `keep` versions, and
 a listening socket on this host (a thread per connection) serves them. A published version is immutable: a
 re-publish of the same version replaces it whole (a new publish id), and a dropped version's buffer is reused
 only once no stream reads it, so a generator never receives torn weights.
