@@ -195,7 +195,8 @@ class ClusterConfig:
     # transport's name (checked in `prepare`, which lists them), or package.module:Class for one outside rlexp.
     transport: str = "auto"
     # Per-transport settings, {transport name: {option: value}}, defaulted and checked by the transport
-    # (`rlexp.transport.base.WeightTransport.settings`); shm and monarch read shm_dir / transport_chunk_mb.
+    # (`rlexp.transport.base.WeightTransport.settings`); shm and monarch read shm_dir / transport_chunk_mb;
+    # tcp takes {tcp: {host, port, chunk_mb, checksum, timeout_s}} (rlexp/transport/tcp.py).
     transport_options: dict[str, Any] = field(default_factory=dict)
     transport_chunk_mb: int = 64  # monarch: bytes per actor message, so no message is unbounded
     # The trainer host's link in Gb/s, for `rlexp plan`'s weight-sync estimate across hosts (rlexp/cluster/
