@@ -257,3 +257,15 @@ def test_plan_estimates_the_weight_sync_of_each_preset(capsys: pytest.CaptureFix
             "(cluster.network_gbps), the trainer's link carrying every copy = 4.73 s per sync") in out
     plan(["model=qwen3_8b"])
     assert "16.38 GB bfloat16 on one host by shm" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_bench_measures_tcp_against_a_plain_socket_between_two_processes() -> None:
+    """`rlexp bench`'s tcp rows: both ways of moving the bytes between the same two Monarch processes, every
+    version checked bit for bit inside (a mismatch raises)."""
+    from rlexp.bench import bench_tcp
+
+    rows = bench_tcp([6], reps=1, tiny=False)  # one 6 MiB tensor
+    assert [r.what for r in rows] == ["tcp fetch, 6 MiB bf16", "tcp fetch with CRC32s, 6 MiB bf16"]
+    for r in rows:
+        assert r.baseline == "plain TCP socket copy" and r.value > 0 and r.baseline_value > 0
