@@ -4,7 +4,8 @@ same run on the same machine, so the numbers mean something on any box (CPU lapt
 - weight sync (shm transport): seconds per GB for publish (trainer write) + fetch (generator read),
   against plain memcpy of the same bytes (the floor any RAM-backed transport pays at least once);
 - weight transports between two processes (shm, monarch): GB/s of publish + fetch into a generator's
-  existing weights, median and range over repeats, next to memcpy measured in the same run;
+  existing weights, median and range over repeats, next to memcpy measured in the same run; the tcp transport's
+  fetch next to a plain TCP socket copy of the same bytes between the same two processes (and the tiny model);
 - generation: tokens/s of the `titan` and `vllm` generator backends on the tiny model, against transformers
   `generate` on the same prompts at each batch size, every engine writing exactly batch x max_tokens tokens;
 - overhead (`--overhead-steps`): the actor graph's step (`rlexp train`, on-policy) against the same
@@ -183,6 +184,71 @@ def bench_transports(sizes_mb: list[int], reps: int, chunk_mb: int = 64,
                     f"{statistics.median(pubs):.3f} s, fetch {statistics.median(fetches):.4f} s; process to process"
                     + how + (f", {chunk_mb} MiB messages" if name == "monarch" else "")
                     + f"; memcpy range {min(memcpy):.3g}-{max(memcpy):.3g} GB/s"))
+            sub.close.call_one().get()
+            pub.close.call_one().get()
+        finally:
+            for m in meshes:
+                m.stop().get(timeout=30)
+    return rows
+
+
+def bench_tcp(sizes_mb: list[int], reps: int, tiny: bool = True) -> list[Row]:
+    """The tcp transport's fetch against a plain TCP socket copy of as many bytes between the same two processes
+    (one `sendall` per request byte, `recv_into` on the other side: `TransportProbe.plain_*`), on loopback, each
+    on a connection kept across reps. Each rep publishes, then fetches by both, in turns first, so the
+    publisher's process is as busy for either and load on a shared machine hits both alike; two warm-up reps.
+    The fetch is what a generator's `update_weights` waits for before `load_state_dict`: request, header, the
+    stream into its receive buffer (kept across versions), the end mark, tensors viewed from the buffer; the
+    publish (the trainer's pack) is reported beside it. `tiny`: the same rows with the tiny model's weights."""
+    from monarch.actor import this_host
+
+    from rlexp.transport.probe import TransportProbe
+
+    cases: list[tuple[int, str | None]] = [(mb, None) for mb in sizes_mb]
+    if tiny:
+        from rlexp.config.model import ModelConfig
+        from rlexp.models.tiny import ensure_tiny_checkpoint
+
+        cases.append((0, str(ensure_tiny_checkpoint(ModelConfig()))))
+    variants = {"": None, " with CRC32s": {"checksum": True}}
+    rows: list[Row] = []
+    for mb, checkpoint in cases:
+        meshes = [this_host().spawn_procs(per_host={"procs": 1}) for _ in range(2)]
+        try:
+            run = f"rlexp-bench-tcp-{os.getpid()}-{mb}"
+            # One torch thread: no OpenMP pool left spinning by the checks between timed fetches (TransportProbe)
+            pub = meshes[0].spawn("probe_pub", TransportProbe, run, mb, None, None, checkpoint, 1)
+            sub = meshes[1].spawn("probe_sub", TransportProbe, run, mb, None, None, checkpoint, 1)
+            nbytes = pub.nbytes.call_one().get()
+            host, port = pub.plain_serve.call_one().get()
+            plain: list[float] = []
+            fetches: dict[str, list[float]] = {v: [] for v in variants}
+            pubs: dict[str, list[float]] = {v: [] for v in variants}
+            version = 0
+            for r in range(reps + 2):  # two warm-ups: the processes have just started
+                for i, (label, options) in enumerate(variants.items()):
+                    version += 1
+                    loc, pub_s = pub.publish.call_one("tcp", version, options).get()
+                    # Each right after a publish, in turns first: the publisher's process is equally busy for both
+                    first_plain = (r + i) % 2 == 0
+                    plain_s = sub.plain_fetch.call_one(host, port).get() if first_plain else 0.0
+                    fetch_s = sub.fetch.call_one("tcp", version, loc).get()
+                    plain_s = plain_s or sub.plain_fetch.call_one(host, port).get()
+                    if not sub.check_and_clear.call_one().get():
+                        raise RuntimeError(f"bench: tcp{label} delivered different bytes than were published")
+                    if r > 1:
+                        plain.append(nbytes / 1e9 / plain_s)
+                        fetches[label].append(nbytes / 1e9 / fetch_s)
+                        pubs[label].append(pub_s)
+            what = "tiny model" if checkpoint else "bf16"
+            size = f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
+            for label, got in fetches.items():
+                rows.append(Row(
+                    f"tcp fetch{label}, {size} {what}", statistics.median(got), "GB/s",
+                    "plain TCP socket copy", statistics.median(plain),
+                    f"loopback, process to process, median of {reps} alternating reps; range "
+                    f"{min(got):.3g}-{max(got):.3g} GB/s, plain {min(plain):.3g}-{max(plain):.3g} GB/s; publish "
+                    f"(pack{' + checksums' if label else ''}) median {statistics.median(pubs[label]):.4f} s"))
             sub.close.call_one().get()
             pub.close.call_one().get()
         finally:
@@ -450,6 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(x) for x in args.transport_mb.split(",") if x]
     if sizes:
         rows += bench_transports(sizes, args.reps, args.chunk_mb)
+        rows += bench_tcp(sizes, args.reps)
     if not args.skip_gen:
         rows += bench_generation(args.batch, args.prompt_len, args.max_tokens, args.reps,
                                  [b for b in args.backends.split(",") if b])

@@ -100,7 +100,7 @@ def test_shm_failed_publish_leaves_no_partial_version(tmp_path, monkeypatch):
 
 
 def test_check_transport_errors():
-    with pytest.raises(TransportError, match=r"spans 2 hosts.*cluster.transport=auto.*cluster.transport=monarch"):
+    with pytest.raises(TransportError, match=r"spans 2 hosts.*cluster.transport=auto.*cluster.transport=tcp"):
         check_transport("shm", hosts=2)
     with pytest.raises(TransportError, match="unknown weight transport 'nccl'"):
         check_transport("nccl")
@@ -263,7 +263,7 @@ def test_unknown_transport_is_refused_before_spawning_with_the_known_names(tmp_p
 
     p = rlexp("train", "cluster.transport=nfs", f"hydra.run.dir={tmp_path}", tag=tag, check=False)
     assert p.returncode == 2, p.stderr
-    assert "unknown weight transport 'nfs'; choose one of ['auto', 'monarch', 'shm', 'torchstore']" in p.stderr
+    assert "unknown weight transport 'nfs'; choose one of ['auto', 'monarch', 'shm', 'tcp', 'torchstore']" in p.stderr
     assert "actor graph" not in p.stdout
     p = rlexp("train", "cluster.transport=tests.toy_transport:FileTransport", f"hydra.run.dir={tmp_path}", tag=tag,
               check=False)  # its required option is missing

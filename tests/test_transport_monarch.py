@@ -42,10 +42,10 @@ def _odd_state_dict(seed: int) -> dict[str, torch.Tensor]:
 
 def test_pair_transport_auto_resolves_per_pair_and_refuses_shm_across_hosts() -> None:
     assert pair_transport("auto", "h0", "h0") == "shm"
-    assert pair_transport("auto", "h0", "h1") == "monarch"
+    assert pair_transport("auto", "h0", "h1") == "tcp"
     assert pair_transport("monarch", "h0", "h0") == "monarch"
     assert pair_transport("shm", "h0", "h0") == "shm"
-    assert pair_transports("auto", "h0", ["h0", "h1", "h0"]) == ["shm", "monarch", "shm"]
+    assert pair_transports("auto", "h0", ["h0", "h1", "h0"]) == ["shm", "tcp", "shm"]
     with pytest.raises(TransportError, match=r"trainer is on host 'h0' and a generator on 'h1'.*transport=auto"):
         pair_transport("shm", "h0", "h1")
     with pytest.raises(TransportError, match="unknown weight transport 'nccl'"):

@@ -112,6 +112,23 @@ def print_checkpoint_limits(cfg: Any) -> bool:
     return True
 
 
+def print_weight_sync(cfg: Any) -> None:
+    """The time of one weight sync, trainer to generators (`rlexp.cluster.weight_sync`)."""
+    from rlexp.cluster.hosts import weight_hosts
+    from rlexp.cluster.planner import setups_from_cfg
+    from rlexp.cluster.weight_sync import weight_sync
+    from rlexp.models.catalog import param_count
+
+    try:
+        typed = OmegaConf.to_object(cfg)
+        arch, _, g = setups_from_cfg(cfg)
+        est = weight_sync(param_count(arch), {"float32": 4}.get(g.dtype, 2), g.replicas,
+                          weight_hosts(typed.cluster) > 1, typed.cluster.network_gbps)
+    except Exception:  # a config without the train schema's cluster: the memory plan above is all there is
+        return
+    print("\n" + est.line(g.dtype))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rlexp plan", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=qwen3_8b cluster=local")
@@ -139,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
               f"cluster) or name one with GPUs: cluster=gpu_node, cluster=slurm", file=sys.stderr)
         return 1
     hosts_ok = print_hosts(cfg) and not host.startswith("refused")
+    print_weight_sync(cfg)
     if not report.ok or not hosts_ok or not limits_ok:
         print("\nrefused: the layout does not fit (see 'fix:' lines)", file=sys.stderr)
         return 1

@@ -197,14 +197,18 @@ class ClusterConfig:
     mfu: float = 0.4
     # Where the weight transport stages safetensors (shared memory on one host).
     shm_dir: str = field(default="/dev/shm/rlexp", metadata=LOCATION)
-    # How weights go from the trainer to each generator: auto = shm when the pair shares a host, monarch
-    # (chunked Monarch actor messages) across hosts; rlexp/transport/registry.py pair_transport. Any registered
+    # How weights go from the trainer to each generator: auto = shm when the pair shares a host, tcp (a socket
+    # stream from the trainer's host) across hosts; rlexp/transport/registry.py pair_transport. Any registered
     # transport's name (checked in `prepare`, which lists them), or package.module:Class for one outside rlexp.
     transport: str = field(default="auto", metadata=CODE)
     # Per-transport settings, {transport name: {option: value}}, defaulted and checked by the transport
-    # (`rlexp.transport.base.WeightTransport.settings`); shm and monarch read shm_dir / transport_chunk_mb.
+    # (`rlexp.transport.base.WeightTransport.settings`); shm and monarch read shm_dir / transport_chunk_mb;
+    # tcp takes {tcp: {host, port, chunk_mb, checksum, timeout_s}} (rlexp/transport/tcp.py).
     transport_options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)
     transport_chunk_mb: int = 64  # monarch: bytes per actor message, so no message is unbounded
+    # The trainer host's link in Gb/s, for `rlexp plan`'s weight-sync estimate across hosts (rlexp/cluster/
+    # weight_sync.py): 100 is a common cross-node Ethernet/IPoIB link; the tcp transport runs at a plain socket's speed.
+    network_gbps: float = 100.0
     # torch intra-op threads per generator/trainer/verifier process; 0 = torch's default. Unset: this host's
     # cores divided by the most processes that compute at the same moment (`rlexp.cluster.layout.auto_threads`),
     # resolved before spawning and recorded in the run's config. More threads than cores is far slower

@@ -119,7 +119,7 @@ class Graph:
 
 class WeightPairs:
     """Which weight transport each trainer->generator pair uses, decided by the machines the two processes turned
-    out to run on (`pair_transports`: shm on one machine, monarch across), and the transports' server actors."""
+    out to run on (`pair_transports`: shm on one machine, tcp across), and the transports' server actors."""
 
     def __init__(self, g: Graph, c: TrainConfig, run_name: str) -> None:
         self.g, self.c, self.run_name = g, c, run_name

@@ -10,12 +10,13 @@ from typing import Any
 
 import rlexp.transport.monarch
 import rlexp.transport.shm
+import rlexp.transport.tcp
 import rlexp.transport.torchstore  # noqa: F401 - the built-ins register themselves on import
 from rlexp.config.schema import TrainConfig
 from rlexp.registry import IMPORTED, PluginError, import_module
 from rlexp.transport.base import TRANSPORTS, TransportError, TransportSpec, WeightReceiver, WeightTransport
 
-AUTO = "auto"  # shm when a pair shares a host, monarch across hosts
+AUTO = "auto"  # shm when a pair shares a host, tcp across hosts
 
 
 def choices() -> list[str]:
@@ -46,17 +47,18 @@ def resolve(name: str) -> type[WeightTransport]:
 
 def pair_transport(choice: str, trainer_host: str, generator_host: str) -> str:
     """The transport one trainer->generator pair uses: `auto` is shm when both share a host (one write to
-    RAM that every reader on the host maps) and monarch otherwise (Monarch actor messages cross hosts).
+    RAM that every reader on the host maps) and tcp otherwise (a socket stream at the speed of a plain socket
+    copy; Monarch actor messages, `monarch`, reach 0.01-0.02x of that, results/perf_cpu.md).
     An explicit choice is kept, except a one-host transport (shm) across hosts, which cannot work and is refused."""
     same = trainer_host == generator_host
     if choice == AUTO:
-        return "shm" if same else "monarch"
+        return "shm" if same else "tcp"
     cls = resolve(choice)
     if cls.one_host and not same:
         raise TransportError(f"cluster.transport={choice}: the trainer is on host {trainer_host!r} and a generator on "
                              f"{generator_host!r}, but {cls.name} works within one host only; use "
-                             f"cluster.transport=auto (shm on one host, monarch across hosts) or "
-                             f"cluster.transport=monarch")
+                             f"cluster.transport=auto (shm on one host, tcp across hosts) or "
+                             f"cluster.transport=tcp")
     return cls.name
 
 
@@ -74,7 +76,7 @@ def check_transport(name: str, *, hosts: int = 1, cfg: TrainConfig | None = None
     """Raise `TransportError` now if `name` cannot work here (an unknown name lists the known ones), with what to do
     instead. `hosts` is the number of hosts the trainer and generators span; `cfg`, when given, supplies the
     transport's settings, which are checked too."""
-    if name == AUTO:  # shm and monarch, each only where it works
+    if name == AUTO:  # shm and tcp, each only where it works
         return
     cls = resolve(name)
     cls.check(cls.settings(cfg) if cfg is not None else {}, hosts=hosts)

@@ -357,7 +357,7 @@ def check_shm(*, hosts: int = 1, root: str | Path | None = None, need_bytes: int
     if hosts > 1:
         raise TransportError(f"cluster.transport=shm needs the trainer and every generator on one host, but the "
                              f"layout spans {hosts} hosts (/dev/shm is per host): use cluster.transport=auto (shm "
-                             f"where a pair shares a host, monarch across hosts) or cluster.transport=monarch")
+                             f"where a pair shares a host, tcp across hosts) or cluster.transport=tcp")
     r = Path(root) if root else default_root()
     if not r.is_dir() or not os.access(r, os.W_OK):
         raise TransportError(f"transport=shm: {r} is not a writable folder")
