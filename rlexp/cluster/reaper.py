@@ -216,8 +216,10 @@ def start(owner: str, slurm: bool = False) -> subprocess.Popen:
     (a terminal's Ctrl-C, `kill -9` of its process group) do not end it too. `slurm`: it also cancels the
     owner's Slurm jobs."""
     env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
-    return subprocess.Popen([sys.executable, "-m", "rlexp.cluster.reaper", owner, *(["--slurm"] if slurm else [])],
-                            env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    # `-c`, not `-m rlexp.cluster.reaper`: the package imports this module first, which runpy warns about.
+    code = "import sys; from rlexp.cluster.reaper import reap; reap(sys.argv[1], slurm=sys.argv[2] == 'slurm')"
+    return subprocess.Popen([sys.executable, "-c", code, owner, "slurm" if slurm else "processes"], env=env,
+                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
 
 def reap(owner: str, poll_s: float = 0.5, slurm: bool = False) -> None:

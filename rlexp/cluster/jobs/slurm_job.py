@@ -28,6 +28,7 @@ from monarch.actor import attach_to_workers
 from monarch.job import JobState
 
 from rlexp.cluster.jobs import slurm_queue as q
+from rlexp.errors import RunStopped
 
 HEARTBEAT_S = 5.0  # how often the controller touches its heartbeat file
 WATCH_S = 10.0  # how often it asks squeue whether the job still runs
@@ -93,7 +94,7 @@ class RlexpSlurmJob(SlurmJob):
         (Path(self._log_dir) / "batch.sh").write_text(script)
         res = subprocess.run(["sbatch", "--parsable"], input=script, capture_output=True, text=True, timeout=120)
         if res.returncode != 0:
-            raise RuntimeError(f"sbatch refused the job: {res.stderr.strip()} (the script: "
+            raise RunStopped(f"sbatch refused the job: {res.stderr.strip()} (the script: "
                                f"{Path(self._log_dir) / 'batch.sh'}; site values are cluster.slurm.*)")
         job_id = res.stdout.strip().split(";")[0]
         print(f"[rlexp] Slurm job {job_id} submitted ({num_nodes} node(s)); its output: {self._log_dir}/",
@@ -110,7 +111,7 @@ class RlexpSlurmJob(SlurmJob):
             while True:
                 job = q.query(job_id)
                 if job is None:
-                    raise RuntimeError(f"Slurm job {job_id} left the queue before it ran{self.error_lines(job_id)}")
+                    raise RunStopped(f"Slurm job {job_id} left the queue before it ran{self.error_lines(job_id)}")
                 st = q.states(job)
                 if "RUNNING" in st:
                     names = q.node_names(job)
@@ -118,12 +119,12 @@ class RlexpSlurmJob(SlurmJob):
                         raise RuntimeError(f"Slurm job {job_id} runs on {names}, {expected_nodes} nodes expected")
                     return names
                 if q.ended(st):
-                    raise RuntimeError(f"Slurm job {job_id} ended before it ran: {'/'.join(st)}"
+                    raise RunStopped(f"Slurm job {job_id} ended before it ran: {'/'.join(st)}"
                                        f"{' (' + q.reason(job) + ')' if q.reason(job) else ''}"
                                        f"{self.error_lines(job_id)}")
                 waited = time.monotonic() - start
                 if timeout is not None and waited > timeout:
-                    raise RuntimeError(f"Slurm job {job_id} did not start within {timeout} s: "
+                    raise RunStopped(f"Slurm job {job_id} did not start within {timeout} s: "
                                        f"{q.describe_pending(job)}. It is cancelled. Ask for fewer nodes "
                                        f"(cluster.hosts_per_role) or another partition (cluster.slurm.partition), "
                                        f"or wait longer (cluster.slurm.start_timeout_s)")
