@@ -29,6 +29,7 @@ SCRIPT = REPO / "scripts" / "slurm_local.sh"
 CONF = REPO / "rlexp" / "conf"
 GONE_S = 15.0  # the bound on "the allocation and its processes are gone" after the controller is killed
 QUICK = ["eval.every_n_steps=0", "algorithm.prompts_per_step=8"]
+TIMING = ("perf/",)  # metrics that measure this machine's speed, not what the run computed
 register_configs()
 
 
@@ -244,5 +245,51 @@ def test_sigterm_checkpoints_ends_the_allocation_and_resume_continues_identicall
     assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
     rlexp("train", "cluster=slurm_cpu", "steps=4", "checkpoint.every_n_steps=0", *QUICK, "resume=auto",
           f"hydra.run.dir={run}", tag=tag)
-    assert [{k: v for k, v in r.items() if "time" not in k and not k.endswith("_s")} for r in metrics(run)] == \
-           [{k: v for k, v in r.items() if "time" not in k and not k.endswith("_s")} for r in metrics(straight[0])]
+    assert strip_timing(metrics(run)) == strip_timing(metrics(straight[0]))
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_whose_controller_vanished_cancels_itself_when_the_heartbeat_goes_stale(slurm_up: object,
+                                                                                     tmp_path: Path) -> None:
+    """The guard for a controller whose host died with its reaper: nobody touches the heartbeat, so the worker
+    (the real one the batch script runs, Monarch included) cancels its own job after --stale-s."""
+    beat = tmp_path / "heartbeat"
+    beat.touch()
+    worker = f"{sys.executable} -m rlexp.cluster.jobs.slurm_worker --port 23456 --heartbeat {beat} --stale-s 4"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    job = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/%j.out", "--wrap", f"srun {worker}"],
+                         capture_output=True, text=True, check=True, env=env).stdout.strip()
+    left, took = wait_queue_empty(60)
+    assert left == [], f"job {job} still there {took:.0f} s after its heartbeat went stale"
+    text = (tmp_path / f"{job}.out").read_text()
+    assert "has not changed for 4 s: the controller is gone; cancelling Slurm job" in text, text[-2000:]
+    print(f"job gone {took:.1f} s after submission (stale after 4 s)")
+
+
+def strip_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING) and "time" not in k and not k.endswith("_s")}
+            for r in rows]
+
+
+@pytest.mark.slurm
+@pytest.mark.soak
+def test_two_slurm_nodes_on_one_host_train_like_the_process_cluster(slurm_up: object, tmp_path: Path,
+                                                                   tag: str) -> None:
+    """Trainer and generator on two Slurm nodes (emulated on this host, each worker on its own port) compute
+    exactly what simulated hosts do (`cluster=process`, the same layout)."""
+    two = slurm("up", "--nodes", "2")
+    assert two.returncode == 0, two.stderr
+    try:
+        layout = ["cluster.hosts=2", "steps=4", *QUICK]
+        p = rlexp("train", "cluster=slurm_cpu", "cluster.hosts_per_role.trainer=1", *layout,
+                  f"hydra.run.dir={tmp_path / 'slurm'}", tag=tag)
+        rlexp("train", "cluster=process", "cluster.hosts_per_role.reward=0", *layout,
+              f"hydra.run.dir={tmp_path / 'process'}", tag=tag)
+    finally:
+        assert slurm("up", "--nodes", "1").returncode == 0
+    assert "trainer     {'hosts': 1, 'procs': 1} on host trainer_0" in p.stdout
+    err = "".join(f.read_text() for f in (tmp_path / "slurm" / "slurm").glob("*.err"))
+    assert "worker of node n1 (index 0) at" in err and "worker of node n2 (index 1) at" in err
+    assert ":22222" in err and ":22223" in err  # one port per node
+    assert strip_timing(metrics(tmp_path / "slurm")) == strip_timing(metrics(tmp_path / "process"))

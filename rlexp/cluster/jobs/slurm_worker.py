@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     port = args.port + int(os.environ.get("SLURM_NODEID", "0"))
     address = service_proc_addr(f"tcp://{socket.gethostname()}:{port}",
                                 ranked_service_proc_id_from_env(rank_env="SLURM_NODEID"))
+    print(f"[rlexp] worker of node {os.environ.get('SLURMD_NODENAME', '?')} (index "
+          f"{os.environ.get('SLURM_NODEID', '0')}) at {address}", file=sys.stderr, flush=True)
     run_worker_loop_forever(address=address, ca="trust_all_connections")
 
 
