@@ -217,7 +217,9 @@ def start(owner: str, slurm: bool = False) -> subprocess.Popen:
     owner's Slurm jobs."""
     env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
     # `-c`, not `-m rlexp.cluster.reaper`: the package imports this module first, which runpy warns about.
-    code = "import sys; from rlexp.cluster.reaper import reap; reap(sys.argv[1], slurm=sys.argv[2] == 'slurm')"
+    # SIGUSR1 is blocked until `reap` handles it: one sent while the imports run waits instead of killing it.
+    code = ("import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1}); import sys; "
+            "from rlexp.cluster.reaper import reap; reap(sys.argv[1], slurm=sys.argv[2] == 'slurm')")
     return subprocess.Popen([sys.executable, "-c", code, owner, "slurm" if slurm else "processes"], env=env,
                             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
@@ -227,6 +229,7 @@ def reap(owner: str, poll_s: float = 0.5, slurm: bool = False) -> None:
     of its job is left and remove its socket folders."""
     stop = [False]
     signal.signal(signal.SIGUSR1, lambda *_: stop.__setitem__(0, True))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     job = Job({owner})
     while not stop[0] and owner_alive(owner):
