@@ -180,16 +180,18 @@ def test_a_seed_sweep_runs_as_slurm_jobs_through_the_packaged_launcher(slurm_up:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_kill_9_of_the_controller_cancels_its_allocation(slurm_up: object, tmp_path: Path, tag: str) -> None:
+@pytest.mark.parametrize("moment", ["submitted (1 node(s))", "step 2/50"])  # just after sbatch; mid-run
+def test_kill_9_of_the_controller_cancels_its_allocation(slurm_up: object, tmp_path: Path, tag: str,
+                                                         moment: str) -> None:
     proc = start(tmp_path / "run", tag, "steps=50")
-    read_until(proc, "step 2/50")
+    read_until(proc, moment)
     assert len(queue()) == 1
     proc.kill()
     proc.wait()
     left, took = wait_queue_empty(GONE_S)
     assert left == [], f"the allocation outlived its controller by {GONE_S} s"
     assert wait_no_orphans(tag, timeout=GONE_S) == []  # the workers, the local trainer, the reaper
-    print(f"allocation gone {took:.1f} s after kill -9")
+    print(f"allocation gone {took:.1f} s after kill -9 at {moment!r}")
 
 
 @pytest.mark.slurm
