@@ -70,6 +70,18 @@ def test_slurm_defaults_run_this_interpreter_for_a_finite_time() -> None:
     assert meshes == {"generator": 1} and "gpus_per_node" not in kw  # no gres on a CPU partition
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    ("cluster.slurm.start_timeout_s=0", "start_timeout_s=0: give seconds > 0, or null"),
+    ("cluster.slurm.heartbeat_timeout_s=5", "heartbeat_timeout_s=5: give 0 .no guard. or >= 15 s"),
+    ("cluster.slurm.port=80", "cluster.slurm.port=80: give a port from 1024"),
+])
+def test_slurm_values_that_cannot_work_are_refused_naming_the_key(override: str, message: str) -> None:
+    from rlexp.cluster.hosts import check_cluster
+
+    with pytest.raises(ValueError, match=message):
+        check_cluster(cfg("cluster=slurm_cpu", override).cluster)
+
+
 def test_the_cpu_presets_ship_inside_the_package() -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         c = compose("train", overrides=["+launchers=slurm_cpu"], return_hydra_config=True)
@@ -82,7 +94,7 @@ def test_the_cpu_presets_ship_inside_the_package() -> None:
 
 
 # --- a real Slurm -----------------------------------------------------------------------------------------------
-def slurm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def slurm(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout)
 
 
