@@ -1,19 +1,33 @@
 """What Slurm says about one job, from `squeue --json`, in either layout rlexp meets:
 
-* Slurm 22.05 (Debian 12's): `squeue --json` ignores `--job` and lists every job in the queue, `job_state` is a
-  string, the nodes are `job_resources.allocated_nodes[].nodename` (and `nodes` a hostlist string);
-* newer Slurm (what Monarch 0.7 reads): `job_state` a list, the nodes `job_resources.nodes.allocation[].name`.
+* Slurm 22.05 (Debian 12's): `squeue --json` ignores `--job` and lists every job in the queue,
+  `job_state` is a string, the nodes are `job_resources.allocated_nodes[].nodename` (and `nodes` a
+  hostlist string);
+* newer Slurm (what Monarch 0.7 reads): `job_state` a list, the nodes
+  `job_resources.nodes.allocation[].name`.
 
-The job is always matched by its id, never taken as `jobs[0]`: another job in the queue (a sweep's own array jobs)
-must not be mistaken for the run's."""
+The job is always matched by its id, never taken as `jobs[0]`: another job in the queue (a sweep's
+own array jobs) must not be mistaken for the run's."""
+
 from __future__ import annotations
 
 import json
 import subprocess
 from typing import Any
 
-TERMINAL = frozenset({"FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "COMPLETED", "NODE_FAIL", "OUT_OF_MEMORY",
-                      "BOOT_FAIL", "DEADLINE"})
+TERMINAL = frozenset(
+    {
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "PREEMPTED",
+        "COMPLETED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+    }
+)
 
 
 def find_job(data: dict[str, Any], job_id: str) -> dict[str, Any] | None:
@@ -45,7 +59,7 @@ def node_names(job: dict[str, Any]) -> list[str]:
 
 
 def reason(job: dict[str, Any]) -> str:
-    """Slurm's reason for the job's state ("Resources", "Priority", "PartitionTimeLimit"...), "" for none."""
+    """Slurm's reason for the job's state ("Resources", "PartitionTimeLimit"...), "" for none."""
     r = job.get("state_reason") or ""
     return "" if r == "None" else str(r)
 
@@ -59,13 +73,18 @@ def nodes_asked(job: dict[str, Any]) -> int:
 
 def expand_hostlist(hostlist: str) -> list[str]:
     """`n[1-2]` -> [n1, n2], through Slurm's own `scontrol show hostnames`."""
-    out = subprocess.run(["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True, timeout=30
+    )
     return out.stdout.split() if out.returncode == 0 else [hostlist]
 
 
 def query(job_id: str) -> dict[str, Any] | None:
-    """`job_id`'s squeue record; None once the queue no longer lists it. Raises RuntimeError when squeue fails."""
-    out = subprocess.run(["squeue", "--jobs", str(job_id), "--json"], capture_output=True, text=True, timeout=60)
+    """`job_id`'s squeue record; None once the queue no longer lists it. RuntimeError when squeue
+    fails."""
+    out = subprocess.run(
+        ["squeue", "--jobs", str(job_id), "--json"], capture_output=True, text=True, timeout=60
+    )
     if out.returncode != 0:
         if "Invalid job id" in out.stderr:
             return None
@@ -73,27 +92,36 @@ def query(job_id: str) -> dict[str, Any] | None:
     try:
         return find_job(json.loads(out.stdout or "{}"), job_id)
     except json.JSONDecodeError as e:
-        raise RuntimeError(f"squeue --json gave no JSON ({e}); this Slurm is older than 20.02?") from None
+        raise RuntimeError(
+            f"squeue --json gave no JSON ({e}); this Slurm is older than 20.02?"
+        ) from None
 
 
 def node_hostnames(names: list[str]) -> list[str]:
-    """Each node's NodeHostname (what its worker binds), which is its name on most clusters but not for nodes
+    """Each node's NodeHostname (what its worker binds), which is its name on most clusters but
+    not for nodes
     emulated on one host (Slurm's multiple-slurmd); the name itself where sinfo does not say."""
-    out = subprocess.run(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N %n"], capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N %n"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     known = dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
     return [known.get(n, n) for n in names]
 
 
 def partition_nodes(partition: str) -> str:
     """`debug: 1 node (1 idle)`: the partition's nodes by state, for a pending job's message."""
-    out = subprocess.run(["sinfo", "-h", "-p", partition, "-o", "%D %T"], capture_output=True, text=True,
-                         timeout=30)
+    out = subprocess.run(
+        ["sinfo", "-h", "-p", partition, "-o", "%D %T"], capture_output=True, text=True, timeout=30
+    )
     counts = [line.split() for line in out.stdout.splitlines() if len(line.split()) == 2]
     if out.returncode != 0 or not counts:
         return f"{partition}: no nodes listed by sinfo"
     total = sum(int(n) for n, _ in counts)
-    return f"{partition}: {total} node{'s' if total != 1 else ''} ({', '.join(f'{n} {s}' for n, s in counts)})"
+    by_state = ", ".join(f"{n} {s}" for n, s in counts)
+    return f"{partition}: {total} node{'s' if total != 1 else ''} ({by_state})"
 
 
 def describe_pending(job: dict[str, Any]) -> str:
