@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # A real Slurm on this machine, for the `slurm` tests and for trying `cluster=slurm_cpu` by hand.
 #
-#   scripts/slurm_local.sh up [--nodes N]   # install (Debian's slurm-wlm + munge) if missing, start, wait idle
-#   scripts/slurm_local.sh status           # the nodes, and the SLURM_CONF line to export
-#   scripts/slurm_local.sh down             # stop every daemon this script started; nothing is left running
+#   scripts/slurm_local.sh up [--nodes N]  # install slurm-wlm + munge if missing, start, wait idle
+#   scripts/slurm_local.sh status          # the nodes, and the SLURM_CONF line to export
+#   scripts/slurm_local.sh down            # stop every daemon this script started
 #
-# Everything lives in one folder ($RLEXP_SLURM_DIR, default /tmp/rlexp-slurm): its own munge key and socket, its
-# own slurm.conf (point the Slurm commands at it with `export SLURM_CONF=$RLEXP_SLURM_DIR/slurm.conf`), state, spool
-# and logs, and ports from $RLEXP_SLURM_PORT (default 6917: slurmctld; node i listens on PORT+i), so it neither
-# reads nor changes a site's Slurm or munge. There is no systemd here: the daemons are started by hand, as root
-# (SlurmUser=root), without cgroups (proctrack/linuxproc, task/none) and without accounting.
+# Everything lives in one folder ($RLEXP_SLURM_DIR, default /tmp/rlexp-slurm): its own munge key
+# and socket, its own slurm.conf (`export SLURM_CONF=$RLEXP_SLURM_DIR/slurm.conf` points Slurm's
+# commands at it), state, spool and logs, and ports from $RLEXP_SLURM_PORT (default 6917:
+# slurmctld; node i listens on PORT+i), so it neither reads nor changes a site's Slurm or munge.
+# There is no systemd here: the daemons are started by hand, as root (SlurmUser=root), without
+# cgroups (proctrack/linuxproc, task/none) and without accounting.
 #
-# N > 1 nodes are emulated on this one host with Slurm's multiple-slurmd support (one slurmd per node, each with its
-# own Port, all with NodeAddr 127.0.0.1). Each emulated node declares this host's real core count and ~90% of its
-# memory, so the nodes together oversubscribe the machine N times: fine for tests (which ask for whole nodes, one
-# job per node), meaningless as a capacity. `up` with another N than the running one restarts.
+# N > 1 nodes are emulated on this one host with Slurm's multiple-slurmd support (one slurmd per
+# node, each with its own Port, all with NodeAddr 127.0.0.1). Each emulated node declares this
+# host's real core count and ~90% of its memory, so N nodes oversubscribe the machine N times
+# (OverSubscribe=NO still holds per node): fine for tests, which ask for whole nodes, one job per
+# node; meaningless as a capacity. `up` with another N than the running one restarts.
 set -euo pipefail
 
 DIR=${RLEXP_SLURM_DIR:-/tmp/rlexp-slurm}
@@ -26,10 +28,12 @@ HOST=$(hostname -s)
 die() { echo "slurm_local: $*" >&2; exit 1; }
 
 install_packages() {
-  command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null && return
-  [ "$(id -u)" = 0 ] || die "slurm-wlm/munge are not installed and this is not root: install them (apt-get install \
-slurm-wlm munge) or run as root"
-  command -v apt-get >/dev/null || die "slurm-wlm/munge are not installed and there is no apt-get to install them"
+  command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
+    && return
+  [ "$(id -u)" = 0 ] || die "slurm-wlm/munge are not installed and this is not root: install them \
+(apt-get install slurm-wlm munge) or run as root"
+  command -v apt-get >/dev/null \
+    || die "slurm-wlm/munge are not installed and there is no apt-get to install them"
   echo "slurm_local: installing slurm-wlm and munge (apt-get)" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
@@ -48,9 +52,12 @@ write_conf() { # $1: nodes
   mem=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
   mkdir -p "$DIR"/{munge,state,spool,run,log}
   chmod 700 "$DIR/munge"
-  [ -s "$DIR/munge/munge.key" ] || { head -c 1024 /dev/urandom >"$DIR/munge/munge.key"; chmod 400 "$DIR/munge/munge.key"; }
+  if [ ! -s "$DIR/munge/munge.key" ]; then
+    head -c 1024 /dev/urandom >"$DIR/munge/munge.key"
+    chmod 400 "$DIR/munge/munge.key"
+  fi
   cat >"$CONF" <<EOF
-# Written by scripts/slurm_local.sh: a local test cluster ($n node(s) on $HOST). Not a site configuration.
+# Written by scripts/slurm_local.sh: a local test cluster ($n node(s) on $HOST), not a site's.
 ClusterName=rlexp
 SlurmctldHost=$HOST(127.0.0.1)
 SlurmctldPort=$PORT
@@ -82,10 +89,11 @@ SlurmdTimeout=60
 InactiveLimit=0
 EOF
   for i in $(seq 1 "$n"); do
-    echo "NodeName=n$i NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT + i)) CPUs=$cpus RealMemory=$mem State=UNKNOWN" \
-      >>"$CONF"
+    echo "NodeName=n$i NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT + i))" \
+      "CPUs=$cpus RealMemory=$mem State=UNKNOWN" >>"$CONF"
   done
-  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO" >>"$CONF"
+  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" \
+    "OverSubscribe=NO" >>"$CONF"
   echo "$n" >"$DIR/nodes"
 }
 
@@ -111,8 +119,9 @@ up() {
     esac
   done
   [[ $n =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got '$n'"
-  if [ "$(running_nodes)" = "$n" ] && [ "$(sinfo -h -N -t idle,alloc,mix -o %N 2>/dev/null | sort -u | wc -l)" -ge "$n" ]
-  then
+  local up
+  up=$(sinfo -h -N -t idle,alloc,mix -o %N 2>/dev/null | sort -u | wc -l || true)
+  if [ "$(running_nodes)" = "$n" ] && [ "$up" -ge "$n" ]; then
     status
     return
   fi
@@ -120,8 +129,9 @@ up() {
   install_packages
   write_conf "$n"
   munged --force --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
-    --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" --seed-file="$DIR/munge/munged.seed"
-  # -i: ignore saved state (a fresh cluster each time, job ids from 1); the daemons fork into the background.
+    --pid-file="$DIR/run/munged.pid" --log-file="$DIR/log/munged.log" \
+    --seed-file="$DIR/munge/munged.seed"
+  # -i: ignore saved state (a fresh cluster, job ids from 1); the daemons fork into the background.
   slurmctld -i
   for i in $(seq 1 "$n"); do slurmd -N "n$i"; done
   wait_idle "$n"
@@ -145,7 +155,10 @@ down() {
   # Jobs first, so their processes end with SIGTERM as on a real cluster, then the daemons.
   if pid_alive "$DIR/run/slurmctld.pid"; then
     scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
-    for _ in $(seq 1 30); do [ -z "$(squeue -h -t R,CG,PD -o %i 2>/dev/null)" ] && break; sleep 0.5; done
+    for _ in $(seq 1 30); do
+      [ -z "$(squeue -h -t R,CG,PD -o %i 2>/dev/null)" ] && break
+      sleep 0.5
+    done
   fi
   for f in "$DIR"/run/slurmd.*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
   stop_pidfile "$DIR/run/slurmctld.pid"

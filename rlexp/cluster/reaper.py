@@ -11,10 +11,11 @@ died appears a moment later and is killed too. Then it removes the job's socket 
 (`<tmp>/monarch_process_job_*`, named in each host's `_MONARCH_WORKER_ADDR`).
 
 A Slurm job (`cluster.job=slurm`) has no process here: its batch script carries the mark instead
-(`--comment=rlexp-owner:<host>:<owner>`, `slurm_mark`), and the reaper, started with `--slurm` before `sbatch`,
-cancels every job of this user with that mark once the controller is gone, again until a few sweeps in a row
-find none (a `sbatch` still in flight when the controller died submits a moment later).
-`cancel_stale_slurm_jobs` does the same at the next start for marks of this host whose controller is dead.
+(`--comment=rlexp-owner:<host>:<owner>`, `slurm_mark`), and the reaper, started for Slurm before
+`sbatch`, cancels every job of this user with that mark once the controller is gone, again until a
+few sweeps in a row find none (a `sbatch` still in flight when the controller died submits a moment
+later). `cancel_stale_slurm_jobs` does the same at the next start for marks of this host whose
+controller is dead.
 
 `clean_stale` does the same for owners that are dead at the next start, should a reaper itself have been
 killed, and removes socket folders no live process uses. The pid in the mark is checked with its start time,
@@ -175,18 +176,20 @@ def slurm_mark(owner: str) -> str:
 
 
 def _slurm_jobs() -> list[tuple[str, str]]:
-    """(job id, comment) of this user's queued or running Slurm jobs; [] without a reachable Slurm."""
+    """(job id, comment) of this user's queued or running Slurm jobs; [] without Slurm."""
+    cmd = ["squeue", "-h", "-u", getpass.getuser(), "-t", "PD,R,CF,S", "-o", "%i %k"]
     try:
-        out = subprocess.run(["squeue", "-h", "-u", getpass.getuser(), "-t", "PD,R,CF,S", "-o", "%i %k"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [(line.split(" ", 1)[0], line.split(" ", 1)[1]) for line in out.stdout.splitlines() if " " in line]
+    rows = [line.split(" ", 1) for line in out.stdout.splitlines() if " " in line]
+    return [(job, mark) for job, mark in rows]
 
 
-def cancel_slurm(marks: set[str] | None, quiet_sweeps: int = QUIET_SWEEPS, pause_s: float = 0.5) -> list[str]:
-    """`scancel` the jobs carrying one of `marks` (None: marks of this host whose owner is dead), until
-    `quiet_sweeps` sweeps in a row find none. Returns the job ids cancelled."""
+def cancel_slurm(marks: set[str] | None, quiet_sweeps: int = QUIET_SWEEPS,
+                 pause_s: float = 0.5) -> list[str]:
+    """`scancel` the jobs carrying one of `marks` (None: marks of this host whose owner is dead),
+    until `quiet_sweeps` sweeps in a row find none. Returns the job ids cancelled."""
     here = f"{SLURM_MARK}{socket.gethostname()}:"
     cancelled: list[str] = []
     quiet = 0
@@ -207,21 +210,24 @@ def cancel_slurm(marks: set[str] | None, quiet_sweeps: int = QUIET_SWEEPS, pause
 
 
 def cancel_stale_slurm_jobs() -> list[str]:
-    """At a start: cancel the Slurm jobs of this host's dead controllers (their reaper was killed too)."""
+    """At a start: cancel the Slurm jobs of this host's dead controllers (their reaper died too)."""
     return cancel_slurm(None, quiet_sweeps=1)
 
 
 def start(owner: str, slurm: bool = False) -> subprocess.Popen:
     """The reaper for `owner`'s job, in a session of its own so that the signals that end the controller
-    (a terminal's Ctrl-C, `kill -9` of its process group) do not end it too. `slurm`: it also cancels the
-    owner's Slurm jobs."""
+    (a terminal's Ctrl-C, `kill -9` of its process group) do not end it too. `slurm`: it also
+    cancels the owner's Slurm jobs."""
     env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
-    # `-c`, not `-m rlexp.cluster.reaper`: the package imports this module first, which runpy warns about.
-    # SIGUSR1 is blocked until `reap` handles it: one sent while the imports run waits instead of killing it.
-    code = ("import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1}); import sys; "
-            "from rlexp.cluster.reaper import reap; reap(sys.argv[1], slurm=sys.argv[2] == 'slurm')")
-    return subprocess.Popen([sys.executable, "-c", code, owner, "slurm" if slurm else "processes"], env=env,
-                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    # `-c`, not `-m rlexp.cluster.reaper`: the package imports this module first (runpy warns).
+    # SIGUSR1 is blocked until `reap` handles it: one sent while the imports run waits, not kills.
+    code = ("import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1}); "
+            "import sys; from rlexp.cluster.reaper import reap; "
+            "reap(sys.argv[1], slurm=sys.argv[2] == 'slurm')")
+    kind = "slurm" if slurm else "processes"
+    return subprocess.Popen([sys.executable, "-c", code, owner, kind], env=env,
+                            start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL)
 
 
 def reap(owner: str, poll_s: float = 0.5, slurm: bool = False) -> None:

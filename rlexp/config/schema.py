@@ -128,20 +128,21 @@ class SlurmConfig:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
-    # sbatch --time: finite by default, so an allocation never runs on unnoticed; null: the partition's default
+    # sbatch --time: finite by default, so no allocation runs on unnoticed; null: the partition's
     time_limit: str | None = "04:00:00"
     cpus_per_task: int | None = None
     mem: str | None = None  # sbatch --mem, e.g. "512G"
     job_name: str = "rlexp"
-    # The interpreter on the nodes (an environment with rlexp installed); null: the one running this command
-    # (`sys.executable`), its environment (PYTHONPATH, the venv) carried by `sbatch --export=ALL`.
+    # The interpreter on the nodes (an environment with rlexp installed); null: the one running this
+    # command (`sys.executable`), its environment (PYTHONPATH, the venv) carried by --export=ALL.
     python_exe: str | None = None
     extra_args: list[str] = field(default_factory=list)  # further sbatch arguments, verbatim
-    # Give up (and cancel the job) if the allocation has not started by then; null: wait as long as it pends.
+    # Give up (and cancel the job) if the allocation has not started by then; null: wait forever.
     start_timeout_s: int | None = 1800
-    port: int = 22222  # node i's Monarch worker listens on port + i (several nodes may share one host)
-    # The job cancels itself once the controller's heartbeat file (in the run folder) has not changed for this
-    # long: the controller's host died with its reaper (rlexp/cluster/jobs/slurm_worker.py). 0: no guard.
+    port: int = 22222  # node i's Monarch worker listens on port + i (nodes may share one host)
+    # The job cancels itself once the controller's heartbeat file (in the run folder) has not
+    # changed for this long: the controller's host died with its reaper
+    # (rlexp/cluster/jobs/slurm_worker.py). 0: no guard.
     heartbeat_timeout_s: int = 120
     log_dir: str | None = None  # the job's stdout/stderr and heartbeat; null: <run dir>/slurm
 
