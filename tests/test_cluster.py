@@ -69,9 +69,10 @@ def test_slurm_job_takes_every_site_value_from_the_config() -> None:
     assert kw["partition"] == "gpu" and kw["account"] == "proj" and kw["qos"] == "high"
     assert kw["time_limit"] == "12:00:00" and kw["gpus_per_node"] == 8 and kw["slurm_args"] == ["--exclusive"]
     assert "mem" not in kw  # unset values are Monarch's defaults, not ours
-    # The arguments are ones SlurmJob takes (building it submits nothing). In a process of its own: SlurmJob
-    # switches Monarch's default channel transport to TCP for the whole process.
-    code = f"from monarch.job import SlurmJob; SlurmJob({meshes!r}, **{kw!r})"
+    # The arguments are ones rlexp's SlurmJob (Monarch's, adapted) takes (building it submits
+    # nothing). In a process of its own: SlurmJob switches Monarch's default channel transport to
+    # TCP for the whole process.
+    code = f"from rlexp.cluster.jobs.slurm import SlurmJob; SlurmJob.make({meshes!r}, {kw!r}, None)"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert weight_hosts(c.cluster) == 2  # real hosts: /dev/shm cannot carry the weights
 

@@ -10,6 +10,13 @@ learned session, until a few sweeps in a row find none: a host that was being sp
 died appears a moment later and is killed too. Then it removes the job's socket folder
 (`<tmp>/monarch_process_job_*`, named in each host's `_MONARCH_WORKER_ADDR`).
 
+A Slurm job (`cluster.job=slurm`) has no process here: its batch script carries the mark instead
+(`--comment=rlexp-owner:<host>:<owner>`, `slurm_mark`), and the reaper, started for Slurm before
+`sbatch`, cancels every job of this user with that mark once the controller is gone, again until a
+few sweeps in a row find none (a `sbatch` still in flight when the controller died submits a moment
+later). `cancel_stale_slurm_jobs` does the same at the next start for marks of this host whose
+controller is dead.
+
 `clean_stale` does the same for owners that are dead at the next start, should a reaper itself have been
 killed, and removes socket folders no live process uses. The pid in the mark is checked with its start time,
 so a reused pid is not taken for a live controller.
@@ -17,9 +24,11 @@ so a reused pid is not taken for a live controller.
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -158,27 +167,85 @@ def clean_stale(tmp: Path | None = None) -> None:
                     shutil.rmtree(d, ignore_errors=True)
 
 
-def start(owner: str) -> subprocess.Popen:
+SLURM_MARK = "rlexp-owner:"
+
+
+def slurm_mark(owner: str) -> str:
+    """The comment a Slurm job of `owner` carries: this host's name and the owner id."""
+    return f"{SLURM_MARK}{socket.gethostname()}:{owner}"
+
+
+def _slurm_jobs() -> list[tuple[str, str]]:
+    """(job id, comment) of this user's queued or running Slurm jobs; [] without Slurm."""
+    cmd = ["squeue", "-h", "-u", getpass.getuser(), "-t", "PD,R,CF,S", "-o", "%i %k"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    rows = [line.split(" ", 1) for line in out.stdout.splitlines() if " " in line]
+    return [(job, mark) for job, mark in rows]
+
+
+def cancel_slurm(marks: set[str] | None, quiet_sweeps: int = QUIET_SWEEPS,
+                 pause_s: float = 0.5) -> list[str]:
+    """`scancel` the jobs carrying one of `marks` (None: marks of this host whose owner is dead),
+    until `quiet_sweeps` sweeps in a row find none. Returns the job ids cancelled."""
+    here = f"{SLURM_MARK}{socket.gethostname()}:"
+    cancelled: list[str] = []
+    quiet = 0
+    for _ in range(60):
+        ours = [j for j, mark in _slurm_jobs()
+                if (mark in marks if marks is not None else
+                    mark.startswith(here) and not owner_alive(mark.removeprefix(here)))
+                and j not in cancelled]
+        for j in ours:
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                subprocess.run(["scancel", j], capture_output=True, timeout=30)
+        cancelled += ours
+        quiet = 0 if ours else quiet + 1
+        if quiet >= quiet_sweeps:
+            break
+        time.sleep(pause_s)
+    return cancelled
+
+
+def cancel_stale_slurm_jobs() -> list[str]:
+    """At a start: cancel the Slurm jobs of this host's dead controllers (their reaper died too)."""
+    return cancel_slurm(None, quiet_sweeps=1)
+
+
+def start(owner: str, slurm: bool = False) -> subprocess.Popen:
     """The reaper for `owner`'s job, in a session of its own so that the signals that end the controller
-    (a terminal's Ctrl-C, `kill -9` of its process group) do not end it too."""
+    (a terminal's Ctrl-C, `kill -9` of its process group) do not end it too. `slurm`: it also
+    cancels the owner's Slurm jobs."""
     env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
-    return subprocess.Popen([sys.executable, "-m", "rlexp.cluster.reaper", owner], env=env, start_new_session=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    # `-c`, not `-m rlexp.cluster.reaper`: the package imports this module first (runpy warns).
+    # SIGUSR1 is blocked until `reap` handles it: one sent while the imports run waits, not kills.
+    code = ("import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1}); "
+            "import sys; from rlexp.cluster.reaper import reap; "
+            "reap(sys.argv[1], slurm=sys.argv[2] == 'slurm')")
+    kind = "slurm" if slurm else "processes"
+    return subprocess.Popen([sys.executable, "-c", code, owner, kind], env=env,
+                            start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL)
 
 
-def reap(owner: str, poll_s: float = 0.5) -> None:
+def reap(owner: str, poll_s: float = 0.5, slurm: bool = False) -> None:
     """Wait until `owner` is gone (or SIGUSR1 arrives: the controller tore its job down), then kill whatever
     of its job is left and remove its socket folders."""
     stop = [False]
     signal.signal(signal.SIGUSR1, lambda *_: stop.__setitem__(0, True))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     job = Job({owner})
     while not stop[0] and owner_alive(owner):
         job.learn()
         time.sleep(poll_s)
+    if slurm:
+        cancel_slurm({slurm_mark(owner)})
     job.kill()
     clean_stale()
 
 
 if __name__ == "__main__":
-    reap(sys.argv[1])
+    reap(sys.argv[1], slurm="--slurm" in sys.argv[2:])

@@ -132,14 +132,25 @@ class SlurmConfig:
     partition: str | None = field(default=None, metadata=DATA)
     account: str | None = field(default=None, metadata=DATA)
     qos: str | None = field(default=None, metadata=DATA)
-    time_limit: str | None = field(default=None, metadata=DATA)  # sbatch --time, e.g. "04:00:00"
+    # sbatch --time: finite by default, so no allocation runs on unnoticed; null: the partition's
+    time_limit: str | None = field(default="04:00:00", metadata=DATA)
     cpus_per_task: int | None = None
     mem: str | None = field(default=None, metadata=DATA)  # sbatch --mem, e.g. "512G"
     job_name: str = field(default="rlexp", metadata=DATA)
-    # the interpreter on the nodes (an environment with rlexp installed)
-    python_exe: str = field(default="python", metadata=RUNS)
-    extra_args: list[str] = field(default_factory=list, metadata=RUNS)  # further sbatch arguments, verbatim
-    start_timeout_s: int | None = None  # give up if the allocation has not started by then
+    # The interpreter on the nodes (an environment with rlexp installed); null: the one running this
+    # command (`sys.executable`), its environment (PYTHONPATH, the venv) carried by --export=ALL.
+    python_exe: str | None = field(default=None, metadata=RUNS)
+    # further sbatch arguments, verbatim
+    extra_args: list[str] = field(default_factory=list, metadata=RUNS)
+    # Give up (and cancel the job) if the allocation has not started by then; null: wait forever.
+    start_timeout_s: int | None = 1800
+    port: int = 22222  # node i's Monarch worker listens on port + i (nodes may share one host)
+    # The job cancels itself once the controller's heartbeat file (in the run folder) has not
+    # changed for this long: the controller's host died with its reaper
+    # (rlexp/cluster/jobs/slurm_worker.py). 0: no guard.
+    heartbeat_timeout_s: int = 120
+    # the job's stdout/stderr and heartbeat; null: <run dir>/slurm
+    log_dir: str | None = field(default=None, metadata=LOCATION)
 
 
 @dataclass
