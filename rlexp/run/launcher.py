@@ -6,6 +6,7 @@ runs the loop, and teardown runs in `finally` and on SIGTERM, so no process outl
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import signal
@@ -383,8 +384,9 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     if phases is None:
         phases = Phases(since_start=True)
         phases.done("started, config composed")
-    cfg_hash = checkpoints.resume_hash(cfg)  # before `prepare` fills in derived values
-    p = prepare(cfg)
+    composed = copy.deepcopy(cfg)  # the resume hash is of this: before `prepare` fills in derived values
+    p = prepare(cfg)  # refuses a bad value (an interpolation of the wrong type, say) naming the key
+    cfg_hash = checkpoints.resume_hash(composed)
     phases.done("checks done (config, memory plan, data, reward, model files)")
     resume_from = checkpoints.resume_point(run_dir, p.cfg.resume, p.cfg.steps, p.cfg.force_resume, cfg_hash,
                                            checkpoints.resume_hash(cfg), say=runlog.announce)
