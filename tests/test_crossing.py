@@ -62,7 +62,7 @@ def test_drop_sets_bad_rewards_to_their_group_mean() -> None:
 class _Raises:
     name = ""
 
-    class cfg:  # noqa: N801 - shaped like EnvConfig: a plug-in's name is its import path
+    class cfg:  # shaped like EnvConfig: a plug-in's name is its import path
         name = "mytask.tasks:Broken"
 
     def check(self, sample: Sample, response: str) -> Check:
