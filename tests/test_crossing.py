@@ -123,3 +123,23 @@ def test_nan_reward_stops_the_run_naming_it_or_is_dropped(tmp_path: Path, tag: s
     assert all(r["reward/dropped_nonfinite"] > 0 and math.isfinite(r["reward/mean"]) for r in rows), rows
     assert json.loads((run / "manifest.json").read_text())["config"]["algorithm"]["nonfinite_reward"] == "drop"
     assert wait_no_orphans(tag) == []
+
+
+def test_a_nan_verifier_score_names_the_verifier_prompt_and_response() -> None:
+    from rlexp.config.reward import RewardConfig, VerifierConfig
+    from rlexp.rewards.registry import build_reward
+    from rlexp.rewards.verifiers.base import Rule, register_rule
+
+    @register_rule("test_nan_on_9")
+    class NanOn9(Rule):
+        def check(self, problem: Problem, text: str) -> float:
+            return math.nan if "9" in text else 1.0
+
+    reward = build_reward(RewardConfig(name="weaver", verifiers=[
+        VerifierConfig(name="nanny", kind="rule", options={"rule": "test_nan_on_9"})]), env=None)
+    texts = ["1", "2", "answer 9", "3"]
+    with pytest.raises(UserCodeError) as e:
+        reward.score(_samples(4), texts, group_size=2)
+    msg = str(e.value)
+    for part in ("verifier 'nanny'", "returned nan", "prompt 'prompt 2:'", "response 'answer 9'", "1 non-finite of 4"):
+        assert part in msg, msg

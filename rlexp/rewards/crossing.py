@@ -43,6 +43,7 @@ def refuse(reward: str, sample: Sample, text: str, value: Any, value_range: tupl
     """The error for the first bad reward of a batch: the reward, the sample, the response and the value."""
     want = "a finite number" + (f" in [{value_range[0]}, {value_range[1]}]" if value_range else "")
     more = f" ({n_bad - 1} more in this batch)" if n_bad > 1 else ""
+    value = float(value) if isinstance(value, (int, float)) else value  # nan, not np.float64(nan)
     return UserCodeError(
         f"reward {reward!r} returned {value!r} for {where(sample, text)}{more}; a reward must be {want}. Fix the "
         f"reward (or the environment's check().score), or set algorithm.nonfinite_reward=drop to leave such "
