@@ -62,9 +62,10 @@ class RewardService(Actor):
         return [v.name for v in judges]
 
     @endpoint
-    def score(self, samples: list[Sample], texts: list[str], group_size: int) -> RewardOutput | UserCodeError:
-        """A `UserCodeError` (the user's `check()` raised) is returned, not raised: the controller raises it as is,
-        one clear line, where a raised one would arrive wrapped in the actor's traceback."""
+    def score(self, samples: list[Sample], texts: list[str], group_size: int
+              ) -> RewardOutput | UserCodeError:
+        """A `UserCodeError` (the user's `check()` raised) is returned, not raised: the controller
+        raises it as is, one clear line, where a raised one would arrive wrapped in a traceback."""
         try:
             out = self.reward.score(samples, texts, group_size)
         except UserCodeError as e:

@@ -105,7 +105,8 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
     scored = RewardOutput.concat(parts)
     multi_turn = any(c.loss_mask is not None for c in flat)  # text = transcript; + per-turn rewards
     values = episode_rewards(flat, scored) if multi_turn else list(scored.rewards)
-    dropped = check_rewards(values, flat_samples, [c.text for c in flat], cfg, _value_range(cfg.reward.name), k)
+    dropped = check_rewards(values, flat_samples, [c.text for c in flat], cfg,
+                            _value_range(cfg.reward.name), k)
     rewards = torch.tensor(values, dtype=torch.float32)
     adv = group_advantages(rewards, k, a.norm_adv_by_std)
     ref = None
@@ -115,8 +116,9 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
     episodes = [Episode(c.prompt_ids, c.token_ids, c.logprobs, adv_list[i], reward_list[i], c.policy_version,
                         ref[i] if ref else None, c.loss_mask) for i, c in enumerate(flat)]
     grouped = _groups(episodes, k)
-    if dropped:  # left out of training; the rest of its group was normalised with it at the group's mean
-        grouped = [[e for j, e in enumerate(g) if gi * k + j not in dropped] for gi, g in enumerate(grouped)]
+    if dropped:  # out of training; the rest of its group was normalised with it at the group's mean
+        grouped = [[e for j, e in enumerate(g) if gi * k + j not in dropped]
+                   for gi, g in enumerate(grouped)]
         grouped = [g for g in grouped if g]
     if a.filter_zero_adv_groups:
         grouped = [g for g in grouped if any(e.advantage != 0.0 for e in g)] or grouped
@@ -138,16 +140,17 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
 
 @functools.cache
 def _value_range(reward: str) -> tuple[float, float] | None:
-    """The configured reward's declared range (`rlexp.rewards.base.Reward.value_range`), looked up once."""
+    """The configured reward's declared range (`rlexp.rewards.base.Reward.value_range`), once."""
     return reward_class(reward).value_range
 
 
 def check_rewards(values: list[float], samples: list[Sample], texts: list[str], cfg: TrainConfig,
                   value_range: tuple[float, float] | None, k: int) -> set[int]:
-    """Every reward finite and in the reward's declared range, checked as it reaches the loop (a NaN would
-    otherwise surface a step later in the sampler, naming nothing). `algorithm.nonfinite_reward=stop` raises
-    naming the reward, the sample, the response and the value; `drop` puts each bad reward at its group's
-    mean of the good ones (so the others' advantages are unchanged by it) and returns the indices to drop."""
+    """Every reward finite and in the reward's declared range, checked as it reaches the loop (a NaN
+    would otherwise surface a step later in the sampler, naming nothing). `nonfinite_reward=stop`
+    raises naming the reward, the sample, the response and the value; `drop` puts each bad reward at
+    its group's mean of the good ones (the others' advantages ignore it) and returns the indices to
+    drop."""
     bad = bad_rewards(values, value_range)
     if not bad:
         return set()

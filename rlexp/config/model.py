@@ -65,8 +65,8 @@ class ModelConfig:
     # TorchTitan flavour (qwen3_configs key) or "tiny" for the embedded random model.
     flavor: str = field(default="tiny", metadata=DATA)
     tokenizer: TokenizerKind = TokenizerKind.char
-    # A prompt or answer character the CPU character tokenizer lacks (it covers printable ASCII, tab and newline):
-    # refuse (checked before anything spawns), or map: encode it as "?" with a warning (e.g. a benchmark's quotes).
+    # A prompt or answer character the CPU character tokenizer lacks (it has printable ASCII, tab,
+    # newline): refuse (checked before anything spawns), or map: encode it as "?" with a warning.
     unknown_chars: UnknownChars = UnknownChars.refuse
     chat_template: bool = False
     dtype: DType = DType.float32

@@ -57,8 +57,9 @@ class AlgorithmConfig:
     loss: str = field(default="grpo", metadata=CODE)
     # Drop groups whose rewards are all equal (zero advantage carries no gradient, only noise in the mean).
     filter_zero_adv_groups: bool = False
-    # A reward that is NaN/inf or outside the reward's declared range: stop the run naming the reward, the problem
-    # and the response; drop: leave that response out of training, counted in `reward/dropped_nonfinite`.
+    # A reward that is NaN/inf or outside the reward's declared range: stop the run naming the
+    # reward, the problem and the response; drop: leave that response out of training, counted in
+    # `reward/dropped_nonfinite`.
     nonfinite_reward: NonFinite = NonFinite.stop
 
 

@@ -1,9 +1,10 @@
 """Values that cross from the user's code into the loop, checked where they cross.
 
-A reward is the user's code (a `Reward`, an environment's `check()`); what it returns feeds the advantages, and
-a NaN there surfaces one step later as "probability tensor contains inf/nan" in the generator's sampler, naming
-nothing. So every reward is checked as it arrives (finite, and inside the reward's declared `value_range`), and
-an exception in `check()` is reported with the environment, the problem and the response that raised it.
+A reward is the user's code (a `Reward`, an environment's `check()`); what it returns feeds the
+advantages, and a NaN there surfaces one step later as "probability tensor contains inf/nan" in
+the generator's sampler, naming nothing. So every reward is checked as it arrives (finite, and
+inside the reward's declared `value_range`), and an exception in `check()` is reported with the
+environment, the problem and the response that raised it.
 """
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ def clip(text: str, n: int = SHOWN) -> str:
 
 
 def where(sample: Sample, text: str) -> str:
-    return f"problem {sample.problem.id!r} (prompt {clip(sample.problem.prompt, 60)}), response {clip(text)}"
+    p = sample.problem
+    return f"problem {p.id!r} (prompt {clip(p.prompt, 60)}), response {clip(text)}"
 
 
 def bad_rewards(rewards: Sequence[float], value_range: tuple[float, float] | None) -> list[int]:
-    """Indices of rewards that are not finite numbers, or outside `value_range` (inclusive) when one is given."""
+    """Indices of rewards that are not finite numbers, or outside `value_range` (inclusive)."""
     bad = []
     for i, r in enumerate(rewards):
         ok = isinstance(r, (int, float)) and math.isfinite(r)
@@ -38,23 +40,26 @@ def bad_rewards(rewards: Sequence[float], value_range: tuple[float, float] | Non
     return bad
 
 
-def refuse(reward: str, sample: Sample, text: str, value: Any, value_range: tuple[float, float] | None,
-           n_bad: int) -> UserCodeError:
-    """The error for the first bad reward of a batch: the reward, the sample, the response and the value."""
+def refuse(reward: str, sample: Sample, text: str, value: Any,
+           value_range: tuple[float, float] | None, n_bad: int) -> UserCodeError:
+    """The error for the first bad reward of a batch: the reward, sample, response and value."""
     want = "a finite number" + (f" in [{value_range[0]}, {value_range[1]}]" if value_range else "")
     more = f" ({n_bad - 1} more in this batch)" if n_bad > 1 else ""
     value = float(value) if isinstance(value, (int, float)) else value  # nan, not np.float64(nan)
     return UserCodeError(
-        f"reward {reward!r} returned {value!r} for {where(sample, text)}{more}; a reward must be {want}. Fix the "
-        f"reward (or the environment's check().score), or set algorithm.nonfinite_reward=drop to leave such "
-        f"responses out of training (counted in reward/dropped_nonfinite)")
+        f"reward {reward!r} returned {value!r} for {where(sample, text)}{more}; a reward must be "
+        f"{want}. Fix the reward (or the environment's check().score), or set "
+        f"algorithm.nonfinite_reward=drop to leave such responses out of training (counted in "
+        f"reward/dropped_nonfinite)")
 
 
 def checked(env: Any, sample: Sample, text: str) -> Any:
-    """`env.check(sample, text)`, with an exception in it reported as the environment's, naming the sample."""
+    """`env.check(sample, text)`; an exception in it is reported as the environment's, naming the
+    sample and the response."""
     try:
         return env.check(sample, text)
     except Exception as e:
-        name = getattr(env, "name", "") or getattr(getattr(env, "cfg", None), "name", "") or type(env).__name__
-        raise UserCodeError(f"environment {name!r}: check() raised "
-                            f"{type(e).__name__}: {str(e).strip()[:200]} on {where(sample, text)}") from e
+        name = (getattr(env, "name", "") or getattr(getattr(env, "cfg", None), "name", "")
+                or type(env).__name__)
+        raise UserCodeError(f"environment {name!r}: check() raised {type(e).__name__}: "
+                            f"{str(e).strip()[:200]} on {where(sample, text)}") from e

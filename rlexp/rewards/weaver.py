@@ -463,14 +463,14 @@ class WeaverReward(Reward):
         for v in self.verifiers:
             s = np.asarray(started[v.name].get() if v.name in started else v.score(problems, texts), dtype=np.float64)
             if s.shape != (len(texts),):
-                raise UserCodeError(f"weaver: verifier {v.name!r} returned {s.shape} scores for {len(texts)} "
-                                    f"responses; a verifier scores each response once")
-            if not np.isfinite(s).all():  # the verifier, the response and the value, where it crosses
-                i = int(np.flatnonzero(~np.isfinite(s))[0])
-                raise UserCodeError(f"weaver: verifier {v.name!r} returned {float(s[i])!r} for prompt "
-                                    f"{clip(problems[i].prompt, 60)}, response {clip(texts[i])} "
-                                    f"({int((~np.isfinite(s)).sum())} non-finite of {len(texts)}); a verifier "
-                                    f"score must be a finite number: fix the verifier")
+                raise UserCodeError(f"weaver: verifier {v.name!r} returned {s.shape} scores for "
+                                    f"{len(texts)} responses; a verifier scores each response once")
+            if not np.isfinite(s).all():  # the verifier, response and value, where it crosses
+                i, n = int(np.flatnonzero(~np.isfinite(s))[0]), int((~np.isfinite(s)).sum())
+                raise UserCodeError(
+                    f"weaver: verifier {v.name!r} returned {float(s[i])!r} for prompt "
+                    f"{clip(problems[i].prompt, 60)}, response {clip(texts[i])} ({n} non-finite of "
+                    f"{len(texts)}); a verifier score must be a finite number: fix the verifier")
             cols.append(s)
         return np.stack(cols, axis=1)
 

@@ -223,40 +223,49 @@ def check_multi_turn(t: TrainConfig, env: Environment) -> None:
                               f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
 
 
-VOCAB_TRAIN_CHECKED = 2000  # training samples whose text is checked against the character vocabulary (seeded)
+VOCAB_TRAIN_CHECKED = 2000  # training samples checked against the character vocabulary (seeded)
 
 
-def check_vocabulary(t: TrainConfig, train: list[Any], held: list[Any], model_dir: str) -> dict[str, Any] | None:
-    """Prompts and answers against the CPU character tokenizer, which encodes any character it lacks as "?": a
-    prompt with `→` would train on "?" without a word. The held-out set and up to `VOCAB_TRAIN_CHECKED` training
-    samples (seeded; a dataset of millions costs no more) are checked; a character missing is refused, naming a
-    sample, the character and its code point, unless `model.unknown_chars=map` (then said once). A Hugging Face
-    tokenizer is byte-level: nothing to check (None). Returns what was checked, for the manifest."""
+def check_vocabulary(t: TrainConfig, train: list[Any], held: list[Any], model_dir: str
+                     ) -> dict[str, Any] | None:
+    """Prompts and answers against the CPU character tokenizer, which encodes a character it lacks
+    as "?": a prompt with `→` would train on "?" without a word. The held-out set and up to
+    `VOCAB_TRAIN_CHECKED` training samples (seeded; millions of samples cost no more) are checked;
+    a missing character is refused, naming a sample, the character and its code point, unless
+    `model.unknown_chars=map` (then said once). A Hugging Face tokenizer is byte-level: nothing to
+    check (None). Returns what was checked, for the manifest."""
     from rlexp.models.tokenizer import CHAR_TOKENIZER_FILE, CharTokenizer
 
     if not (Path(model_dir) / CHAR_TOKENIZER_FILE).exists():
         return None
     tok = CharTokenizer(Path(model_dir) / CHAR_TOKENIZER_FILE)
-    picked = train if len(train) <= VOCAB_TRAIN_CHECKED else random.Random(0).sample(train, VOCAB_TRAIN_CHECKED)
+    picked = train if len(train) <= VOCAB_TRAIN_CHECKED else \
+        random.Random(0).sample(train, VOCAB_TRAIN_CHECKED)
     checked = [*held, *picked]
-    found = [(s, what, c) for s in checked for what, text in (("prompt", s.problem.prompt), ("answer", s.answer))
-             if (c := tok.unknown(text)) is not None]
+    found = []  # (sample, "prompt" | "answer", the first character missing), one per sample
+    for s in checked:
+        for what, text in (("prompt", s.problem.prompt), ("answer", s.answer)):
+            if (c := tok.unknown(text)) is not None:
+                found.append((s, what, c))
+                break
     summary = {"checked": len(checked), "of": len(train) + len(held), "unknown": len(found),
                "mode": str(t.model.unknown_chars)}
     if not found:
         return summary
     s, what, c = found[0]
-    where = (f"{len(found)} of the {len(checked)} samples checked ({len(held)} held-out, {len(picked)} of "
-             f"{len(train)} training) hold characters the CPU character tokenizer cannot encode (it has printable "
-             f"ASCII, tab and newline; rlexp/assets/rlexp_char_tokenizer.json); the first: {c!r} (U+{ord(c):04X}) "
-             f"in the {what} of problem {s.problem.id!r}: {s.problem.prompt[:80]!r}")
+    where = (f"{len(found)} of the {len(checked)} samples checked ({len(held)} held-out, "
+             f"{len(picked)} of {len(train)} training) hold characters the CPU character tokenizer "
+             f"cannot encode (it has printable ASCII, tab and newline; "
+             f"rlexp/assets/rlexp_char_tokenizer.json); the first: {c!r} (U+{ord(c):04X}) in the "
+             f"{what} of problem {s.problem.id!r}: {s.problem.prompt[:80]!r}")
+    env = f"environment={t.environment.name}"
     if t.model.unknown_chars == "map":
-        print(f"[rlexp] warning: environment={t.environment.name}: {where}; each is encoded as '?' "
-              f"(model.unknown_chars=map)", file=sys.stderr, flush=True)
+        print(f"[rlexp] warning: {env}: {where}; each is encoded as '?' (model.unknown_chars=map)",
+              file=sys.stderr, flush=True)
         return summary
-    raise ConfigError(f"environment={t.environment.name}: {where}. Write it in ASCII in the environment's prompts and "
-                      f"answers (e.g. '->' for '\u2192'), use a model with its own tokenizer (model=...), or set "
-                      f"model.unknown_chars=map to encode each as '?'")
+    raise ConfigError(f"{env}: {where}. Write it in ASCII in the environment's prompts and answers "
+                      f"(e.g. '->' for '\u2192'), use a model with its own tokenizer (model=...), "
+                      f"or set model.unknown_chars=map to encode each as '?'")
 
 
 def check_prompt_lengths(t: TrainConfig, env_name: str, splits: dict[str, list[Any]], model_dir: str) -> None:

@@ -7,8 +7,9 @@ from wrong (results/weaver_pilot.md). A few supervised steps give a start above 
 
 What keeps it honest: its data is `env.sample_batch` on the training split, which already excludes the
 held-out problems and, with `environment.options.verifier_frac`, the verifiers' split; the checkpoint is a
-pure function of (base checkpoint, training data, code, recipe), content-addressed like the tiny model, written
-atomically, and carries its own record (`rlexp_warmup.json`), which the run's manifest copies.
+pure function of (base checkpoint, training data, code, recipe), content-addressed like the tiny
+model, written atomically, and carries its own record (`rlexp_warmup.json`), which the run's
+manifest copies.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ FORMAT_VERSION = 1  # bump when the recipe below changes what a given config wri
 
 
 def code_version() -> dict[str, str]:
-    """rlexp's version and a hash of this module, the recipe: an edited warm-up never reuses an old folder."""
+    """rlexp's version and a hash of this module, the recipe: an edited warm-up never reuses an old
+    folder."""
     try:
         version = importlib.metadata.version("rlexp")
     except importlib.metadata.PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
@@ -46,12 +48,14 @@ def code_version() -> dict[str, str]:
 
 
 def warm_spec(base_dir: Path, t: TrainConfig, env: Environment) -> dict[str, Any]:
-    """Everything the warmed-up weights depend on: the base checkpoint's files (weights and tokenizer), the
-    training split it learns from (every prompt and answer: a task whose answers changed is a different
-    warm-up, whatever its name and options), the code and the recipe."""
-    data = fingerprint_examples([(s.id, s.problem.prompt, s.answer) for s in env.train_samples()])
-    return {"base": hash_files(base_dir), "env": t.environment.name, "options": dict(t.environment.options),
-            "data": data, "code": code_version(), "max_tokens": t.algorithm.max_tokens,
+    """Everything the warmed-up weights depend on: the base checkpoint's files (weights, tokenizer),
+    the training split it learns from (every prompt and answer: a task whose answers changed is a
+    different warm-up, whatever its name and options), the code and the recipe."""
+    train = env.train_samples()
+    return {"base": hash_files(base_dir), "env": t.environment.name,
+            "options": dict(t.environment.options),
+            "data": fingerprint_examples([(s.id, s.problem.prompt, s.answer) for s in train]),
+            "code": code_version(), "max_tokens": t.algorithm.max_tokens,
             "warmup": asdict(t.model.warmup), "format": FORMAT_VERSION}
 
 
@@ -61,8 +65,8 @@ def warm_key(spec: dict[str, Any]) -> str:
 
 def ensure_warm_checkpoint(base_dir: Path, t: TrainConfig, env: Environment
                            ) -> tuple[Path, dict[str, Any]]:
-    """The warmed-up folder for this (base, data, code, recipe), trained on first use; returns it and its record.
-    Says which: a reused folder is named with its key, so a stale one cannot pass unseen."""
+    """The warmed-up folder for this (base, data, code, recipe), trained on first use; returns it
+    and its record. Says which, with the key: a stale folder cannot pass unseen."""
     spec = warm_spec(base_dir, t, env)
     key = warm_key(spec)
     out = DEFAULT_CACHE / "warm" / key
@@ -70,7 +74,8 @@ def ensure_warm_checkpoint(base_dir: Path, t: TrainConfig, env: Environment
         print(f"[rlexp] model.warmup: cache hit, key {key} ({out}): same base, training data "
               f"{spec['data'][:12]}, code and recipe", file=sys.stderr, flush=True)
     else:
-        print(f"[rlexp] model.warmup: training {t.model.warmup.steps} steps, key {key}", file=sys.stderr, flush=True)
+        print(f"[rlexp] model.warmup: training {t.model.warmup.steps} steps, key {key}",
+              file=sys.stderr, flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         _write(base_dir, out, t, env, spec)
     return out, json.loads((out / RECORD).read_text())
@@ -112,7 +117,8 @@ def _greedy_accuracy(model: Any, env: Environment, tok: Any, samples: list[Any],
     return right / max(len(samples), 1)
 
 
-def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment, spec: dict[str, Any]) -> None:
+def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment, spec: dict[str, Any]
+           ) -> None:
     from safetensors.torch import save_file
     from transformers import Qwen3ForCausalLM
 
@@ -150,8 +156,8 @@ def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment, spec: di
                   "data": "env.sample_batch on the training split (no held-out, no verifier-split problem)",
                   **asdict(w), "first_loss": losses[0] if losses else None,
                   "last_loss": losses[-1] if losses else None, "train_greedy_accuracy": acc,
-                  "train_accuracy_n": min(256, len(train)), "key": warm_key(spec), "data_sha256": spec["data"],
-                  "code": spec["code"]}
+                  "train_accuracy_n": min(256, len(train)), "key": warm_key(spec),
+                  "data_sha256": spec["data"], "code": spec["code"]}
         (tmp / RECORD).write_text(json.dumps(record, indent=2, default=str))
         if (out / RECORD).exists():  # another process finished first: keep its (identical) copy
             shutil.rmtree(tmp)
