@@ -1,6 +1,6 @@
-"""Values from the user's code checked where they cross into the loop (issue 45): a NaN reward stops the run naming
-the reward, the problem and the response (or is dropped and counted), an exception in `check()` names the
-environment, the problem and the response."""
+"""Values from the user's code checked where they cross into the loop (issue 45): a NaN reward
+stops the run naming the reward, the problem and the response (or is dropped and counted), an
+exception in `check()` names the environment, the problem and the response."""
 from __future__ import annotations
 
 import json
@@ -45,7 +45,8 @@ def test_stop_names_reward_problem_response_and_value() -> None:
         check_rewards([1.0, 0.0, math.nan, 0.0], samples, texts, _cfg(), None, 2)
     msg = str(e.value)
     assert is_user_error(e.value)
-    for part in ("'mytask.tasks:NearMiss'", "nan", "'p2'", "prompt 2:", "algorithm.nonfinite_reward=drop"):
+    for part in ("'mytask.tasks:NearMiss'", "nan", "'p2'", "prompt 2:",
+                 "algorithm.nonfinite_reward=drop"):
         assert part in msg, msg
     assert "x" * 120 in msg and "x" * 121 not in msg and "(500 chars)" in msg  # the response, cut
     with pytest.raises(UserCodeError, match=r"returned 1\.5 .* in \[0\.0, 1\.0\]"):
@@ -83,33 +84,37 @@ from mytask.tasks import NearMiss
 
 
 class NanReward(NearMiss):
-    """NearMiss, but NaN for every response to problems whose string starts with b (a user's bug)."""
+    """NearMiss, but NaN for every response to a problem whose string starts with b (a bug)."""
 
     def _score(self, samples, texts, group_size):
         out = super()._score(samples, texts, group_size)
-        out.rewards = [math.nan if s.id.startswith("b") else r for s, r in zip(samples, out.rewards)]
+        out.rewards = [math.nan if s.id.startswith("b") else r
+                       for s, r in zip(samples, out.rewards)]
         return out
 '''
 TINY = ["algorithm.prompts_per_step=8", "algorithm.group_size=4", "eval.every_n_steps=0", "steps=2"]
 
 
-def _train(tmp_path: Path, tag: str, name: str, *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _train(tmp_path: Path, tag: str, name: str, *extra: str
+           ) -> tuple[subprocess.CompletedProcess[str], Path]:
     project = tmp_path / "my_task"
     if not project.exists():
-        shutil.copytree(REPO / "examples" / "my_task", project, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO / "examples" / "my_task", project,
+                        ignore=shutil.ignore_patterns("__pycache__"))
         (project / "mytask" / "nan_reward.py").write_text(NAN_REWARD)
     run = tmp_path / name
     p = subprocess.run([sys.executable, "-m", "rlexp", "train", f"config_path={project / 'conf'}",
-                        "environment=count_a", "reward.name=mytask.nan_reward:NanReward", *TINY, *extra,
-                        f"hydra.run.dir={run}"], cwd=tmp_path, env=tagged_env(tag), capture_output=True,
-                       text=True, timeout=600)
+                        "environment=count_a", "reward.name=mytask.nan_reward:NanReward", *TINY,
+                        *extra, f"hydra.run.dir={run}"], cwd=tmp_path, env=tagged_env(tag),
+                       capture_output=True, text=True, timeout=600)
     return p, run
 
 
 @pytest.mark.slow
 def test_nan_reward_stops_the_run_naming_it_or_is_dropped(tmp_path: Path, tag: str) -> None:
-    """A user's reward (in the reward actor) returns NaN: the run stops at step 1 with one line naming the reward,
-    the problem and the value, not a crash in the sampler a step later; with `drop` it trains on and counts."""
+    """A user's reward (in the reward actor) returns NaN: the run stops at step 1 with one line
+    naming the reward, the problem and the value, not a crash in the sampler a step later; with
+    `drop` it trains on and counts."""
     p, _ = _train(tmp_path, tag, "stop")
     assert p.returncode == 2, p.stderr[-3000:]
     line = [x for x in p.stderr.splitlines() if x.startswith("rlexp: error:")]
@@ -120,8 +125,10 @@ def test_nan_reward_stops_the_run_naming_it_or_is_dropped(tmp_path: Path, tag: s
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [r for r in metrics(run) if "reward/dropped_nonfinite" in r]
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["reward/dropped_nonfinite"] > 0 and math.isfinite(r["reward/mean"]) for r in rows), rows
-    assert json.loads((run / "manifest.json").read_text())["config"]["algorithm"]["nonfinite_reward"] == "drop"
+    assert all(r["reward/dropped_nonfinite"] > 0 and math.isfinite(r["reward/mean"])
+               for r in rows), rows
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["config"]["algorithm"]["nonfinite_reward"] == "drop"
     assert wait_no_orphans(tag) == []
 
 
@@ -141,5 +148,6 @@ def test_a_nan_verifier_score_names_the_verifier_prompt_and_response() -> None:
     with pytest.raises(UserCodeError) as e:
         reward.score(_samples(4), texts, group_size=2)
     msg = str(e.value)
-    for part in ("verifier 'nanny'", "returned nan", "prompt 'prompt 2:'", "response 'answer 9'", "1 non-finite of 4"):
+    for part in ("verifier 'nanny'", "returned nan", "prompt 'prompt 2:'", "response 'answer 9'",
+                 "1 non-finite of 4"):
         assert part in msg, msg

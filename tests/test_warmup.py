@@ -125,7 +125,7 @@ def test_a_killed_writer_leaves_no_folder_that_counts(tmp_path, monkeypatch):
 
 
 class NewAnswers:
-    """The same environment, name and options, but every training answer changed (a user fixing their task)."""
+    """The same environment, name and options, every training answer changed (a user's fix)."""
 
     def __init__(self, env) -> None:
         self.env = env
@@ -137,8 +137,9 @@ class NewAnswers:
         return getattr(self.env, name)
 
 
-def test_the_key_follows_the_data_code_and_recipe_and_a_hit_is_announced(tmp_path, monkeypatch, capsys):
-    """Issue 45: a warm-up trained on the old answers was reused after the task's answers changed."""
+def test_the_key_follows_the_data_code_and_recipe_and_a_hit_is_announced(tmp_path, monkeypatch,
+                                                                         capsys):
+    """Issue 45: a warm-up trained on old answers was reused after the task's answers changed."""
     monkeypatch.setattr(warmup, "DEFAULT_CACHE", tmp_path)
     t = check_config(composed("experiment=weaver_cpu", "reward=annotated"))
     env, base = build_env(t.environment), resolve_model(t.model)
