@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator
 
 # Matched by class name so this module needs none of the packages that define them.
 USER_ERRORS = ("ConfigError", "PlanError", "TransportError", "CheckpointError", "ResumeError", "DatasetMissing",
-               "RunFolderBusy", "MetricsFileError", "ManifestError", "RunFolderUnsafe")
+               "RunFolderBusy", "MetricsFileError", "ManifestError", "RunFolderUnsafe",
+               "UserCodeError")
+
+
+class UserCodeError(RuntimeError):
+    """A value or an exception that came back from the user's own code (an environment's `check()`,
+    a reward's `score`) and cannot be used: reported where it crosses into the loop, naming the
+    code, the problem and the response, not as a crash downstream (a NaN in `torch.multinomial`)."""
 
 
 class RunStopped(RuntimeError):

@@ -3,6 +3,7 @@ training split, content-addressed and recorded; the random-init default of `rlex
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 from pathlib import Path
 
@@ -121,3 +122,39 @@ def test_a_killed_writer_leaves_no_folder_that_counts(tmp_path, monkeypatch):
     monkeypatch.setattr(warmup, "DEFAULT_CACHE", tmp_path)
     path, _ = warmup.ensure_warm_checkpoint(resolve_model(t.model), t, env)
     assert (path / warmup.RECORD).exists()
+
+
+class NewAnswers:
+    """The same environment, name and options, every training answer changed (a user's fix)."""
+
+    def __init__(self, env) -> None:
+        self.env = env
+
+    def train_samples(self):
+        return [dataclasses.replace(s, answer=s.answer + "0") for s in self.env.train_samples()]
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+
+def test_the_key_follows_the_data_code_and_recipe_and_a_hit_is_announced(tmp_path, monkeypatch,
+                                                                         capsys):
+    """Issue 45: a warm-up trained on old answers was reused after the task's answers changed."""
+    monkeypatch.setattr(warmup, "DEFAULT_CACHE", tmp_path)
+    t = check_config(composed("experiment=weaver_cpu", "reward=annotated"))
+    env, base = build_env(t.environment), resolve_model(t.model)
+    spec = warmup.warm_spec(base, t, env)
+    key = warmup.warm_key(spec)
+    assert warmup.warm_key(warmup.warm_spec(base, t, env)) == key  # a pure function of its inputs
+    assert warmup.warm_key(warmup.warm_spec(base, t, NewAnswers(env))) != key
+    assert warmup.warm_key({**spec, "code": {**spec["code"], "warmup_code": "edited"}}) != key
+    assert spec["code"]["warmup_code"] == warmup.sha256_file(Path(warmup.__file__))[:16]
+    t.model.warmup.lr *= 2
+    assert warmup.warm_key(warmup.warm_spec(base, t, env)) != key
+    t.model.warmup.lr /= 2
+    folder = tmp_path / "warm" / key
+    folder.mkdir(parents=True)
+    (folder / warmup.RECORD).write_text(json.dumps({"key": key}))
+    path, record = warmup.ensure_warm_checkpoint(base, t, env)  # a hit: nothing trained
+    assert path == folder and record == {"key": key}
+    assert f"model.warmup: cache hit, key {key}" in capsys.readouterr().err

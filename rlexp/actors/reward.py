@@ -15,6 +15,7 @@ from rlexp.actors.verifier import served_scorer
 from rlexp.core.plugins import activate_from_env
 from rlexp.core.services import Service
 from rlexp.envs.registry import build_env
+from rlexp.errors import UserCodeError
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
@@ -61,8 +62,14 @@ class RewardService(Actor):
         return [v.name for v in judges]
 
     @endpoint
-    def score(self, samples: list[Sample], texts: list[str], group_size: int) -> RewardOutput:
-        out = self.reward.score(samples, texts, group_size)
+    def score(self, samples: list[Sample], texts: list[str], group_size: int
+              ) -> RewardOutput | UserCodeError:
+        """A `UserCodeError` (the user's `check()` raised) is returned, not raised: the controller
+        raises it as is, one clear line, where a raised one would arrive wrapped in a traceback."""
+        try:
+            out = self.reward.score(samples, texts, group_size)
+        except UserCodeError as e:
+            return UserCodeError(str(e))
         for svc in self.services:
             out.metrics.update(svc.metrics())
         return out

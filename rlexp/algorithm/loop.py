@@ -17,6 +17,7 @@ Which replica serves what is the services' business (rlexp/core/services.py), no
 """
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections import deque
@@ -32,6 +33,9 @@ from rlexp.config.schema import TrainConfig
 from rlexp.core.seeding import request_seed
 from rlexp.core.services import Pending, Services
 from rlexp.envs.base import Environment
+from rlexp.errors import UserCodeError
+from rlexp.rewards.base import reward_class
+from rlexp.rewards.crossing import bad_rewards, refuse
 from rlexp.types import Completion, Episode, RewardOutput, Sample, TrainBatch
 
 Encode = Callable[[str], list[int]]
@@ -94,11 +98,16 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
     flat_samples = [s for s in samples for _ in range(k)]
     flat = [c for g in groups for c in g]
     # Whole groups per reward replica: Weaver's label model and group metrics need complete groups.
-    scored = RewardOutput.concat(
-        svc.rewards.score.scatter(flat_samples, k, unit=k, rows=[[c.text for c in flat]]).get())
+    parts = svc.rewards.score.scatter(flat_samples, k, unit=k, rows=[[c.text for c in flat]]).get()
+    for part in parts:
+        if isinstance(part, UserCodeError):  # the user's check() raised, in the reward's process
+            raise part
+    scored = RewardOutput.concat(parts)
     multi_turn = any(c.loss_mask is not None for c in flat)  # text = transcript; + per-turn rewards
-    rewards = torch.tensor(episode_rewards(flat, scored) if multi_turn else scored.rewards,
-                           dtype=torch.float32)
+    values = episode_rewards(flat, scored) if multi_turn else list(scored.rewards)
+    dropped = check_rewards(values, flat_samples, [c.text for c in flat], cfg,
+                            _value_range(cfg.reward.name), k)
+    rewards = torch.tensor(values, dtype=torch.float32)
     adv = group_advantages(rewards, k, a.norm_adv_by_std)
     ref = None
     if svc.reference is not None:
@@ -107,11 +116,16 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
     episodes = [Episode(c.prompt_ids, c.token_ids, c.logprobs, adv_list[i], reward_list[i], c.policy_version,
                         ref[i] if ref else None, c.loss_mask) for i, c in enumerate(flat)]
     grouped = _groups(episodes, k)
+    if dropped:  # out of training; the rest of its group was normalised with it at the group's mean
+        grouped = [[e for j, e in enumerate(g) if gi * k + j not in dropped]
+                   for gi, g in enumerate(grouped)]
+        grouped = [g for g in grouped if g]
     if a.filter_zero_adv_groups:
         grouped = [g for g in grouped if any(e.advantage != 0.0 for e in g)] or grouped
     metrics = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std()),
                "reward/zero_adv_groups": float(sum(all(e.advantage == 0.0 for e in g) for g in grouped)) / len(grouped),
-               "response/len_mean": sum(len(c.token_ids) for c in flat) / len(flat)}
+               "response/len_mean": sum(len(c.token_ids) for c in flat) / len(flat),
+               "reward/dropped_nonfinite": float(len(dropped))}
     metrics.update(scored.metrics)
     if multi_turn:
         metrics.update(episode_metrics(flat))
@@ -122,6 +136,35 @@ def score_groups(svc: Services, samples: list[Sample], groups: list[list[Complet
                  **(transcript_row(flat_samples[i].problem.prompt, flat[i]) if multi_turn else {})}
                 for i in range(shown)]
     return grouped, metrics, rollouts
+
+
+@functools.cache
+def _value_range(reward: str) -> tuple[float, float] | None:
+    """The configured reward's declared range (`rlexp.rewards.base.Reward.value_range`), once."""
+    return reward_class(reward).value_range
+
+
+def check_rewards(values: list[float], samples: list[Sample], texts: list[str], cfg: TrainConfig,
+                  value_range: tuple[float, float] | None, k: int) -> set[int]:
+    """Every reward finite and in the reward's declared range, checked as it reaches the loop (a NaN
+    would otherwise surface a step later in the sampler, naming nothing). `nonfinite_reward=stop`
+    raises naming the reward, the sample, the response and the value; `drop` puts each bad reward at
+    its group's mean of the good ones (the others' advantages ignore it) and returns the indices to
+    drop."""
+    bad = bad_rewards(values, value_range)
+    if not bad:
+        return set()
+    if cfg.algorithm.nonfinite_reward == "stop":
+        i = bad[0]
+        raise refuse(cfg.reward.name, samples[i], texts[i], values[i], value_range, len(bad))
+    dropped = set(bad)
+    for g in range(0, len(values), k):
+        good = [values[i] for i in range(g, g + k) if i not in dropped]
+        mean = sum(good) / len(good) if good else 0.0
+        for i in range(g, g + k):
+            if i in dropped:
+                values[i] = mean
+    return dropped
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from rlexp.config.trust import DATA, LOCATION, location_meta
 
 DType = StrEnum("DType", {v: v for v in ("float32", "bfloat16", "float16")})
 TokenizerKind = StrEnum("TokenizerKind", {v: v for v in ("char", "hf")})
+UnknownChars = StrEnum("UnknownChars", {v: v for v in ("refuse", "map")})
 
 
 @dataclass
@@ -64,6 +65,9 @@ class ModelConfig:
     # TorchTitan flavour (qwen3_configs key) or "tiny" for the embedded random model.
     flavor: str = field(default="tiny", metadata=DATA)
     tokenizer: TokenizerKind = TokenizerKind.char
+    # A prompt or answer character the CPU character tokenizer lacks (it has printable ASCII, tab,
+    # newline): refuse (checked before anything spawns), or map: encode it as "?" with a warning.
+    unknown_chars: UnknownChars = UnknownChars.refuse
     chat_template: bool = False
     dtype: DType = DType.float32
     # Seed of the embedded tiny model's random init (fixed so every user starts from the same weights).

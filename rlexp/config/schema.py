@@ -33,6 +33,7 @@ LossAgg = _choices("LossAgg", "token_mean", "seq_mean_token_mean", "seq_mean_tok
 Backend = _choices("Backend", "titan", "vllm")
 LRSchedule = _choices("LRSchedule", "constant", "linear", "cosine")
 SyncMode = _choices("SyncMode", "on_policy", "async")
+NonFinite = _choices("NonFinite", "stop", "drop")
 Device = _choices("Device", "cpu", "cuda")
 Determinism = _choices("Determinism", "off", "seeded", "full")
 
@@ -56,6 +57,10 @@ class AlgorithmConfig:
     loss: str = field(default="grpo", metadata=CODE)
     # Drop groups whose rewards are all equal (zero advantage carries no gradient, only noise in the mean).
     filter_zero_adv_groups: bool = False
+    # A reward that is NaN/inf or outside the reward's declared range: stop the run naming the
+    # reward, the problem and the response; drop: leave that response out of training, counted in
+    # `reward/dropped_nonfinite`.
+    nonfinite_reward: NonFinite = NonFinite.stop
 
 
 @dataclass

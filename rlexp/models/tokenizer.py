@@ -40,10 +40,14 @@ class CharTokenizer:
         self._ids = {c: i + self._offset for i, c in enumerate(self.chars)}
 
     def encode(self, text: str) -> list[int]:
-        # Characters outside printable ASCII (e.g. a curly apostrophe in a benchmark question) become "?":
-        # the tiny model only has to run the pipeline on such prompts, not understand them.
+        # Characters outside printable ASCII become "?". A run refuses them before spawning unless
+        # the config opts into it (`model.unknown_chars=map`, rlexp.run.prepare.check_vocabulary).
         unknown = self._ids["?"]
         return [self._ids.get(c, unknown) for c in text]
+
+    def unknown(self, text: str) -> str | None:
+        """The first character of `text` this vocabulary lacks (`encode` makes it "?"), or None."""
+        return next((c for c in text if c not in self._ids), None)
 
     def decode(self, ids: list[int]) -> str:
         out = []

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from rlexp.config.reward import RewardConfig
 from rlexp.registry import Registry
+from rlexp.rewards.crossing import checked
 from rlexp.types import Problem, RewardOutput, Sample
 
 # Meta keys that would smuggle a gold label past the Problem/Sample split. Environments must not put the
@@ -32,6 +33,9 @@ class Reward:
     # A deterministic function of (samples, texts): no verifier to wait on, no state. A run then scores it in the
     # controller (rlexp.run.wiring), where it costs no message each way per step.
     pure: ClassVar[bool] = False
+    # The closed interval every reward lies in, if the reward declares one; a value outside it (or
+    # NaN/inf, always) is refused where it reaches the loop (rlexp.rewards.crossing).
+    value_range: ClassVar[tuple[float, float] | None] = None
     # The verifiers a label-free reward scores with; model verifiers among them get their model attached by
     # the reward service (rlexp.actors.reward) once their services are up.
     verifiers: list[Any]
@@ -84,7 +88,8 @@ class Reward:
             raise ValueError(f"reward {self.name!r} asks for {len(want)} gold labels (a labelled dev set, "
                              f"options.dev_labels) but this batch has no gold answers (evaluation-time selection "
                              f"scores Problems only); set options.class_balance=estimate or prior there")
-        self.receive_labels({i: bool(self.env.check(samples[i], texts[i]).correct) for i in want})
+        self.receive_labels({i: bool(checked(self.env, samples[i], texts[i]).correct)
+                             for i in want})
 
     def state_dict(self) -> dict[str, Any]:
         """Plain, JSON-serialisable state saved with the run checkpoint (stateless rewards return {})."""

@@ -8,6 +8,7 @@ that stops emitting a parseable answer is a different failure from one that answ
 from __future__ import annotations
 
 from rlexp.rewards.base import Reward, register_reward
+from rlexp.rewards.crossing import checked
 from rlexp.types import RewardOutput, Sample
 
 
@@ -16,7 +17,7 @@ def check_batch(reward: Reward, samples: list[Sample], texts: list[str], prefix:
     rewards, details = [], []
     n_correct = n_unparseable = 0
     for sample, text in zip(samples, texts):
-        c = reward.env.check(sample, text)
+        c = checked(reward.env, sample, text)
         rewards.append(float(c.score) if c.score is not None else 1.0 if c.correct else 0.0)
         n_correct += bool(c.correct)
         n_unparseable += not c.parseable
@@ -36,6 +37,7 @@ def check_batch(reward: Reward, samples: list[Sample], texts: list[str], prefix:
 class RuleReward(Reward):
     needs_gold = True
     pure = True
+    value_range = (0.0, 1.0)  # 1/0, or `Check.score`'s partial credit
 
     def _score(self, samples: list[Sample], texts: list[str], group_size: int) -> RewardOutput:
         return check_batch(self, samples, texts)

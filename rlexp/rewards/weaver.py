@@ -36,7 +36,9 @@ from typing import Any
 import numpy as np
 
 from rlexp.config.reward import RewardConfig, VerifierConfig
+from rlexp.errors import UserCodeError
 from rlexp.rewards.base import Reward, plain, register_reward
+from rlexp.rewards.crossing import clip
 from rlexp.rewards.label_model import BinaryLabelModel, LabelModelParams
 from rlexp.rewards.verifiers.base import ServedVerifier, Verifier
 from rlexp.rewards.verifiers.registry import build_verifier
@@ -460,9 +462,15 @@ class WeaverReward(Reward):
         cols = []
         for v in self.verifiers:
             s = np.asarray(started[v.name].get() if v.name in started else v.score(problems, texts), dtype=np.float64)
-            if s.shape != (len(texts),) or not np.isfinite(s).all():
-                raise RuntimeError(f"weaver: verifier {v.name!r} returned {s.shape} scores (non-finite: "
-                                   f"{int((~np.isfinite(s)).sum()) if s.ndim else '?'}) for {len(texts)} responses")
+            if s.shape != (len(texts),):
+                raise UserCodeError(f"weaver: verifier {v.name!r} returned {s.shape} scores for "
+                                    f"{len(texts)} responses; a verifier scores each response once")
+            if not np.isfinite(s).all():  # the verifier, response and value, where it crosses
+                i, n = int(np.flatnonzero(~np.isfinite(s))[0]), int((~np.isfinite(s)).sum())
+                raise UserCodeError(
+                    f"weaver: verifier {v.name!r} returned {float(s[i])!r} for prompt "
+                    f"{clip(problems[i].prompt, 60)}, response {clip(texts[i])} ({n} non-finite of "
+                    f"{len(texts)}); a verifier score must be a finite number: fix the verifier")
             cols.append(s)
         return np.stack(cols, axis=1)
 

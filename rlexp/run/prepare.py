@@ -149,6 +149,7 @@ def prepare(cfg: DictConfig) -> Prepared:
     check_multi_turn(t, env)
     model_dir = str(resolve_model(t.model))
     extra_limits = check_checkpoint_limits(t, model_dir)
+    vocabulary = check_vocabulary(t, train, held, model_dir)
     warm = None
     if t.model.warmup.steps:
         warm_dir, warm = ensure_warm_checkpoint(Path(model_dir), t, env)
@@ -163,7 +164,7 @@ def prepare(cfg: DictConfig) -> Prepared:
                 [(s.id, s.problem.prompt, s.answer) for s in held])}},
         "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
                   "path": model_dir, "sha256": hash_files(model_dir), "warmup": warm,
-                  "limits": extra_limits},
+                  "limits": extra_limits, "vocabulary": vocabulary},
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
@@ -220,6 +221,51 @@ def check_multi_turn(t: TrainConfig, env: Environment) -> None:
         if e.max_reply_tokens < 1 or e.step_timeout_s < 0:
             raise ConfigError(f"environment.max_reply_tokens={e.max_reply_tokens} must be >= 1 and "
                               f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
+
+
+VOCAB_TRAIN_CHECKED = 2000  # training samples checked against the character vocabulary (seeded)
+
+
+def check_vocabulary(t: TrainConfig, train: list[Any], held: list[Any], model_dir: str
+                     ) -> dict[str, Any] | None:
+    """Prompts and answers against the CPU character tokenizer, which encodes a character it lacks
+    as "?": a prompt with `→` would train on "?" without a word. The held-out set and up to
+    `VOCAB_TRAIN_CHECKED` training samples (seeded; millions of samples cost no more) are checked;
+    a missing character is refused, naming a sample, the character and its code point, unless
+    `model.unknown_chars=map` (then said once). A Hugging Face tokenizer is byte-level: nothing to
+    check (None). Returns what was checked, for the manifest."""
+    from rlexp.models.tokenizer import CHAR_TOKENIZER_FILE, CharTokenizer
+
+    if not (Path(model_dir) / CHAR_TOKENIZER_FILE).exists():
+        return None
+    tok = CharTokenizer(Path(model_dir) / CHAR_TOKENIZER_FILE)
+    picked = train if len(train) <= VOCAB_TRAIN_CHECKED else \
+        random.Random(0).sample(train, VOCAB_TRAIN_CHECKED)
+    checked = [*held, *picked]
+    found = []  # (sample, "prompt" | "answer", the first character missing), one per sample
+    for s in checked:
+        for what, text in (("prompt", s.problem.prompt), ("answer", s.answer)):
+            if (c := tok.unknown(text)) is not None:
+                found.append((s, what, c))
+                break
+    summary = {"checked": len(checked), "of": len(train) + len(held), "unknown": len(found),
+               "mode": str(t.model.unknown_chars)}
+    if not found:
+        return summary
+    s, what, c = found[0]
+    where = (f"{len(found)} of the {len(checked)} samples checked ({len(held)} held-out, "
+             f"{len(picked)} of {len(train)} training) hold characters the CPU character tokenizer "
+             f"cannot encode (it has printable ASCII, tab and newline; "
+             f"rlexp/assets/rlexp_char_tokenizer.json); the first: {c!r} (U+{ord(c):04X}) in the "
+             f"{what} of problem {s.problem.id!r}: {s.problem.prompt[:80]!r}")
+    env = f"environment={t.environment.name}"
+    if t.model.unknown_chars == "map":
+        print(f"[rlexp] warning: {env}: {where}; each is encoded as '?' (model.unknown_chars=map)",
+              file=sys.stderr, flush=True)
+        return summary
+    raise ConfigError(f"{env}: {where}. Write it in ASCII in the environment's prompts and answers "
+                      f"(e.g. '->' for '\u2192'), use a model with its own tokenizer (model=...), "
+                      f"or set model.unknown_chars=map to encode each as '?'")
 
 
 def check_prompt_lengths(t: TrainConfig, env_name: str, splits: dict[str, list[Any]], model_dir: str) -> None:

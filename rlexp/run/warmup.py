@@ -7,16 +7,19 @@ from wrong (results/weaver_pilot.md). A few supervised steps give a start above 
 
 What keeps it honest: its data is `env.sample_batch` on the training split, which already excludes the
 held-out problems and, with `environment.options.verifier_frac`, the verifiers' split; the checkpoint is a
-pure function of (base checkpoint, task, recipe), content-addressed like the tiny model, written atomically,
-and carries its own record (`rlexp_warmup.json`), which the run's manifest copies.
+pure function of (base checkpoint, training data, code, recipe), content-addressed like the tiny
+model, written atomically, and carries its own record (`rlexp_warmup.json`), which the run's
+manifest copies.
 """
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -28,25 +31,53 @@ from rlexp.config.schema import TrainConfig
 from rlexp.envs.base import Environment
 from rlexp.models.tiny import DEFAULT_CACHE
 from rlexp.models.tokenizer import load_tokenizer
-from rlexp.tracking.files import sha256_file
+from rlexp.tracking.files import fingerprint_examples, hash_files, sha256_file
 
 RECORD = "rlexp_warmup.json"  # written last: its presence marks a complete folder
 FORMAT_VERSION = 1  # bump when the recipe below changes what a given config writes
 
 
-def warm_key(base_dir: Path, t: TrainConfig) -> str:
-    spec = {"base": sha256_file(base_dir / "model.safetensors"), "env": t.environment.name,
-            "options": dict(t.environment.options), "max_tokens": t.algorithm.max_tokens,
+def code_version() -> dict[str, str]:
+    """rlexp's version and a hash of this module, the recipe: an edited warm-up never reuses an old
+    folder."""
+    try:
+        version = importlib.metadata.version("rlexp")
+    except importlib.metadata.PackageNotFoundError:  # a source tree on PYTHONPATH, not installed
+        version = "unknown"
+    return {"rlexp": version, "warmup_code": sha256_file(Path(__file__))[:16]}
+
+
+def warm_spec(base_dir: Path, t: TrainConfig, env: Environment) -> dict[str, Any]:
+    """Everything the warmed-up weights depend on: the base checkpoint's files (weights, tokenizer),
+    the training split it learns from (every prompt and answer: a task whose answers changed is a
+    different warm-up, whatever its name and options), the code and the recipe."""
+    train = env.train_samples()
+    return {"base": hash_files(base_dir), "env": t.environment.name,
+            "options": dict(t.environment.options),
+            "data": fingerprint_examples([(s.id, s.problem.prompt, s.answer) for s in train]),
+            "code": code_version(), "max_tokens": t.algorithm.max_tokens,
             "warmup": asdict(t.model.warmup), "format": FORMAT_VERSION}
+
+
+def warm_key(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def ensure_warm_checkpoint(base_dir: Path, t: TrainConfig, env: Environment) -> tuple[Path, dict[str, Any]]:
-    """The warmed-up folder for this (base, task, recipe), trained on first use; returns it and its record."""
-    out = DEFAULT_CACHE / "warm" / warm_key(base_dir, t)
-    if not (out / RECORD).exists():
+def ensure_warm_checkpoint(base_dir: Path, t: TrainConfig, env: Environment
+                           ) -> tuple[Path, dict[str, Any]]:
+    """The warmed-up folder for this (base, data, code, recipe), trained on first use; returns it
+    and its record. Says which, with the key: a stale folder cannot pass unseen."""
+    spec = warm_spec(base_dir, t, env)
+    key = warm_key(spec)
+    out = DEFAULT_CACHE / "warm" / key
+    if (out / RECORD).exists():
+        print(f"[rlexp] model.warmup: cache hit, key {key} ({out}): same base, training data "
+              f"{spec['data'][:12]}, code and recipe", file=sys.stderr, flush=True)
+    else:
+        print(f"[rlexp] model.warmup: training {t.model.warmup.steps} steps, key {key}",
+              file=sys.stderr, flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        _write(base_dir, out, t, env)
+        _write(base_dir, out, t, env, spec)
     return out, json.loads((out / RECORD).read_text())
 
 
@@ -86,7 +117,8 @@ def _greedy_accuracy(model: Any, env: Environment, tok: Any, samples: list[Any],
     return right / max(len(samples), 1)
 
 
-def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment) -> None:
+def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment, spec: dict[str, Any]
+           ) -> None:
     from safetensors.torch import save_file
     from transformers import Qwen3ForCausalLM
 
@@ -124,7 +156,8 @@ def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment) -> None:
                   "data": "env.sample_batch on the training split (no held-out, no verifier-split problem)",
                   **asdict(w), "first_loss": losses[0] if losses else None,
                   "last_loss": losses[-1] if losses else None, "train_greedy_accuracy": acc,
-                  "train_accuracy_n": min(256, len(train))}
+                  "train_accuracy_n": min(256, len(train)), "key": warm_key(spec),
+                  "data_sha256": spec["data"], "code": spec["code"]}
         (tmp / RECORD).write_text(json.dumps(record, indent=2, default=str))
         if (out / RECORD).exists():  # another process finished first: keep its (identical) copy
             shutil.rmtree(tmp)
