@@ -67,25 +67,35 @@ def auc(curve: dict[int, float]) -> float:
     return sum((curve[b] + curve[a]) / 2 * (b - a) for a, b in pairwise(steps)) / (steps[-1] - steps[0])
 
 
-def load_run(job: Path, best: str | None) -> dict[str, Any] | None:
+# Reward presets that are an arm under another name: the debiased single_rm (addendum v12) is the single_rm arm.
+ARM_OF = {"single_rm_debiased": "single_rm"}
+
+
+def load_run(job: Path, best: str | None, balance: bool = True) -> dict[str, Any] | None:
+    """One run's figures from its eval samples. Answer classes are the run's own gold answers (any environment);
+    `balance=False` takes plain accuracy as the statistic instead, for free-form answers (MATH, GPQA, MMLU-Pro)
+    where nearly every problem is its own class and class balancing means nothing."""
     evals = sorted((job / "eval_samples").glob("train_step*.jsonl"))
     if len(evals) < 2 or not (job / ".hydra/overrides.yaml").exists():
         return None
     ov = dict(o.lstrip("+~").split("=", 1) for o in yaml.safe_load((job / ".hydra/overrides.yaml").read_text()))
-    arm = ov.get("reward", "rule")
+    reward = ov.get("reward", "rule")
+    arm = ARM_OF.get(reward, reward)
     if arm == "single_rm" and best and ov.get("reward.options.verifier") == best:
         arm = "best_verifier"
+    debiased = reward in ("single_rm_debiased", "best_verifier") or ov.get("reward.options.debias_answers") == "true"
     bal, plain, share, golds = {}, {}, {}, Counter()
     for f in evals:
         step = int(f.stem.removeprefix("train_step"))
         recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-        bal[step], plain[step], share[step] = balanced(recs), st.mean(r["correct"] for r in recs), top_share(recs)
+        plain[step], share[step] = st.mean(r["correct"] for r in recs), top_share(recs)
+        bal[step] = balanced(recs) if balance else plain[step]
         golds = Counter(str(r["gold"]) for r in recs)
     last = sorted(bal)[-2:]
     return {"job": str(job), "arm": arm, "seed": int(ov.get("seed", 0)), "auc": auc(bal),
             "final": st.mean(bal[s] for s in last), "plain_auc": auc(plain),
             "plain_final": st.mean(plain[s] for s in last), "top_share": share[max(share)],
-            "start": bal[min(bal)], "curve": bal, "golds": golds, "stand_ins": stand_ins(job)}
+            "start": bal[min(bal)], "curve": bal, "golds": golds, "stand_ins": stand_ins(job), "debiased": debiased}
 
 
 def stand_ins(job: Path) -> dict[str, str]:
@@ -121,9 +131,10 @@ def shared_stand_ins(runs: list[dict[str, Any]]) -> dict[str, str]:
     return {n: next(iter(d)) for n, d in sorted(seen.items())}
 
 
-def load_sweep(sweep: Path, best: str | None) -> list[dict[str, Any]]:
+def load_sweep(sweep: Path, best: str | None, balance: bool = True) -> list[dict[str, Any]]:
     """Every finished run (with at least two evaluations) in a sweep folder, in folder-name order."""
-    return [r for job in sorted(p for p in sweep.iterdir() if p.is_dir()) if (r := load_run(job, best)) is not None]
+    return [r for job in sorted(p for p in sweep.iterdir() if p.is_dir())
+            if (r := load_run(job, best, balance)) is not None]
 
 
 def load_csv(path: Path) -> list[dict[str, Any]]:
@@ -139,7 +150,8 @@ def load_csv(path: Path) -> list[dict[str, Any]]:
     try:
         return [{"job": r["job"], "arm": r["arm"], "seed": int(r["seed"]), "auc": float(r["auc_balanced"]),
                  "final": float(r["final_balanced"]), "plain_final": float(r["final_plain"]),
-                 "top_share": float(r["top_share"]), "start": float(r["start_balanced"])} for r in rows]
+                 "top_share": float(r["top_share"]), "start": float(r["start_balanced"]),
+                 "debiased": r.get("debiased") == "1"} for r in rows]
     except ValueError as e:
         raise SystemExit(f"{path}: a value is not a number ({e}); restore the file from git") from None
 
@@ -282,6 +294,8 @@ def analyse(runs: list[dict[str, Any]], selection: dict[str, dict[str, float]] |
     conditions = goal_conditions(res)
     res["goal_met"] = all(conditions[k] for k in REGISTERED)
     res["goal_met_rebased"] = all(conditions[k] for k in REBASED)
+    single = [r for r in runs if r["arm"] == "single_rm"]
+    res["single_rm_debiased"] = bool(single) and all(r.get("debiased") for r in single)
     return res
 
 
@@ -427,7 +441,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verifier-set", default="arithmetic", help="the panel the sweep used (its static baseline)")
     ap.add_argument("--selection-only", action="store_true", help="only the static best-of-K baseline")
     ap.add_argument("--from-csv", type=Path, help="recompute from a committed PREFIX.csv instead of run folders")
+    ap.add_argument("--no-balance", action="store_true",
+                    help="plain accuracy as the statistic (free-form answers: MATH, GPQA, MMLU-Pro)")
     args = ap.parse_args(argv)
+    if not (args.no_selection or args.from_csv) and not args.verifier_set.startswith("arithmetic"):
+        raise SystemExit(f"the static best-of-K baseline answers every prompt with the digits 0-9 (the arithmetic "
+                         f"task); verifier set {args.verifier_set!r} is not one: pass --no-selection")
     command = "python scripts/weaver_analysis.py " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     if args.from_csv:
         return from_csv(args.from_csv, args.out, command)
@@ -438,18 +457,20 @@ def main(argv: list[str] | None = None) -> int:
                                                             indent=2) + "\n")
         print(json.dumps(selection, indent=2))
         return 0
-    runs = [r for sw in args.sweeps for r in load_sweep(sw, args.best)]
+    runs = [r for sw in args.sweeps for r in load_sweep(sw, args.best, not args.no_balance)]
     if not runs:
         raise SystemExit(f"no finished runs with evaluations under {[str(s) for s in args.sweeps]}")
     res = analyse(runs, selection)
+    if args.no_balance:
+        res["statistic"] = "AUC of plain held-out accuracy (--no-balance: free-form answers)"
     res["degenerate_single_rm"] = degenerate_single_rm(res)
     res["command"] = command
     with open(args.out.with_suffix(".csv"), "w") as f:
         f.write(f"# produced by: {command}; read with comment='#'\n")
-        f.write("arm,seed,auc_balanced,final_balanced,final_plain,top_share,start_balanced,job\n")
+        f.write("arm,seed,auc_balanced,final_balanced,final_plain,top_share,start_balanced,job,debiased\n")
         for r in sorted(runs, key=lambda r: (r["arm"], r["seed"])):
             f.write(f"{r['arm']},{r['seed']},{r['auc']:.4f},{r['final']:.4f},{r['plain_final']:.4f},"
-                    f"{r['top_share']:.4f},{r['start']:.4f},{r['job']}\n")
+                    f"{r['top_share']:.4f},{r['start']:.4f},{r['job']},{int(r['debiased'])}\n")
     write_report(res, args.out, command)
     plot(runs, args.out.with_suffix(".png"))
     return 0

@@ -170,3 +170,52 @@ def test_a_csv_that_is_not_weaver_analysis_is_named(tmp_path: Path):
         assert "not a weaver_analysis CSV" in str(e)
     else:
         raise AssertionError("a foreign CSV was analysed")
+
+
+def _math_run(root: Path, reward: str, seed: int, acc_by_step: dict[int, float]) -> None:
+    """A MATH-style run folder as `rlexp train experiment=qwen3_8b_math` writes it: free-form gold answers, most
+    problems their own answer class."""
+    golds = [r"\frac{1}{2}", r"3\sqrt{2}", "(1, -2)", r"\pi/4", "12", "x^2+1", r"\{1, 3\}", "0.25"] * 5
+    job = root / f"{reward}-{seed}"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra/overrides.yaml").write_text(f"- experiment=qwen3_8b_math\n- reward={reward}\n- seed={seed}\n")
+    (job / "eval_samples").mkdir()
+    for step, acc in acc_by_step.items():
+        k = round(acc * len(golds))  # the first k right, the rest answer "7"
+        lines = [json.dumps({"gold": g, "correct": i < k, "response": "...", "extracted": g if i < k else "7"})
+                 for i, g in enumerate(golds)]
+        (job / "eval_samples" / f"train_step{step:06d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_math_sweep_with_free_form_answers_and_the_table_presets(tmp_path: Path):
+    """Issue 46 item 5: the analysis reads any environment's answers. On a MATH-style sweep (arms named as
+    sweeps/weaver_table.yaml names them) --no-balance makes plain accuracy the statistic: weaver_paper 0.5 -> 0.7
+    -> 0.9 over steps 0/100/200 has AUC (0.6 + 0.8) / 2 = 0.7, gold 0.5 -> 0.9 -> 0.9 has 0.8, so the gap from the
+    start is (0.7 - 0.5) / (0.8 - 0.5) = 2/3; single_rm_debiased is the single_rm arm and is marked debiased."""
+    sweep = tmp_path / "sweep"
+    for seed in range(3):
+        _math_run(sweep, "weaver_paper", seed, {0: 0.5, 100: 0.7, 200: 0.9})
+        _math_run(sweep, "annotated", seed, {0: 0.5, 100: 0.9, 200: 0.9})
+        _math_run(sweep, "single_rm_debiased", seed, {0: 0.5, 100: 0.5, 200: 0.5})
+        _math_run(sweep, "best_verifier", seed, {0: 0.5, 100: 0.6, 200: 0.6})
+    out = tmp_path / "res"
+    try:
+        wa.main([str(sweep), "--verifier-set", "math", "--out", str(out)])
+    except SystemExit as e:
+        assert "pass --no-selection" in str(e)  # the static baseline is the arithmetic task's: refused by name
+    else:
+        raise AssertionError("the arithmetic static baseline was run on a MATH sweep")
+    assert wa.main([str(sweep), "--verifier-set", "math", "--no-selection", "--no-balance", "--out", str(out)]) == 0
+    res = json.loads(out.with_suffix(".json").read_text())
+    assert set(res["arms"]) == {"single_rm", "best_verifier", "weaver_paper", "annotated"}
+    assert res["statistic"].startswith("AUC of plain") and res["single_rm_debiased"] is True
+    assert abs(res["arms"]["weaver_paper"]["auc"]["mean"] - 0.7) < 1e-9
+    assert abs(res["start_gap_fraction"]["weaver_paper"]["point"] - 2 / 3) < 1e-9
+    assert res["start_gap_fraction"]["single_rm"]["point"] == 0.0  # never moved
+    assert res["arms"]["annotated"]["top_share"]["mean"] == 5 / 40  # each free-form answer 5 times of 40
+    assert "single_rm had the same per-answer debiasing" in out.with_suffix(".md").read_text()
+    rows = out.with_suffix(".csv").read_text().splitlines()
+    assert rows[1].endswith(",debiased") and rows[2].startswith("annotated,0,")
+    assert all(r.endswith(",1") == r.startswith(("single_rm,", "best_verifier,")) for r in rows[2:])
+    # balanced over the run's own answer classes (8 free-form strings) is the same here: each class half right
+    assert wa.load_run(sweep / "weaver_paper-0", None)["start"] == 0.5
