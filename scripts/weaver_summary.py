@@ -12,6 +12,10 @@ figures are the per-panel analyses' own, plus one the addendum added:
 * the label model's weights on the pool (its estimated TPR - FPR of each active verifier, as `weighting: quality`
   uses them), scaled to sum to 1: near-uniform weights make weaver_paper's reward close to the unweighted mean's.
 
+* (addendum v12) the gap measured from the start, (arm - step-0) / (gold - step-0), each panel's analysis's own
+  `start_gap_fraction` for weaver_paper, the mean and vote, whether single_rm's reward model was degenerate there,
+  and the re-based goal (the gap from the start >= 0.6 with its lower end above 0, the other three unchanged).
+
 Across panels the file counts how many meet each condition of the goal; the panels are not a sample of anything,
 so there is no pooled estimate.
 """
@@ -27,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from weaver_analysis import HEADLINE, gap_fraction, goal_conditions
+from weaver_analysis import HEADLINE, REBASED, gap_fraction, goal_conditions
 
 BASELINES = ("verifier_mean", "verifier_vote")
 HAND = "## What the numbers say (written after the run"  # the hand-written part starts here and is kept
@@ -97,6 +101,12 @@ def summarise(panel: Panel, root: Path) -> dict[str, Any]:
         "weight_spread": (max(w.values()) / min(w.values())) if w and min(w.values()) > 0 else None,
         "conditions": conditions,
         "goal_met": rep["goal_met"],
+        # Addendum v12: the gap from the start, as the panel's analysis computed it (absent in an older file).
+        "start": ((rep.get("baselines") or {}).get("no_learning_policy") or {}).get("mean"),
+        "start_gap": {a: g for a, g in (rep.get("start_gap_fraction") or {}).items()
+                      if a in (HEADLINE, *BASELINES)},
+        "degenerate_single_rm": rep.get("degenerate_single_rm"),
+        "goal_met_rebased": all(conditions[k] for k in REBASED),
     }
 
 
@@ -140,6 +150,7 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
         a = r["auc"]
         L.append(f"| {r['panel']} | {a['single_rm']['mean']:.3f} | {a['annotated']['mean']:.3f} | "
                  f"{_ci(r['gap']['verifier_mean'])} | {_ci(r['gap']['verifier_vote'])} | {_ci(r['gap'][HEADLINE])} |")
+    L += start_gap_section(rows)
     L += ["", "## Before any RL: the label model on the starting policy's pool", "",
           "Within-group AUC (the ranking GRPO's advantage uses) of weaver_paper's reward minus each baseline's, and "
           "the label model's weights on the active verifiers (estimated TPR - FPR, scaled to sum to 1; the mean gives "
@@ -156,6 +167,29 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
                  f" | {w} | {spread} |")
     L += ["", "Sources: " + "; ".join(f"{r['panel']}: {r['source']}" for r in rows) + "."]
     return "\n".join(L) + "\n"
+
+
+def start_gap_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Addendum v12's table: the share of the start -> gold gain, and the re-based goal, per panel."""
+    yes = {True: "yes", False: "no", None: "not measured"}
+    L = ["", "## The gap measured from the start (addendum v12)", "",
+         "Share of the start -> gold gain, (arm - step-0 balanced) / (annotated - step-0 balanced) on the per-seed "
+         "AUCs, Fieller 95%. A policy that never moves scores 0 (on the registered scale above it closes most of the "
+         "gap, because single_rm ends below the start).", "",
+         "| panel | start (step 0) | AUC gold | weaver_paper | the mean | vote | single_rm degenerate "
+         "| gap from start >= 0.6, low > 0 | re-based goal |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        g = r["start_gap"]
+        cells = " | ".join(_ci(g[a]) if a in g else "-" for a in (HEADLINE, *BASELINES))
+        start = "-" if r["start"] is None else f"{r['start']:.3f}"
+        L.append(f"| {r['panel']} | {start} | {r['auc']['annotated']['mean']:.3f} | {cells} | "
+                 f"{yes[r['degenerate_single_rm']]} | {yes[r['conditions']['gap from start']]} | "
+                 f"{yes[r['goal_met_rebased']]} |")
+    L += ["", f"Panels meeting the re-based gap condition (of {len(rows)}): "
+          f"{sum(r['conditions']['gap from start'] for r in rows)}; the re-based goal: "
+          f"{sum(r['goal_met_rebased'] for r in rows)}. Every committed sweep's single_rm had no per-answer "
+          "debiasing while every other verifier arm had it (the sweeps cannot change; addendum v12)."]
+    return L
 
 
 def main(argv: list[str] | None = None) -> int:

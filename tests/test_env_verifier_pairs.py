@@ -14,7 +14,7 @@ import pytest
 
 from rlexp.cluster.plan_cli import compose_run_config
 from rlexp.errors import is_user_error
-from rlexp.rewards.verifiers.tiny import PANEL_SETS
+from rlexp.rewards.verifiers.tiny import PANEL_SETS, WIDE_SET
 from rlexp.run.prepare import prepare
 from tests.conftest import REPO, metrics, rlexp
 
@@ -30,7 +30,7 @@ RUNS = {("arithmetic", "arithmetic"), ("arithmetic", "arithmetic_rules"), ("arit
         ("sort", "tiny")}
 # The further panels of learned arithmetic verifiers (issue 23 item 4) prepare wherever `arithmetic` does; they share
 # its code path, so their pairs are checked here but not run again below (the Weaver sweeps run them).
-PANELS = set(PANEL_SETS.values()) - {"arithmetic"}
+PANELS = (set(PANEL_SETS.values()) | {WIDE_SET}) - {"arithmetic"}  # W: A, D and E's together
 PANEL_RUNS = {(env, p) for env, vs in RUNS if vs == "arithmetic" for p in PANELS}
 def outcome(env: str, vs: str) -> str | None:
     """None when `prepare` accepts the pair, else the user error's message."""

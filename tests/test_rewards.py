@@ -243,6 +243,26 @@ def test_single_rm_with_one_weak_rule_verifier(env):
         build_reward(reward_cfg("single_rm", verifier="nope"), env)
 
 
+def test_single_rm_debiases_answers_like_the_other_verifier_arms(env):
+    """Issue 46: single_rm with the per-answer debiasing every weaver_paper arm has. mod5 accepts 7 for gold 2, so
+    on a pool of 8 "7"s and 8 "3"s (gold 2) the answer "7" is favoured by +0.5 and "3" disfavoured by -0.5; after
+    the pool fills those offsets are subtracted, an answer unseen in the pool keeps its score."""
+    opts = {"kind": "rule", "rule": "arithmetic_mod5", "debias_answers": True, "reference_groups": 2}
+    r = build_reward(RewardConfig(name="single_rm", options=opts), env)
+    s = arithmetic_sample(0, 1, 0, 0, 0, 1, 0, 0, 0)  # answer 2
+    first = r.score([s] * 8, ["7"] * 4 + ["3"] * 4, group_size=8)
+    assert first.rewards == [1.0] * 4 + [0.0] * 4 and first.metrics["single_rm/max_answer_offset"] == 0.0
+    filled = r.score([s] * 8, ["7"] * 4 + ["3"] * 4, group_size=8)  # the pool fills: this batch is debiased too
+    assert r.offsets == {"7": 0.5, "3": -0.5} and filled.rewards == [0.5] * 8
+    out = r.score([s] * 3, ["2", "7", "3"], group_size=3)
+    assert out.rewards == [1.0, 0.5, 0.5] and out.metrics["single_rm/max_answer_offset"] == 0.5
+    again = build_reward(RewardConfig(name="single_rm", options=opts), env)
+    again.load_state_dict(json.loads(json.dumps(r.state_dict())))  # a resumed run keeps the offsets
+    assert again.score([s] * 3, ["2", "7", "3"], group_size=3).rewards == out.rewards
+    with pytest.raises(ValueError, match=r"set options.reference_groups > 0"):
+        build_reward(RewardConfig(name="single_rm", options={**opts, "reference_groups": 0}), env)
+
+
 # --- rlexp/conf/reward YAMLs --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["rule", "annotated", "single_rm", "weaver"])
 def test_yaml_composes_into_schema_and_scores_arithmetic(env, name):

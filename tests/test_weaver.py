@@ -201,6 +201,27 @@ def test_weaver_band_is_configurable_and_fallback_below_three_verifiers():
     assert all(0.0 <= r <= 1.0 for r in out.rewards)
 
 
+def test_the_label_model_fallback_is_loud_once_and_names_each_drop(caplog):
+    """Issue 46: a filter that leaves fewer than min_active verifiers turns Weaver into the unweighted mean. The
+    run says so: reward/weaver_fallback = 1 every step, and one warning (not one per step) naming every dropped
+    verifier with the filter that dropped it."""
+    rng = np.random.default_rng(6)
+    samples, texts, _ = synthetic_batch(rng, MIXED, n_groups=16, group=8, prior=0.3)
+    reward = build_reward(weaver_cfg(len(MIXED), drop_band=[0.40, 0.45]), env=None)
+    with caplog.at_level("WARNING", logger="rlexp"):
+        outs = [reward.score(samples, texts, group_size=8)]
+        dropped = dict(reward.dropped)  # as they stood when it fell back
+        outs += [reward.score(samples, texts, group_size=8) for _ in range(2)]
+    assert all(o.metrics["reward/weaver_fallback"] == 1.0 for o in outs)
+    warned = [r.getMessage() for r in caplog.records if "LABEL MODEL FALLBACK" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert f"below min_active {reward.opts.min_active}" in warned[0] and dropped
+    for name, why in dropped.items():
+        assert f"{name}: {why}" in warned[0] and "outside (0.4, 0.45)" in why
+    fine = build_reward(weaver_cfg(len(MIXED)), env=None).score(samples, texts, group_size=8)
+    assert fine.metrics["reward/weaver_fallback"] == 0.0
+
+
 def test_weaver_per_verifier_threshold_after_minmax():
     # A verifier whose raw scores live in [10, 20]: min-max maps them to [0, 1] before its own threshold.
     @register_rule("test_scaled")

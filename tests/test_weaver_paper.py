@@ -603,3 +603,52 @@ def test_a_checkpoint_whose_dev_rows_do_not_fit_its_pool_is_refused():
     state["dev_rows"] = [*state["dev_rows"][:-1], len(y) + 5]
     with pytest.raises(ValueError, match="dev rows"):
         build_reward(cfg(4, **dict(PAPER, dev_in_fit=True)), LastCharEnv()).load_state_dict(state)
+
+
+def test_debias_answers_on_free_form_math_answers():
+    """Issue 46: debias_answers was built for ten digits. On MATH the key is the real MathEnv's extracted answer
+    (the last \\boxed{}, spaces removed; no maths normalisation). Three of four verifiers add +2 to the
+    answer 1/2 whatever the question; the policy writes it as \\frac{1}{2} or \\frac{1} {2} (one key), as 0.5 (a
+    different key: not normalised, so it gets its own offset, ~0 here because no verifier favours that spelling),
+    and otherwise gives many distinct answers, each seen fewer than 8 times: those get no offset."""
+    from rlexp.config.environment import EnvConfig
+    from rlexp.envs.registry import build_env
+
+    env = build_env(EnvConfig(name="math"))  # extract only: no dataset is read
+    rng = np.random.default_rng(21)
+    golds = [rf"{g}\sqrt{{{g + 1}}}" for g in range(64)]
+
+    def batch(groups: range) -> tuple[list[Sample], list[str], list[bool], list[str]]:
+        samples, texts, right, answers = [], [], [], []
+        for g in groups:
+            for k in range(16):
+                u = rng.random()
+                ans = (golds[g] if u < 0.3 else [r"\frac{1}{2}", r"\frac{1} {2}"][k % 2] if u < 0.6
+                       else "0.5" if u < 0.7 else rf"x_{{{g}}}+{k}")  # the last: many distinct answers
+                half = ans.replace(" ", "") == r"\frac{1}{2}"
+                s = rng.normal(1.5 * (ans == golds[g]), 1.0, 4) + np.array([2.0, 2.0, 2.0, 0.0]) * half
+                samples.append(Sample(Problem(id=f"p{g}", prompt=f"q{g}"), answer=golds[g]))
+                texts.append(",".join(f"{x:.4f}" for x in s) + rf", so \boxed{{{ans}}}")
+                right.append(ans == golds[g])
+                answers.append(ans)
+        return samples, texts, right, answers
+
+    c = RewardConfig(name="weaver", options=dict(class_balance="prior", prior=0.3, reference_groups=32,
+                                                  normalise="quantile", fit_thresholds=True, debias_answers=True),
+                     verifiers=[VerifierConfig(name=f"v{i}", kind="rule", options={"rule": "test_score", "index": i})
+                                for i in range(4)])
+    r = build_reward(c, env)
+    r.score(*batch(range(32))[:2], 16)
+    assert r.offsets is not None
+    # An offset is the answer's mean score less the pool's; the favour is the biased verifiers' offset less the
+    # unbiased one's: +2 less the 30% of the pool that also got it, 1.4 (both spellings, with a space or without:
+    # one key). "0.5" shares none of it: its biased-less-unbiased offset is -0.6 (the pool mean it lacks).
+    half, point_five = r.offsets[r"\frac{1}{2}"], r.offsets["0.5"]
+    assert [h - half[3] for h in half[:3]] == pytest.approx([1.4] * 3, abs=0.35)
+    assert r"\frac{1} {2}" not in r.offsets and all(x - point_five[3] < 0 for x in point_five[:3])
+    assert not any(k.startswith("x_") for k in r.offsets)  # each distinct answer seen < 8 times: no offset
+    assert len(set(r.pool_keys)) > 100  # many distinct answers in the pool
+    s, t, right, answers = batch(range(32, 64))
+    out = np.array(r.score(s, t, 16).rewards)
+    wrong_half = np.array([a.replace(" ", "") == r"\frac{1}{2}" and not y for a, y in zip(answers, right)])
+    assert out[np.array(right)].mean() > out[wrong_half].mean() + 0.2  # the favourite answer no longer pays

@@ -69,7 +69,8 @@ def test_baseline_gap_fraction_and_conditions(tmp_path: Path):
     g = rows[0]["gap"]["verifier_mean"]
     assert g["low"] <= 0.5 + 1e-9 <= g["high"] + 2e-9 and g["n_seeds"] == len(SEEDS)
     assert rows[0]["gap"]["verifier_vote"]["point"] == pytest.approx(0.0)
-    assert rows[0]["conditions"] == {"gap": True, "beats vote": True, "beats mean": False, "no collapse": True}
+    assert rows[0]["conditions"] == {"gap": True, "gap from start": False, "beats vote": True, "beats mean": False,
+                                     "no collapse": True}  # an older file has no gap from the start: not met
     assert not rows[1]["conditions"]["beats vote"]
     text = ws.markdown(rows, "cmd")
     assert f"beats vote 1; beats mean 0; no collapse {len(ws.PANELS)}" in text
@@ -100,3 +101,29 @@ def test_rerun_keeps_the_hand_written_part(tmp_path: Path):
     text = out.with_suffix(".md").read_text()
     assert text.count("# Weaver (issue 23) across") == 1 and text.endswith("kept\n")
     assert json.loads(out.with_suffix(".json").read_text())["panels"][0]["panel"] == "A"
+
+
+def test_the_gap_from_the_start_is_the_panels_own_and_the_rebased_goal_counts_it(tmp_path: Path):
+    """Addendum v12: the summary shows each panel's start_gap_fraction as its analysis computed it, names a
+    degenerate single_rm, and counts the re-based goal (gap from the start >= 0.6 with low > 0, vote, mean,
+    collapse)."""
+    root = _root(tmp_path)
+    rel = ws.PANELS[0].replication
+    rep = json.loads((root / rel).read_text())
+    start = {s: 0.6 for s in SEEDS}
+    gold = rep["arms"]["annotated"]["per_seed"]
+    paper = {s: 0.6 + 0.7 * (gold[s] - 0.6) for s in SEEDS}  # 0.7 of each seed's start -> gold gain
+    rep["start_gap_fraction"] = {"weaver_paper": ws.gap_fraction(paper, start, gold),
+                                 "verifier_mean": ws.gap_fraction(start, start, gold)}  # never moves: 0
+    rep["paired"]["verifier_mean"] = {"diff": 0.05, "low": 0.01, "high": 0.09, "p": 0.01, "n": 4}
+    rep["baselines"] = {"no_learning_policy": {"mean": 0.6}}
+    rep["degenerate_single_rm"] = True
+    (root / rel).write_text(json.dumps(rep))
+    rows = [ws.summarise(p, root) for p in ws.PANELS]
+    assert rows[0]["start_gap"]["weaver_paper"]["point"] == pytest.approx(0.7)
+    assert rows[0]["start_gap"]["verifier_mean"]["point"] == 0.0
+    assert rows[0]["conditions"]["gap from start"] and rows[0]["goal_met_rebased"]
+    assert not any(r["goal_met_rebased"] for r in rows[1:])
+    text = ws.markdown(rows, "cmd")
+    assert "| A | 0.600 | " in text and "| 0.700 [" in text and "| yes | yes | yes |" in text
+    assert "Panels meeting the re-based gap condition (of 5): 1; the re-based goal: 1." in text

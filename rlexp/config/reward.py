@@ -46,7 +46,7 @@ class RewardConfig:
 # Verifier kinds that hold a model of their own: each gets a service (and, on CUDA, one GPU per replica).
 MODEL_KINDS = frozenset({"reward_model", "lm_judge"})
 # Options of reward=single_rm that belong to the reward, not to a verifier given inline.
-SINGLE_RM_OPTIONS = frozenset({"kind", "name", "transform", "verifier"})
+SINGLE_RM_OPTIONS = frozenset({"kind", "name", "transform", "verifier", "debias_answers", "reference_groups"})
 
 
 def is_served(v: VerifierConfig) -> bool:

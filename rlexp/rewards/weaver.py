@@ -251,6 +251,7 @@ class WeaverReward(Reward):
         self.dev_keys: list[str] = []
         self.offsets: dict[str, list[float]] | None = None
         self.since_refit = 0
+        self.fallback_warned = False  # the label-model fallback is announced once per run (_warn_fallback)
 
     # --- the labelled dev budget (rlexp.rewards.base.Reward.label_request) ---------------------------------
     def label_request(self, n: int, group_size: int) -> list[int]:
@@ -338,6 +339,7 @@ class WeaverReward(Reward):
         else:
             self.params, self.fit_names = None, []
             fallback = 1.0
+            self._warn_fallback(int(act.sum()))
             # Too few verifiers to fit: the unweighted version of what the model would output (equal weights on
             # the scores for the weighted variants, the share of yes votes for the posterior).
             source = votes if self.opts.weighting == "posterior" else norm
@@ -431,6 +433,20 @@ class WeaverReward(Reward):
             w = self.opts.term_weight
             rewards = (1.0 - w) * rewards + w * votes[:, terms].mean(axis=1)
         return rewards
+
+    def _warn_fallback(self, n_active: int) -> None:
+        """Once per run, loudly: the label model is not fit and this reward is the unweighted mean, so an arm
+        called Weaver is measuring the mean (issue 46). Names every dropped verifier and the filter that dropped
+        it, so the fix (a filter's threshold, another verifier) is in the message."""
+        if self.fallback_warned:
+            return
+        self.fallback_warned = True
+        why = "; ".join(f"{n}: {r}" for n, r in self.dropped.items()) or "none dropped"
+        log.warning("weaver: LABEL MODEL FALLBACK: %d active verifier(s) (%s) below min_active %d, so the reward is "
+                    "the unweighted mean of the active ones, not Weaver (metric reward/weaver_fallback = 1). "
+                    "Dropped: %s. Loosen the filter that dropped them (min_quality, max_imbalance, "
+                    "max_correlation) or add verifiers.", n_active, ", ".join(self.active) or "none",
+                    self.opts.min_active, why)
 
     def _offset_rows(self, keys: list[str]) -> np.ndarray:
         assert self.offsets is not None
@@ -573,6 +589,7 @@ class WeaverReward(Reward):
             "weaver/n_active": float(act.sum()),
             "weaver/n_dropped": float((~act).sum()),
             "weaver/fallback": fallback,
+            "reward/weaver_fallback": fallback,  # beside reward/mean, where a dashboard looks first
             "weaver/window_responses": float(len(win_votes)),
             "weaver/window_groups": float(len(self.window)),
             # Share of groups in which every response gets the same reward (zero GRPO advantage).

@@ -40,7 +40,7 @@ import string
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -740,12 +740,21 @@ PANEL_E: dict[str, TinyVerifierSpec] = {
     "e_judge_b": TinyVerifierSpec(kind="lm_judge", dim=16, n_layers=1, n_heads=2, head_dim=8, hidden_dim=32,
                                   n_examples=1024, label_noise=0.15, seed=64, train_steps=300, mix=_MIX_E),
 }
+# Panel W (issue 46 item 4, addendum v14): the paper's regime, many verifiers of uneven quality, some correlated.
+# A, D and E's model verifiers together (verifier_set=arithmetic_wide), plus near-duplicates: four of them
+# retrained from another seed (same data recipe, architecture and label noise), so their errors correlate.
+PANEL_W: dict[str, TinyVerifierSpec] = {
+    f"{name}_twin": replace(spec, seed=spec.seed + 1000)
+    for name, spec in (("rm_large", TINY_VERIFIERS["rm_large"]), ("judge_small", TINY_VERIFIERS["judge_small"]),
+                       ("d_rm_a", PANEL_D["d_rm_a"]), ("e_rm_a", PANEL_E["e_rm_a"]))
+}
 PANELS: dict[str, dict[str, TinyVerifierSpec]] = {"A": dict(TINY_VERIFIERS), "B": PANEL_B, "C": PANEL_C,
-                                                   "D": PANEL_D, "E": PANEL_E}
-# The verifier set (rlexp/conf/verifier_set/) that wires each panel.
+                                                   "D": PANEL_D, "E": PANEL_E, "W": PANEL_W}
+# The verifier set (rlexp/conf/verifier_set/) that wires each panel (W's twins only ever join A, D and E's).
 PANEL_SETS: dict[str, str] = {"A": "arithmetic", "B": "arithmetic_b", "C": "arithmetic_c", "D": "arithmetic_d",
                               "E": "arithmetic_e"}
-for _panel in (PANEL_B, PANEL_C, PANEL_D, PANEL_E):
+WIDE_SET, WIDE_PANELS = "arithmetic_wide", ("A", "D", "E", "W")
+for _panel in (PANEL_B, PANEL_C, PANEL_D, PANEL_E, PANEL_W):
     TINY_VERIFIERS.update(_panel)
 
 
