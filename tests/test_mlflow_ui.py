@@ -41,6 +41,7 @@ def _write_sweep(tmp_path: Path) -> Path:
 
 
 def test_ui_server_answers_runs_winner_and_curated_metrics(tmp_path: Path, offline_trackers: None) -> None:
+    from rlexp.tracking.cells import md_text
     from rlexp.tracking.mlflow_tracker import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, PARENT_METRICS, local_store_uri
     from rlexp.tracking.sweep_summary import summarise
 
@@ -58,7 +59,7 @@ def test_ui_server_answers_runs_winner_and_curated_metrics(tmp_path: Path, offli
             "seed=0,trainer.lr=0.001", "seed=0,trainer.lr=0.003", "seed=1,trainer.lr=0.001", "seed=1,trainer.lr=0.003"]
         assert all(c["info"]["status"] == "FINISHED" for c in children) and parent["info"]["status"] == "FINISHED"
         note = ui.tags(parent)["mlflow.note.content"]
-        assert note.startswith(res["verdict"].sentence)
+        assert note.startswith(md_text(res["verdict"].sentence))  # escaped: MLflow renders it as markdown
         assert note.startswith("Best configuration by eval/accuracy (final, higher is better): trainer.lr=0.003")
         assert ui.tags(parent)["rlexp.winner"] == "trainer.lr=0.003"
         names = sorted(m["key"] for m in parent["data"]["metrics"])
