@@ -420,13 +420,11 @@ SECRETS = {"pwd": "Pw-{n}", "pass": "Pa-{n}", "db_pass": "Db-{n}", "dsn": "postg
            "smtp_pwd": "Sm-{n}", "api_key": "Ak-{n}", "note": "password=Nt-{n}"}
 
 
-@case("secrets", f"{len(SECRETS)} planted secrets (`+extra.pwd`, `pass`, `db_pass`, `dsn`, `connection_string`, "
-      "`webhook_url`, ...) through `logger=all`", "rlexp train logger=all +extra.pwd=... +extra.dsn=... ...",
-      "no secret in any file of the run folder, the W&B files or the MLflow store")
-def _(work: Path) -> Outcome:
+def planted_secrets(work: Path, secrets: dict[str, str]) -> Outcome:
+    """A run under `logger=all` with each secret planted as `+extra.NAME` (a marker in its value): no file of
+    the run folder, the W&B files or the MLflow store may hold the marker."""
     marker = uuid.uuid4().hex[:10]
-    planted = {k: v.format(n=marker) for k, v in SECRETS.items()}
-    over = [f"+extra.{k}='{v}'" for k, v in planted.items()]  # quoted: Hydra's grammar splits on = ; ,
+    over = [f"+extra.{k}='{v.format(n=marker)}'" for k, v in secrets.items()]  # quoted: Hydra splits on = ; ,
     p, secs = rlexp(["train", "steps=2", "eval.every_n_steps=0", "logger=all", *over, f"hydra.run.dir={work / 'r'}",
                      f"logger.runs_root={work}"], cwd=work)
     leaks = sorted({str(q.relative_to(work)) for q in work.rglob("*")
@@ -439,6 +437,13 @@ def _(work: Path) -> Outcome:
                     leaks.append(f"mlflow.db:{t}")
     return Outcome(f"exit {p.returncode}; files with a secret: {leaks or 'none'}",
                    p.returncode == 0 and not leaks and db is not None, secs)
+
+
+@case("secrets", f"{len(SECRETS)} planted secrets (`+extra.pwd`, `pass`, `db_pass`, `dsn`, `connection_string`, "
+      "`webhook_url`, ...) through `logger=all`", "rlexp train logger=all +extra.pwd=... +extra.dsn=... ...",
+      "no secret in any file of the run folder, the W&B files or the MLflow store")
+def _(work: Path) -> Outcome:
+    return planted_secrets(work, SECRETS)
 
 
 @case("secrets", "a secret under a key that is not in the schema (`+x.pwd`): the run is refused",
@@ -792,20 +797,7 @@ SECRETS_41 = {"pat": "Pt-{n}", "otp": "Ot-{n}", "sas_sig": "Sg-{n}", "totp_secre
       "through `logger=all` (#41)", "rlexp train logger=all +extra.pat=... +extra.otp=... +extra.sas_sig=... ...",
       "no secret in any file of the run folder, the W&B files or the MLflow store")
 def _(work: Path) -> Outcome:
-    marker = uuid.uuid4().hex[:10]
-    over = [f"+extra.{k}='{v.format(n=marker)}'" for k, v in SECRETS_41.items()]
-    p, secs = rlexp(["train", "steps=2", "eval.every_n_steps=0", "logger=all", *over, f"hydra.run.dir={work / 'r'}",
-                     f"logger.runs_root={work}"], cwd=work)
-    leaks = sorted({str(q.relative_to(work)) for q in work.rglob("*")
-                    if q.is_file() and marker.encode() in q.read_bytes()})
-    db = next(work.rglob("mlflow.db"), None)
-    if db is not None:
-        with sqlite3.connect(db) as con:
-            for (t,) in con.execute("select name from sqlite_master where type='table'").fetchall():
-                if marker in repr(con.execute(f"select * from {t}").fetchall()):
-                    leaks.append(f"mlflow.db:{t}")
-    return Outcome(f"exit {p.returncode}; files with a secret: {leaks or 'none'}",
-                   p.returncode == 0 and not leaks and db is not None, secs)
+    return planted_secrets(work, SECRETS_41)
 
 
 for _over, _needle in ((["algorithm.group_size=1000000"], "algorithm.group_size=1000000 -> at most"),
