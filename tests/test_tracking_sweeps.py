@@ -5,6 +5,7 @@ The train app here is a stand-in (a tiny Hydra task that logs a few metrics thro
 returns eval/accuracy like the real train function); everything else is the shipped config and code."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -128,9 +129,10 @@ def test_grid_sweep_mlflow_parent_child_across_processes(app: Path, tmp_path: Pa
 
     out = tmp_path / "cmp"
     assert compare_main([str(sweep), "--out", str(out)]) == 0
-    header = (out / "runs.csv").read_text().splitlines()[0].split(",")
+    header = next(csv.reader((out / "runs.csv").read_text().splitlines()))  # every cell quoted
     assert "reward.name" in header and "seed" in header and "eval/accuracy final" in header
-    assert (out / "compare.csv").read_text().splitlines()[0].startswith("rank,configuration,reward.name,n,seeds")
+    assert next(csv.reader((out / "compare.csv").read_text().splitlines()))[:5] == [
+        "rank", "configuration", "reward.name", "n", "seeds"]
     assert (out / "eval_accuracy_vs_wall.png").stat().st_size > 0
     out2 = tmp_path / "cmp_mlflow"
     assert compare_main(["mlflow:rlexp", "--tracking-uri", client.tracking_uri, "--out", str(out2)]) == 0
