@@ -149,12 +149,14 @@ def prepare(cfg: DictConfig) -> Prepared:
     check_multi_turn(t, env)
     model_dir = str(resolve_model(t.model))
     extra_limits = check_checkpoint_limits(t, model_dir)
+    # both before the warm-up, which trains the same tokenizer's model: the longer-prompt refusal first, as it
+    # names the context to fit
+    check_prompt_lengths(t, env.name, {"train": train, "eval": held}, model_dir)
     vocabulary = check_vocabulary(t, train, held, model_dir)
     warm = None
     if t.model.warmup.steps:
         warm_dir, warm = ensure_warm_checkpoint(Path(model_dir), t, env)
         model_dir = str(warm_dir)
-    check_prompt_lengths(t, env.name, {"train": train, "eval": held}, model_dir)
     seeds = component_seeds(t.seed, t.generator.shards)
     extra = {
         "determinism": apply_determinism(t.determinism, t.seed),
