@@ -174,11 +174,17 @@ def run_pool(data: dict[str, Any], panel: str, env: Any, options: dict[str, Any]
              ) -> tuple[Any, np.ndarray, np.ndarray]:
     """RL's order: two pool steps (dev labels, fit), the pool rescored by the fitted reward, then the candidates.
     Returns the reward, its rewards on the pool (fitted) and on the candidates."""
-    p, c = data["pool"], data["cand"]
-    raw = data["panels"][panel]["pool"]
+    return score_in_rl_order(SETS[panel], env, data["pool"], data["cand"], data["panels"][panel]["pool"],
+                             data["panels"][panel]["cand"], options)
+
+
+def score_in_rl_order(verifier_set: Any, env: Any, p: dict[str, Any], c: dict[str, Any], raw: Any, cand_raw: Any,
+                      options: dict[str, Any]) -> tuple[Any, np.ndarray, np.ndarray]:
+    """`run_pool`'s order for any verifier set, fed the verifiers' precomputed scores (`raw` on the pool,
+    `cand_raw` on the candidates)."""
     n = STEP_GROUPS * GROUP
-    r = build(SETS[panel], env, {**options, "reference_groups": POOL_GROUPS})
-    Fed(r, [raw[:n], raw[n:], raw, data["panels"][panel]["cand"]])
+    r = build(verifier_set, env, {**options, "reference_groups": POOL_GROUPS})
+    Fed(r, [raw[:n], raw[n:], raw, cand_raw])
     ps = as_samples(p)
     for k in (0, n):
         r.score(ps[k:k + n], p["texts"][k:k + n], group_size=GROUP)

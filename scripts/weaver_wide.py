@@ -24,18 +24,14 @@ sys.path.insert(0, str(REPO / "scripts"))
 from weaver_label_diag import (  # noqa: E402
     GROUP,
     NO_FILTERS,
-    POOL_GROUPS,
-    STEP_GROUPS,
-    Fed,
-    as_samples,
     best_of_10,
     boot_pool,
-    build,
     correct,
     group_auc,
     policy_pool,
     raw_scores,
     reward_options,
+    score_in_rl_order,
 )
 
 from rlexp.rewards.verifiers.tiny import WIDE_SET  # noqa: E402
@@ -66,15 +62,7 @@ def gather(seed: int) -> dict[str, Any]:
 def run(data: dict[str, Any], options: dict[str, Any]) -> tuple[Any, np.ndarray, np.ndarray]:
     """RL's order: two pool steps (dev labels, fit), the pool rescored by the fitted reward, then the candidates."""
     p, c = data["pool"], data["cand"]
-    n = STEP_GROUPS * GROUP
-    r = build(WIDE_SET, data["env"], {**options, "reference_groups": POOL_GROUPS})
-    Fed(r, [p["raw"][:n], p["raw"][n:], p["raw"], c["raw"]])
-    ps = as_samples(p)
-    for k in (0, n):
-        r.score(ps[k:k + n], p["texts"][k:k + n], group_size=GROUP)
-    pool_r = np.array(r.score(ps, p["texts"], group_size=GROUP).rewards)
-    cand_r = np.array(r.score(as_samples(c), c["texts"], group_size=10).rewards)
-    return r, pool_r, cand_r
+    return score_in_rl_order(WIDE_SET, data["env"], p, c, p["raw"], c["raw"], options)
 
 
 def study(data: dict[str, Any]) -> dict[str, Any]:
