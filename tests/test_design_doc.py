@@ -23,7 +23,7 @@ _NAME = re.compile(r"(?<![\w.])rlexp(?:\.[A-Za-z_]\w*)+")
 # A repository file: at least one folder, a .py name; not part of a longer word, URL or dotted name.
 _PY_PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.py)\b")
 # Other repository paths (folders, YAML...) when they start at a top-level folder of the repo.
-_REPO_PATH = re.compile(r"(?<![\w./-])((?:rlexp|scripts|tests|docs|examples|launchers)/[\w./<>*-]*)")
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:rlexp|scripts|tests|docs|examples|launchers|studies|conf)/[\w./<>*-]*)")
 
 
 def code_spans(text: str) -> list[str]:

@@ -534,7 +534,7 @@ def test_run_dir_named_after_a_secret_override(tmp_path: Path) -> None:
 
 def test_a_secret_assignment_inside_a_harmless_assignment_is_redacted() -> None:
     """Hydra's overrides.yaml holds `+extra.note='password=x'`: the outer `note=` used to swallow the inner
-    `password=` (found by scripts/reliability.py in the run folder's and MLflow's copies of .hydra/)."""
+    `password=` (found by studies/reliability/reliability.py in the run folder's and MLflow's copies of .hydra/)."""
     from rlexp.tracking.redact import redact_text
 
     assert redact_text("+extra.note='password=Nt-1'") == "+extra.note='password=***REDACTED***'"

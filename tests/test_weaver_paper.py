@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -356,7 +357,8 @@ class DigitEnv:
 
 def biased_batch(rng, n_groups, group, answers, p_right=0.3):
     """Scores: each verifier separates right from wrong by 1.5 (unit normals), and the first three add +2 to the
-    answer "8" whatever the question (the bias results/weaver_panels.md measured on the tiny verifiers)."""
+    answer "8" whatever the question (the bias studies/weaver/results/weaver_panels.md measured on the tiny
+    verifiers)."""
     gold = rng.integers(0, 10, n_groups)
     samples, texts, y, resp = [], [], [], []
     for g in range(n_groups):
@@ -414,7 +416,8 @@ def test_debias_answers_needs_a_pool():
             VerifierConfig(name="v0", kind="rule", options={"rule": "test_score", "index": 0})]), DigitEnv())
 
 
-# --- weighting: the label model's estimated rates as weights on the continuous scores (results/weaver_label_model.md)
+# --- weighting: the label model's estimated rates as weights on the continuous scores
+# (studies/weaver/results/weaver_label_model.md)
 def _one_strong_panel(rng: np.random.Generator, n: int, prior: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
     """One strong verifier (classes 2.5 sd apart) and four weak ones (0.3 sd): continuous scores, then labels."""
     y = rng.random(n) < prior
@@ -473,10 +476,10 @@ def test_weighting_ranks_by_the_strong_verifiers_score_where_the_posterior_and_t
 
 
 def test_weighting_selects_better_than_the_posterior_and_the_mean_with_one_right_answer_in_ten():
-    """The regime of the static best-of-10 (results/weaver_label_model.md): groups of 10 with one right answer,
-    one strong verifier (1.5 sd), three moderate (1.0 sd), one weak (0.2 sd). Binarised at the class balance
-    (0.1) most responses vote all-no and the posterior ties them; the mean lets the weak one dilute the rest;
-    the weighted output selects the right answer more often than both (expected accuracy, ties split).
+    """The regime of the static best-of-10 (studies/weaver/results/weaver_label_model.md): groups of 10 with one
+    right answer, one strong verifier (1.5 sd), three moderate (1.0 sd), one weak (0.2 sd). Binarised at the
+    class balance (0.1) most responses vote all-no and the posterior ties them; the mean lets the weak one
+    dilute the rest; the weighted output selects the right answer more often than both (expected accuracy, ties split).
     Not asserted: with one strong verifier and only near-noise ones the label model's rates are unreliable in
     this regime (it needs three informative verifiers), and no weighting is reliably better than another."""
     rng = np.random.default_rng(12)
@@ -512,14 +515,14 @@ def test_weighting_with_too_few_verifiers_falls_back_to_the_plain_mean_of_scores
 
 
 def test_weaver_paper_config_uses_the_weighting_chosen_on_panel_a():
-    """reward=weaver_paper's output is the one scripts/weaver_label_diag.py chose on panel A's reference pool;
+    """reward=weaver_paper's output is the one studies/weaver/weaver_label_diag.py chose on panel A's reference pool;
     verifier_mean / verifier_vote inherit it and ignore it (combine=mean|vote)."""
     from omegaconf import OmegaConf
 
     from rlexp.config.paths import CONF_DIR
 
     assert OmegaConf.load(CONF_DIR / "reward" / "weaver_paper.yaml").options.weighting == "quality"
-    json_path = CONF_DIR.parents[1] / "results" / "weaver_label_model.json"
+    json_path = Path(__file__).resolve().parents[1] / "studies/weaver/results/weaver_label_model.json"
     if json_path.exists():
         assert json.loads(json_path.read_text())["default_weighting"] == "quality"
 

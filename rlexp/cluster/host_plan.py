@@ -15,7 +15,7 @@ the memory available right now (other work) is warned about, not refused:
 * a process: `PROCESS_MIB`, measured here: the unique memory (USS, psutil) of a Python process that has
   imported what a Monarch actor process imports (torch, monarch.actor, rlexp's generator and trainer actors):
   RSS 574 MiB, of which 248 MiB shared libraries (`SHARED_MIB`, counted once), USS 326 MiB (2 CPUs,
-  24 GiB, torch 2.x CPU). results/scaling_cpu.md measured 540-616 MiB peak RSS for working actors of the
+  24 GiB, torch 2.x CPU). studies/scaling/results/scaling_cpu.md measured 540-616 MiB peak RSS for working actors of the
   smallest configs, consistent with it;
 * the step's rollouts in the controller: per sample a record (`ROW_BYTES`), a Python list of token ids
   (8 bytes a token) and response logprobs (a float object and its pointer, 32 bytes a token); on a local

@@ -3,7 +3,8 @@
 Across hosts (`tcp`): every generator replica on another host pulls its own copy from the trainer's host, so the
 trainer's link carries `replicas` copies of the serving-dtype weights; at `cluster.network_gbps` (default 100
 Gb/s, a common cross-node Ethernet or IPoIB link; set it to the link the trainer's host name resolves to) that is
-the time, since the transport runs at the speed of a plain socket copy (`rlexp bench`, results/perf_cpu.md).
+the time, since the transport runs at the speed of a plain socket copy
+(`rlexp bench`, studies/perf/results/perf_cpu.md).
 On one host (`shm`): one memcpy by the trainer into /dev/shm and one by a copying reader (vLLM's reload; the
 titan backend serves the mapping without it) at `SHM_GBYTES_S`, what one core of a server copies.
 Here, not in rlexp.transport, so that `rlexp plan` stays free of torch and Monarch. Either way an estimate, not a

@@ -83,7 +83,7 @@ class GeneratorConfig:
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 65536
     # Sample past the end-of-sequence token, so every response is exactly `algorithm.max_tokens` long: for
-    # measuring cost against answer length (scripts/scaling.py), never for learning a task.
+    # measuring cost against answer length (studies/scaling/scaling.py), never for learning a task.
     ignore_eos: bool = False
 
     @property
@@ -106,14 +106,14 @@ class TrainerConfig:
     mixed_precision: bool = False
     # The pad token's embedding lookup gets no gradient, as transformers' embedding with `padding_idx` gives it
     # (TorchTitan's has none): a policy that samples `<pad>` mid-response otherwise trains that row, whose first
-    # gradient is large (results/peers_step_check.md). Off by default: over five seeds it made no measurable
-    # difference to learning (results/sort_recipe_pilot.md, fourth round).
+    # gradient is large (studies/peers/results/peers_step_check.md). Off by default: over five seeds it
+    # made no measurable difference to learning (studies/sort_recipe/results/sort_recipe_pilot.md, 4th round).
     freeze_pad_row: bool = False
     # > 0: the trainer keeps an exponential moving average of the weights (Polyak averaging) with this decay, and
     # the run's product is the average: `eval/accuracy` and the exported checkpoint are the EMA's, the live
     # policy's accuracy is logged as `eval/live/accuracy`, and training (sampling included) is untouched. On sort,
     # an average over ~100 steps held 0.8 once reached on 4 of 5 seeds where the live policy dipped on all five
-    # (results/sort_recipe_pilot.md, seventh round).
+    # (studies/sort_recipe/results/sort_recipe_pilot.md, seventh round).
     ema_decay: float = 0.0
 
 
@@ -228,7 +228,7 @@ class ClusterConfig:
     # torch intra-op threads per generator/trainer/verifier process; 0 = torch's default. Unset: this host's
     # cores divided by the most processes that compute at the same moment (`rlexp.cluster.layout.auto_threads`),
     # resolved before spawning and recorded in the run's config. More threads than cores is far slower
-    # (OpenMP spin-waits), fewer leaves cores idle while one role computes (results/threads_ab.md).
+    # (OpenMP spin-waits), fewer leaves cores idle while one role computes (studies/perf/results/threads_ab.md).
     threads_per_proc: int | None = None
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)

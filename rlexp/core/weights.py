@@ -58,8 +58,8 @@ def read_hf_state_dict_into(path: str | Path, dest: dict[str, torch.Tensor]) -> 
 
     Why not `load_file` + `copy_`: safetensors memory-maps the file and every new mapping is faulted
     in page by page; `preadv` into the destination's own (already faulted) pages costs about one
-    memcpy (measured 1-5x faster than load + copy on a 2-core VM, see results/bench_cpu.md). Tensors that are not
-    CPU/contiguous or whose dtype differs from the file's fall back to load + copy (which casts).
+    memcpy (measured 1-5x faster than load + copy on a 2-core VM, see studies/perf/results/bench_cpu.md).
+    Tensors that are not CPU/contiguous or whose dtype differs from the file's fall back to load + copy (which casts).
     Returns the keys written; raises KeyError for file keys `dest` lacks.
     """
     import struct

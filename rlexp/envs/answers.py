@@ -12,7 +12,7 @@ Order of operations for every format:
    - numbers (GSM8K): `\boxed{}` if present, else `#### N`, else "answer is N"; compared numerically.
    - letters (GPQA A-D, MMLU-Pro A-J): "answer is (C)" / "Answer: C" / `\boxed{C}`, then a
      parenthesised letter or a lone letter ending the response. The last statement wins (lm-eval-harness
-     takes the first "answer is" match; see results/crosscheck_mc.md for where that differs).
+     takes the first "answer is" match; see studies/crosscheck/results/crosscheck_mc.md for where that differs).
 3. Nothing found -> `parseable=False` (counted in the unparseable rate, never silently "wrong").
 
 Math answers are compared by Math-Verify (`parse` then `verify(gold, answer)`, gold first because

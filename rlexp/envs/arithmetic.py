@@ -32,7 +32,7 @@ class ArithmeticOptions:
     # Which sums the training draw covers: all (0-9), or held_out (those the held-out set has, 1-8 by default).
     # Sums 0 and 9 have one sequence each, which only the policy trains on: with all, a fifth of the training draw
     # is two problems no weak verifier has seen (measured: their AUC there is 0.05-0.56, mostly below chance,
-    # results/weaver_panels_all_sums.md) and the balanced held-out metric does not count them.
+    # studies/weaver/results/weaver_panels_all_sums.md) and the balanced held-out metric does not count them.
     train_sums: str = "all"
 
 

@@ -2,7 +2,7 @@
 answers cost (generation dominates once an answer is more than one token).
 
 Why binary digits and length 8 by default: a random two-layer model on two CPU cores learns it within a few
-hundred GRPO steps, measured (results/peers.md). The sorted string depends only on how many of each digit
+hundred GRPO steps, measured (studies/peers/results/peers.md). The sorted string depends only on how many of each digit
 the prompt holds, not on where they stand, so what is learned on training strings carries over to held-out
 ones, as in `arithmetic`; but every one of the 8 answer tokens has to be right, each at its own position.
 

@@ -3,7 +3,8 @@
 Why: RL from a label-free reward assumes a starting policy that already answers sensibly, as a base model
 does (the Weaver write-up starts from Qwen3-Base). From random weights the policy is right on ~1% of its
 samples, so a reward built from verifier agreement is fitted to telling digits from junk rather than right
-from wrong (results/weaver_pilot.md). A few supervised steps give a start above chance and far from solved.
+from wrong (studies/weaver/results/weaver_pilot.md). A few supervised steps give a start above chance
+and far from solved.
 
 What keeps it honest: its data is `env.sample_batch` on the training split, which already excludes the
 held-out problems and, with `environment.options.verifier_frac`, the verifiers' split; the checkpoint is a

@@ -104,7 +104,7 @@ def reward_in_controller(p: Prepared) -> bool:
     """A pure reward (`rlexp.rewards.base.Reward.pure`: rule checks, the annotated oracle) is scored by the controller
     unless the run asks for it elsewhere (more than one replica, or hosts of its own in `cluster.hosts_per_role`):
     scoring 1,024 one-token answers takes less time than the message to another process and back (5 ms a step
-    on two cores, results/perf_cpu.md), and a pure function has no state a process death could lose."""
+    on two cores, studies/perf/results/perf_cpu.md), and a pure function has no state a process death could lose."""
     c = p.cfg
     return p.reward_pure and c.reward.replicas == 1 and not c.cluster.role_hosts.get("reward")
 

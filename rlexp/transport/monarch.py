@@ -20,7 +20,7 @@ is checked by the backend (`rlexp.core.weights.check_weights`).
 Why not Monarch RDMA buffers (`monarch.rdma.RDMABuffer`): they import and work on this CPU build, but
 without ibverbs hardware `get_rdma_backend()` is "tcp", a TCP fallback Monarch itself warns is slow. On
 this 2-core host a 64 MiB read measured 0.19 GB/s by RDMABuffer (tcp) against 0.15 GB/s by a tensor in
-an actor reply (median of 3, machine under load; results/transport_cpu.md), while buffers need their
+an actor reply (median of 3, machine under load; studies/perf/results/transport_cpu.md), while buffers need their
 lifetimes managed across processes (an explicit `drop` per version) and 60 s per-transfer timeouts. So
 the message path ships; RDMA is the next step on hosts where the backend is "ibverbs".
 """

@@ -48,7 +48,7 @@ def resolve(name: str) -> type[WeightTransport]:
 def pair_transport(choice: str, trainer_host: str, generator_host: str) -> str:
     """The transport one trainer->generator pair uses: `auto` is shm when both share a host (one write to
     RAM that every reader on the host maps) and tcp otherwise (a socket stream at the speed of a plain socket
-    copy; Monarch actor messages, `monarch`, reach 0.01-0.02x of that, results/perf_cpu.md).
+    copy; Monarch actor messages, `monarch`, reach 0.01-0.02x of that, studies/perf/results/perf_cpu.md).
     An explicit choice is kept, except a one-host transport (shm) across hosts, which cannot work and is refused."""
     same = trainer_host == generator_host
     if choice == AUTO:

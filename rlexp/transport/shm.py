@@ -11,7 +11,7 @@ atomically after it. Old versions beyond `keep` are deleted on publish; with asy
 generation keep at least max policy lag + 2 so no generator loses the version it is loading.
 
 Recycled pages: writing into fresh tmpfs pages costs page faults (about 6x a memcpy into faulted
-memory, results/bench_cpu.md), so a publish that would drop the oldest version (and leaves at least one
+memory, studies/perf/results/bench_cpu.md), so a publish that would drop the oldest version (and leaves at least one
 other complete version readable meanwhile) takes that version's folder instead: renamed out of sight
 (opening it by path now fails), its single safetensors file overwritten in place (same layout: same names,
 shapes, dtypes), then renamed in as the new version. Writer and readers keep such files memory-mapped

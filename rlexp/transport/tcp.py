@@ -1,11 +1,12 @@
 """Weight sync over one TCP stream per fetch: the transport for trainer and generators on different hosts.
 
-Why a socket: Monarch actor messages cross hosts at 0.01-0.02x of memcpy (results/perf_cpu.md), because every
-chunk is pickled, copied into a message and out again. A TCP stream moves the same bytes with the kernel's
+Why a socket: Monarch actor messages cross hosts at 0.01-0.02x of memcpy
+(studies/perf/results/perf_cpu.md), because every chunk is pickled, copied into a message and out again.
+A TCP stream moves the same bytes with the kernel's
 copies only: the trainer's server sends straight from the published buffer (`sendall` of memoryviews, no
 user-space copy) and the generator receives straight into its own contiguous buffer (`recv_into`, pinned
 memory where CUDA is present so the host-to-device copy is fast too), so a fetch runs at the speed of a plain
-socket copy of the same bytes (`rlexp bench`, results/perf_cpu.md). The kernel pipelines the stream: the
+socket copy of the same bytes (`rlexp bench`, studies/perf/results/perf_cpu.md). The kernel pipelines the stream: the
 server's next `sendall` fills the socket while the receiver drains the last. A generator keeps its connection
 across versions (`Client`), so a sync is one request and its stream: no handshake, no new thread.
 
@@ -25,7 +26,8 @@ Integrity: the reply header names the version, publish id, every tensor's dtype,
 receiver checks the header (known dtypes, sizes that add up, ranges inside the buffer) before allocating, the
 byte count, and an end mark carrying the version. CRC32s per chunk are optional (`checksum`, off by default):
 one core computes CRC32 at about 4 GB/s, below a 100 Gb/s link's 12.5 GB/s and, on a busy host, enough to cost a
-third of the speed (results/perf_cpu.md), while TCP's checksum and the link's frame CRC already guard the wire;
+third of the speed (studies/perf/results/perf_cpu.md), while TCP's checksum and the link's frame CRC
+already guard the wire;
 with it on, a second thread on the receiver checks chunk k while chunk k+1 arrives. A trainer that dies mid-stream
 gives a closed connection, one that hangs a timeout (`timeout_s` per receive): either way a `TransportError` that
 says how many bytes of which version arrived, and nothing is loaded.
