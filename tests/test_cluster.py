@@ -17,7 +17,7 @@ from rlexp.config.schema import TrainConfig, register_configs
 from rlexp.config.validate import ConfigError, validate
 from tests.conftest import REPO, metrics, rlexp, wait_no_orphans
 
-CONF = REPO / "rlexp" / "conf"
+CONF = REPO / "conf"
 register_configs()
 
 

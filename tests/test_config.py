@@ -9,7 +9,7 @@ from rlexp.config.schema import register_configs
 from rlexp.config.validate import ConfigError, validate
 from tests.conftest import REPO, rlexp
 
-CONF = REPO / "rlexp" / "conf"
+CONF = REPO / "conf"
 GROUPS = ["model", "environment", "reward", "verifier_set", "algorithm", "generator", "trainer", "sync", "cluster",
           "logger"]
 register_configs()

@@ -18,7 +18,7 @@ from rlexp.rewards.verifiers.tiny import PANEL_SETS, WIDE_SET
 from rlexp.run.prepare import prepare
 from tests.conftest import REPO, metrics, rlexp
 
-CONF = REPO / "rlexp" / "conf"
+CONF = REPO / "conf"
 ENVS = sorted(p.stem for p in (CONF / "environment").glob("*.yaml"))
 SETS = sorted(p.stem for p in (CONF / "verifier_set").glob("*.yaml"))
 # The pairs that prepare on this machine (tiny stand-ins; the task sets name public checkpoints not cached here,

@@ -17,7 +17,7 @@ from rlexp.envs.registry import build_env, env_names
 from rlexp.evals.benchmarks import env_config
 
 FIX = Path(__file__).parent / "fixtures"
-CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "environment"
+CONF = Path(__file__).resolve().parents[1] / "conf" / "environment"
 
 
 def env_yaml(name: str):

@@ -1,4 +1,4 @@
-"""`rlexp eval`: Hydra composition of rlexp/conf/eval.yaml, result files and manifest, the missing-data error,
+"""`rlexp eval`: Hydra composition of conf/eval.yaml, result files and manifest, the missing-data error,
 the full path on the tiny random model, and that evaluating in-process never imports Monarch."""
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from rlexp.evals.runner import apply_stop, evaluate, run_benchmark
 from rlexp.types import Completion
 
 FIX = Path(__file__).parent / "fixtures"
-CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "environment"
+CONF = Path(__file__).resolve().parents[1] / "conf" / "environment"
 
 
 class CharTok:

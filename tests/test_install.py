@@ -1,6 +1,7 @@
-"""A non-editable `pip install .` into a new venv finds its configs (they ship inside the package) and
-`rlexp train` runs from another directory; examples/my_task, copied out of the repository, runs its README route
-against that wheel (train, sweep, compare, reproduce), with the start-up phase lines of a real run.
+"""A non-editable `pip install .` into a new venv finds its configs (the top-level conf/, shipped inside the
+package as rlexp/conf, sweep and launcher presets included) and `rlexp train` runs from another directory;
+examples/my_task, copied out of the repository, runs its README route against that wheel (train, sweep, compare,
+reproduce), with the start-up phase lines of a real run.
 
 The new venv sees the test venv's dependencies through a .pth line (no network here, and torch/vLLM
 wheels are large); rlexp itself is built and installed from a copy of the tracked files, not linked.
@@ -15,6 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,6 +53,14 @@ def test_wheel_install_trains_from_another_directory(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[rlexp] done: 5 steps" in out.stdout
     assert (tmp_path / "run" / "metrics.jsonl").exists()
+    # The sweep and launcher presets ship in the wheel's one config home (conf/ -> rlexp/conf): composed from
+    # outside any checkout with no --config-dir.
+    out = subprocess.run([str(venv / "bin" / "rlexp"), "train", "+sweeps=grid", "+launchers=local", "--cfg", "hydra"],
+                         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    hydra_cfg = yaml.safe_load(out.stdout)["hydra"]
+    assert hydra_cfg["sweeper"]["params"]["reward"] == "rule,single_rm,weaver,annotated", out.stdout[-3000:]
+    assert hydra_cfg["launcher"]["_target_"].endswith("LocalLauncher"), out.stdout[-3000:]
 
     # A user's project outside the package (examples/my_task) against the installed wheel, as its README runs it
     # from its own folder: train, a two-seed sweep from its own preset, compare, and a reproduce from elsewhere

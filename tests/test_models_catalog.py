@@ -11,7 +11,7 @@ from rlexp.config.model import ModelConfig
 from rlexp.models.catalog import QWEN3_SIZES, REVISIONS, param_count
 from rlexp.models.titan import build_model
 
-CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "model"
+CONF = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 # Exact counts worked out by hand from config.json (see catalog.param_count for the formula), e.g. 8B:
 # layer = attn 4096*4096 + 2*4096*1024 + 4096*4096 + 2*128 = 41,943,296
@@ -30,7 +30,7 @@ EXACT = {
 def _load(name: str) -> ModelConfig:
     """Compose the yaml into the structured schema: unknown keys or wrong types fail here."""
     raw = OmegaConf.load(CONF / f"{name}.yaml")
-    raw.pop("defaults", None)  # what the model brings to a run (rlexp/conf/scale/), not a model field
+    raw.pop("defaults", None)  # what the model brings to a run (conf/scale/), not a model field
     merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), raw)
     return OmegaConf.to_object(merged)
 

@@ -36,7 +36,7 @@ from rlexp.rewards.base import strip_gold
 from rlexp.types import Problem, Sample
 
 FIX = Path(__file__).parent / "fixtures"
-CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "environment"
+CONF = Path(__file__).resolve().parents[1] / "conf" / "environment"
 GPQA_COLUMNS = ["Record ID", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
                 "Incorrect Answer 3", "High-level domain"]
 CONFIG_SEED = 0  # what a verifier reads from the run manifest (gpqa.yaml's options.shuffle_seed)

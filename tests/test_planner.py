@@ -22,7 +22,7 @@ from rlexp.cluster.planner import (
 from rlexp.config.model import ModelConfig
 from rlexp.models.policy import token_logprobs
 
-CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 # Reference RL workload the default layouts are sized for (documented in the report):
 # 32 prompts x 8 samples, 1024 prompt + 3072 response tokens, micro-batch 1, activation checkpointing, 80 GB GPUs.
 WORKLOAD = {"max_prompt_tokens": 1024, "max_tokens": 3072, "group_size": 8, "prompts_per_step": 32, "kl_coef": 0.0}
@@ -200,7 +200,7 @@ def test_no_gpu_limit_only_reports():
 
 def _mini_conf(tmp_path: Path) -> Path:
     """A minimal run config composed by Hydra (the real model group, a fixed 80 GB cluster), independent of
-    the defaults in rlexp/conf/train.yaml."""
+    the defaults in conf/train.yaml."""
     (tmp_path / "model").mkdir()
     for f in (CONF / "model").glob("*.yaml"):  # without the run a real model brings (conf/scale/)
         raw = OmegaConf.load(f)

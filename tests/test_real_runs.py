@@ -1,4 +1,4 @@
-"""What a real model brings (rlexp/conf/scale/), the derived micro-batch, the refusal on a machine without the
+"""What a real model brings (conf/scale/), the derived micro-batch, the refusal on a machine without the
 GPUs, `rlexp plan`'s time estimate, `rlexp eval` offline and on a run's held-out split, start-up phases."""
 from __future__ import annotations
 

@@ -236,7 +236,7 @@ def _walk(tree, path=""):
 
 
 def test_real_config_is_not_redacted(tmp_path: Path) -> None:
-    """The shipped config (rlexp/conf/** and every schema field) must survive redaction unchanged, or the
+    """The shipped config (conf/** and every schema field) must survive redaction unchanged, or the
     manifest loses information and config_sha256 stops seeing changes of a wrongly redacted key."""
     from hydra import compose, initialize_config_dir
 
@@ -250,7 +250,7 @@ def test_real_config_is_not_redacted(tmp_path: Path) -> None:
     resolved = config_to_container(cfg)
     assert redact(resolved) == resolved
     assert redact({"hydra": hydra_node}) == {"hydra": hydra_node}
-    # every YAML under rlexp/conf, raw: keys and string values
+    # every YAML under conf, raw: keys and string values
     files = sorted(CONF_DIR.rglob("*.yaml"))
     assert len(files) > 40
     for f in files:

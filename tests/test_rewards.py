@@ -1,5 +1,5 @@
 """Reward interface, registry, gold isolation, rule/annotated counting, the arithmetic weak verifiers and the
-rlexp/conf/reward YAMLs."""
+conf/reward YAMLs."""
 from __future__ import annotations
 
 import itertools
@@ -20,7 +20,7 @@ from rlexp.rewards.verifiers.arithmetic import terms
 from rlexp.rewards.verifiers.registry import build_verifier, rule_names
 from rlexp.types import Problem, RewardOutput, Sample
 
-CONF = Path(__file__).resolve().parents[1] / "rlexp" / "conf" / "reward"
+CONF = Path(__file__).resolve().parents[1] / "conf" / "reward"
 SETS = CONF.parent / "verifier_set"
 
 
@@ -263,7 +263,7 @@ def test_single_rm_debiases_answers_like_the_other_verifier_arms(env):
         build_reward(RewardConfig(name="single_rm", options={**opts, "reference_groups": 0}), env)
 
 
-# --- rlexp/conf/reward YAMLs --------------------------------------------------------------------------------
+# --- conf/reward YAMLs --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["rule", "annotated", "single_rm", "weaver"])
 def test_yaml_composes_into_schema_and_scores_arithmetic(env, name):
     cfg = reward_cfg(name)

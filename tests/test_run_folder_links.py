@@ -283,7 +283,7 @@ def _validate_error(*overrides: str) -> str:
     from rlexp.config.validate import ConfigError, validate
 
     register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "rlexp" / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("train", overrides=list(overrides)))
     with pytest.raises(ConfigError) as e:
         validate(cfg)

@@ -18,7 +18,7 @@ def test_every_member_of_every_panel_draws_its_own_training_data() -> None:
 
 @pytest.mark.parametrize("panel", sorted(SETS))
 def test_each_verifier_set_lists_exactly_its_panel_with_single_rm_first(panel: str) -> None:
-    members = OmegaConf.load(REPO / "rlexp" / "conf" / "verifier_set" / f"{SETS[panel]}.yaml").members
+    members = OmegaConf.load(REPO / "conf" / "verifier_set" / f"{SETS[panel]}.yaml").members
     learned = [m for m in members if m.kind in ("reward_model", "lm_judge")]
     assert {m.options.tiny for m in learned} == set(PANELS[panel])
     assert all(m.kind == PANELS[panel][m.options.tiny].kind for m in learned)
@@ -30,7 +30,7 @@ def test_the_wide_set_is_a_d_and_e_with_their_twins() -> None:
     """Panel W (addendum v14): every model verifier of A, D and E plus the four retrained twins, each twin the
     same recipe as its original but another seed (so its errors correlate with, and are not equal to, the
     original's)."""
-    members = OmegaConf.load(REPO / "rlexp" / "conf" / "verifier_set" / f"{WIDE_SET}.yaml").members
+    members = OmegaConf.load(REPO / "conf" / "verifier_set" / f"{WIDE_SET}.yaml").members
     learned = [m for m in members if m.kind in ("reward_model", "lm_judge")]
     want = {n for p in WIDE_PANELS for n in PANELS[p]}
     assert [m.options.tiny for m in learned] == [m.name for m in learned] and {m.name for m in learned} == want

@@ -1,4 +1,4 @@
-"""Multirun tracking through real Hydra: the sweep presets in sweeps/, the logger group in rlexp/conf/logger, and the
+"""Multirun tracking through real Hydra: the sweep presets in conf/sweeps/, the logger group in conf/logger, and the
 MLflow parent/child runs, with jobs both sequential in one process and in a separate process.
 
 The train app here is a stand-in (a tiny Hydra task that logs a few metrics through the real tracking API and
@@ -58,7 +58,7 @@ def app(tmp_path: Path) -> Path:
         seed: 0
         hydra:
           searchpath:
-            - file://{REPO / 'rlexp' / 'conf'}
+            - file://{REPO / 'conf'}
     """))
     (d / "train_app.py").write_text(APP)
     return d
@@ -80,7 +80,7 @@ def test_grid_sweep_mlflow_parent_child_across_processes(app: Path, tmp_path: Pa
 
     sweep = tmp_path / "runs" / "sweep1"
     # Two jobs, sequential inside one process (Hydra's basic launcher), from the shipped grid preset.
-    _run(app, "-m", "--config-dir", str(REPO), "+sweeps=grid", "logger=mlflow",
+    _run(app, "-m", "+sweeps=grid", "logger=mlflow",
          "reward=rule,weaver", "seed=0",
          f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     # A third job of the same sweep from a separate process: must join the same parent run.
@@ -142,7 +142,7 @@ def test_grid_sweep_mlflow_parent_child_across_processes(app: Path, tmp_path: Pa
 @pytest.mark.slow
 def test_optuna_preset_maximises_returned_metric(app: Path, tmp_path: Path) -> None:
     sweep = tmp_path / "opt"
-    _run(app, "-m", "--config-dir", str(REPO), "+sweeps=optuna", "hydra.sweeper.n_trials=3",
+    _run(app, "-m", "+sweeps=optuna", "hydra.sweeper.n_trials=3",
          f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     res = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     assert res["name"] == "optuna"
@@ -157,16 +157,16 @@ def test_launcher_and_logger_presets_compose() -> None:
 
     from rlexp.config.logger import LoggerConfig
 
-    with initialize_config_dir(config_dir=str(REPO / "rlexp" / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         for name, wb, ml in (("default", False, False), ("wandb", True, False), ("mlflow", False, True),
                              ("all", True, True)):
             c = compose(overrides=[f"+logger={name}"])
             merged = OmegaConf.merge(OmegaConf.structured(LoggerConfig), c.logger)  # matches the schema
             assert (merged.wandb.enabled, merged.mlflow.enabled) == (wb, ml)
             assert merged.wandb.mode == "auto"
-    with initialize_config_dir(config_dir=str(REPO), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         for name, target in (("slurm", "SlurmLauncher"), ("local", "LocalLauncher")):
             c = compose(overrides=[f"+launchers={name}"], return_hydra_config=True)
             assert c.hydra.launcher._target_.endswith(target)
-    k8s = yaml.safe_load((REPO / "launchers" / "k8s" / "job.yaml").read_text())
+    k8s = yaml.safe_load((REPO / "conf" / "launchers" / "k8s" / "job.yaml.in").read_text())
     assert k8s["kind"] == "Job" and "rlexp train" in k8s["spec"]["template"]["spec"]["containers"][0]["args"][0]

@@ -1,4 +1,4 @@
-"""Verifier sets (rlexp/conf/verifier_set/): every set composes into the schema and names a checkpoint for each
+"""Verifier sets (conf/verifier_set/): every set composes into the schema and names a checkpoint for each
 model verifier; `rlexp plan` counts the verifiers' GPUs; `rlexp train` stops before spawning when a verifier
 checkpoint is missing or a verifier cannot score the environment."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from rlexp.cluster.planner import plan_memory
 from rlexp.config.schema import register_configs
 from tests.conftest import REPO, kill_tagged, tagged_env
 
-CONF = REPO / "rlexp" / "conf"
+CONF = REPO / "conf"
 SETS = sorted(p.stem for p in (CONF / "verifier_set").glob("*.yaml"))
 # The sets made for the real tasks: public checkpoints, pinned, sized, on GPU.
 TASK_SETS = ["gpqa", "gsm8k", "math", "mmlu_pro"]

@@ -20,7 +20,7 @@ from rlexp.run import warmup
 from rlexp.run.prepare import check_config, resolve_model
 from tests.conftest import REPO
 
-CONF = REPO / "rlexp" / "conf"
+CONF = REPO / "conf"
 register_configs()
 
 

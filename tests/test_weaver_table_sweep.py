@@ -1,4 +1,4 @@
-"""sweeps/weaver_table.yaml (issue 46 item 5): the GPU table as one sweep, composed with real Hydra (no run).
+"""conf/sweeps/weaver_table.yaml (issue 46 item 5): the GPU table as one sweep, composed with real Hydra (no run).
 Every arm x seed composes on experiment=qwen3_8b_math into a reward the schema accepts; single_rm and
 best_verifier carry the per-answer debiasing every other verifier arm has; best_verifier names a member of the
 set; and the reward each arm builds scores with the verifiers the analysis expects."""
@@ -17,7 +17,7 @@ ARMS = ["single_rm_debiased", "best_verifier", "verifier_mean", "verifier_vote",
 
 
 def _params() -> dict[str, list[str]]:
-    with initialize_config_dir(config_dir=str(REPO), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         c = compose(overrides=["+sweeps=weaver_table"], return_hydra_config=True)
     return {k: str(v).split(",") for k, v in c.hydra.sweeper.params.items()}
 
@@ -30,7 +30,7 @@ def test_the_table_sweeps_every_arm_over_five_seeds():
 def test_every_arm_composes_on_qwen3_8b_math_with_fair_debiasing():
     arms = _params()["reward"]
     register_configs()  # the typed schemas train.yaml extends, as `rlexp train` registers them
-    with initialize_config_dir(config_dir=str(REPO / "rlexp" / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         for arm in arms:
             c = compose("train", overrides=["experiment=qwen3_8b_math", f"reward={arm}", "seed=3"])
             assert c.seed == 3 and c.environment.name == "math" and c.model.name.lower().startswith("qwen3")

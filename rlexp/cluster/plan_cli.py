@@ -30,7 +30,7 @@ from rlexp.core.plugins import with_config_path  # `config_path=DIR`: a user's o
 
 
 def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config_name: str = "train") -> Any:
-    """Compose `<config_dir>/<config_name>.yaml` (default rlexp/conf/train.yaml) with Hydra's compose API
+    """Compose `<config_dir>/<config_name>.yaml` (default conf/train.yaml) with Hydra's compose API
     (no working-dir change, no logging)."""
     from hydra import compose, initialize_config_dir
 

@@ -10,7 +10,7 @@ from rlexp.config.trust import CODE
 class EvalConfig:
     every_n_steps: int = 50
     # Held-out split of the training environment is always evaluated; these are extra benchmarks
-    # (names of files in rlexp/conf/benchmark/, e.g. ["gsm8k"]).
+    # (names of files in conf/benchmark/, e.g. ["gsm8k"]).
     benchmarks: list[str] = field(default_factory=list, metadata=CODE)  # config file names
     max_samples: int | None = None
     temperature: float = 0.0

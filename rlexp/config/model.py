@@ -1,5 +1,5 @@
 """Schema of the `model` config group. The defaults are the embedded tiny model; real models override
-every number in their YAML (rlexp/conf/model/)."""
+every number in their YAML (conf/model/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

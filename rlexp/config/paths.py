@@ -1,10 +1,24 @@
-"""Where things live: rlexp's Hydra configs (inside the package, so a non-editable install finds them) and the
-checkpoints of a run folder (the run code writes them; `rlexp eval run_dir=` reads them without importing torch)."""
+"""Where things live: rlexp's Hydra configs and the checkpoints of a run folder (the run code writes them;
+`rlexp eval run_dir=` reads them without importing torch)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+def config_root() -> Path:
+    """The one config home: the repository's top-level `conf/` (groups, train.yaml, eval.yaml, sweeps/,
+    launchers/). A wheel ships that folder as package data at `rlexp/conf` (pyproject's `package-dir`), so an
+    installed rlexp finds it inside the package; a checkout on PYTHONPATH (or an editable install) finds it beside
+    the package. Marked by `train.yaml`, so a stray empty `rlexp/conf/` folder cannot shadow the checkout's."""
+    package = Path(__file__).resolve().parent.parent
+    for root in (package / "conf", package.parent / "conf"):
+        if (root / "train.yaml").is_file():
+            return root
+    raise FileNotFoundError(f"rlexp's configs are missing: neither {package / 'conf'} (an installed wheel) nor "
+                            f"{package.parent / 'conf'} (a checkout) holds train.yaml; reinstall rlexp")
+
+
+CONF_DIR = config_root()
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
 

@@ -28,7 +28,7 @@ class VerifierConfig:
 @dataclass
 class VerifierSetConfig:
     """The weak verifiers available for one environment; `verifier_set` defaults to the environment's name
-    (rlexp/conf/verifier_set/<environment>.yaml), so `reward=weaver` finds a set that fits the task."""
+    (conf/verifier_set/<environment>.yaml), so `reward=weaver` finds a set that fits the task."""
 
     name: str = field(default="", metadata=DATA)
     members: list[VerifierConfig] = field(default_factory=list)

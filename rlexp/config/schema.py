@@ -1,6 +1,6 @@
 """Typed schemas for every config group: the one home of every default.
 
-`rlexp/conf/train.yaml` extends `train_schema`, so every group file is merged onto a typed node: a
+`conf/train.yaml` extends `train_schema`, so every group file is merged onto a typed node: a
 misspelled key, a wrong type or a value outside an enum fails at composition, naming the key and the
 allowed values, before any process is spawned. The YAML files hold only what an option changes.
 Values that follow from others (the effective policy age, the trainer's world size, GPUs per generator

@@ -1,7 +1,7 @@
 r"""MATH-style problems with free-form LaTeX answers (MATH-500 by default).
 
 Data: `HuggingFaceH4/MATH-500` (500 test problems; fields `problem`, `solution`, `answer`, `subject`,
-`level`, `unique_id`) at the revision pinned in `rlexp/conf/environment/math.yaml`, read with `datasets` (from the
+`level`, `unique_id`) at the revision pinned in `conf/environment/math.yaml`, read with `datasets` (from the
 local cache under HF_HUB_OFFLINE=1). For RL training point `environment.dataset` at another dataset with
 the same fields (or a local file); the loader is the same.
 

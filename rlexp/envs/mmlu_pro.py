@@ -2,7 +2,7 @@
 
 Data: `TIGER-Lab/MMLU-Pro` (splits `test`, `validation`; fields `question_id`, `question`, `options`,
 `answer` (letter), `answer_index`, `category`, `src`) at the revision pinned in
-`rlexp/conf/environment/mmlu_pro.yaml`, read with `datasets` (local cache under HF_HUB_OFFLINE=1), or a local file
+`conf/environment/mmlu_pro.yaml`, read with `datasets` (local cache under HF_HUB_OFFLINE=1), or a local file
 with the same fields via `environment.dataset`.
 
 Choice order: by default the dataset's order, as in the official evaluation and lm-eval-harness. That does

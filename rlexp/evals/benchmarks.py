@@ -1,5 +1,5 @@
 """Benchmarks: an environment config (its eval split is scored) plus a generation budget, one file per
-benchmark in rlexp/conf/benchmark/. Shared by `rlexp eval` and by evaluation during training."""
+benchmark in conf/benchmark/. Shared by `rlexp eval` and by evaluation during training."""
 from __future__ import annotations
 
 from typing import Any

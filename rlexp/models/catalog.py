@@ -1,7 +1,7 @@
 """The Qwen3 dense family as published, in one table.
 
 Why a table in code as well as the yamls: the yamls are what users edit, the table is what they are
-checked against (tests compare every `rlexp/conf/model/qwen3_*.yaml` to it), and the planner and parameter
+checked against (tests compare every `conf/model/qwen3_*.yaml` to it), and the planner and parameter
 counts need the numbers without composing Hydra. Numbers come from each model's published
 `config.json` (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
 intermediate_size, vocab_size, tie_word_embeddings) and are identical to TorchTitan 0.3.0's
@@ -32,7 +32,7 @@ QWEN3_ROPE_THETA = 1_000_000.0
 
 @dataclass(frozen=True)
 class Qwen3Size:
-    key: str  # config-name stem, e.g. "8b" -> rlexp/conf/model/qwen3_8b.yaml
+    key: str  # config-name stem, e.g. "8b" -> conf/model/qwen3_8b.yaml
     flavor: str  # TorchTitan qwen3_configs key
     base_repo: str
     instruct_repo: str

@@ -309,7 +309,7 @@ def check_verifier_kinds(t: TrainConfig, env: Environment) -> None:
             raise ConfigError(
                 f"verifier_set={t.verifier_set.name or '?'}: verifier {v.name!r} (kind {v.kind}) cannot score "
                 f"environment={env.name}, which supports the kinds {sorted(env.verifier_kinds)}. Use the set made for "
-                f"it (verifier_set={env.name}, the default when the file rlexp/conf/verifier_set/{env.name}.yaml "
+                f"it (verifier_set={env.name}, the default when the file conf/verifier_set/{env.name}.yaml "
                 f"exists) or list verifiers of those kinds")
 
 

@@ -9,7 +9,7 @@ with the rule below; the rule is the script's, not a reading of the numbers.
 
 Rule: a run is *stable* when it reaches 0.8 held-out exact match and no later evaluation falls below 0.8. A recipe
 meets the goal when >= 4 of its 5 seeds are stable. Among recipes that meet it, the one with the lowest median
-steps to 0.8 becomes the sort task's default (`rlexp/conf/environment/sort.yaml`); if none does, the default stays
+steps to 0.8 becomes the sort task's default (`conf/environment/sort.yaml`); if none does, the default stays
 and this file says so. Reported beside it for every recipe: final accuracy, AUC of held-out accuracy over steps,
 steps and training seconds to 0.8.
 """

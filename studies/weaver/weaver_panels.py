@@ -48,7 +48,7 @@ def starting_policy(overrides: list[str]) -> tuple[Path, Any, Any]:
     from rlexp.config.schema import register_configs
 
     register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "rlexp" / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=["experiment=weaver_cpu", "reward=annotated", *overrides])
     t = check_config(cfg)
     env = build_env(t.environment)

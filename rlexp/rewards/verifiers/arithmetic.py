@@ -28,7 +28,7 @@ be off by one, or to settle on a digit a verifier wrongly accepts -- so the real
 Weaver estimates them online instead of trusting these numbers. Residue and window checks are functions of
 (response - sum), hence strongly dependent given a wrong response; and two residue checks whose moduli have
 a least common multiple >= 10 (parity and mod 5; mod 3 and mod 5) together pin the digit down exactly, i.e.
-together they ARE the gold check. rlexp/conf/reward/weaver.yaml explains which checks suit the label model and why.
+together they ARE the gold check. conf/reward/weaver.yaml explains which checks suit the label model and why.
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ class Mod5Check(ModCheck):
 
     Accuracy at a correct-rate p: p + (1-p) * 8/9 -- the most accurate single check in this module at every
     p (a misreading adder's is p/(k+1) + (1-p)(1 - k/(9(k+1))), lower for every p > 0), and it never rejects
-    a right answer. Hence the default for `reward=single_rm` (rlexp/conf/reward/single_rm.yaml says why).
+    a right answer. Hence the default for `reward=single_rm` (conf/reward/single_rm.yaml says why).
     """
 
     def __init__(self) -> None:

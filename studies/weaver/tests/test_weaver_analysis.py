@@ -191,7 +191,7 @@ def _math_run(root: Path, reward: str, seed: int, acc_by_step: dict[int, float])
 
 def test_a_math_sweep_with_free_form_answers_and_the_table_presets(tmp_path: Path):
     """Issue 46 item 5: the analysis reads any environment's answers. On a MATH-style sweep (arms named as
-    sweeps/weaver_table.yaml names them) --no-balance makes plain accuracy the statistic: weaver_paper 0.5 -> 0.7
+    conf/sweeps/weaver_table.yaml names them) --no-balance makes plain accuracy the statistic: weaver_paper 0.5 -> 0.7
     -> 0.9 over steps 0/100/200 has AUC (0.6 + 0.8) / 2 = 0.7, gold 0.5 -> 0.9 -> 0.9 has 0.8, so the gap from the
     start is (0.7 - 0.5) / (0.8 - 0.5) = 2/3; single_rm_debiased is the single_rm arm and is marked debiased."""
     sweep = tmp_path / "sweep"
