@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+PACKAGE = Path(__file__).resolve().parent.parent  # the `rlexp` package folder
 
-def config_root() -> Path:
+
+def config_root(package: Path = PACKAGE) -> Path:
     """The one config home: the repository's top-level `conf/` (groups, train.yaml, eval.yaml, sweeps/,
-    launchers/). A wheel ships that folder as package data at `rlexp/conf` (pyproject's `package-dir`), so an
+    launchers/). A wheel ships that folder as package data at `rlexp/conf` (setup.py maps it), so an
     installed rlexp finds it inside the package; a checkout on PYTHONPATH (or an editable install) finds it beside
     the package. Marked by `train.yaml`, so a stray empty `rlexp/conf/` folder cannot shadow the checkout's."""
-    package = Path(__file__).resolve().parent.parent
     for root in (package / "conf", package.parent / "conf"):
         if (root / "train.yaml").is_file():
             return root
