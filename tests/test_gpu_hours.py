@@ -1,0 +1,56 @@
+"""`rlexp plan ... +sweeps=NAME` prints a sweep's GPU-hours (issue 46 item 5): the preset is expanded as Hydra's
+basic sweeper expands it, every run is composed with real Hydra and planned by the real planner, and the hours are
+the planner's own step-time estimate times the GPUs the layout holds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlexp.cluster import gpu_hours
+from rlexp.cluster.plan_cli import compose_run_config
+from rlexp.cluster.planner import plan_memory
+from tests.conftest import REPO
+
+
+def test_the_sweep_argument_is_taken_out_and_only_one_is_allowed():
+    assert gpu_hours.take_sweep(["experiment=x", "+sweeps=weaver_table", "seed=1"]) == (
+        ["experiment=x", "seed=1"], "weaver_table")
+    assert gpu_hours.take_sweep(["experiment=x"]) == (["experiment=x"], None)
+    with pytest.raises(gpu_hours.SweepError, match="one at a time"):
+        gpu_hours.take_sweep(["+sweeps=a", "+sweeps=b"])
+
+
+def test_the_weaver_table_expands_to_seven_arms_by_five_seeds():
+    runs = gpu_hours.expand(REPO / "sweeps" / "weaver_table.yaml")
+    assert len(runs) == 35 and runs[0][:2] == ["reward=single_rm_debiased", "seed=0"]
+    assert {r[0] for r in runs} == {f"reward={a}" for a in ("single_rm_debiased", "best_verifier", "verifier_mean",
+                                                            "verifier_vote", "weaver_paper", "weaver", "annotated")}
+
+
+def test_a_sweep_hydra_cannot_list_plainly_is_refused_by_name(tmp_path: Path):
+    (tmp_path / "s.yaml").write_text("hydra:\n  sweeper:\n    params:\n      seed: range(0,5)\n")
+    with pytest.raises(gpu_hours.SweepError, match=r"seed=.*not a plain comma-separated list"):
+        gpu_hours.expand(tmp_path / "s.yaml")
+    with pytest.raises(gpu_hours.SweepError, match="no sweep preset 'nope'"):
+        gpu_hours.sweep_file("nope", [tmp_path])
+
+
+def test_a_sweeps_gpu_hours_are_the_planners_hours_times_the_gpus_held(tmp_path: Path):
+    (tmp_path / "mini.yaml").write_text("hydra:\n  sweeper:\n    params:\n      reward: annotated,weaver_paper\n"
+                                        "      cluster: slurm_2nodes_verifiers\n")
+    planned = {}
+
+    def plan(run: list[str]):
+        cfg = compose_run_config(run)
+        planned[run[-2]] = report = plan_memory(cfg)
+        return cfg, report
+
+    lines, ok = gpu_hours.plan_sweep("mini", ["experiment=qwen3_8b_math"], plan, roots=[tmp_path])
+    assert ok and lines[0].startswith("sweep mini.yaml: 2 runs")
+    t = planned["reward=weaver_paper"].time
+    hours = t.step_s * t.steps / 3600
+    # annotated uses the controller's node only (trainer 3 + generators 2); weaver_paper adds the six verifiers'.
+    assert f"{5:>9}  {8:>4}  {hours:>5.2f}  {8 * hours:>5.1f}  yes" in lines[2]
+    assert f"{11:>9}  {16:>4}  {hours:>5.2f}  {16 * hours:>5.1f}  yes" in lines[3]
+    assert lines[-1].startswith(f"GPU-hours of the sweep: {24 * hours:,.0f} ")
