@@ -54,3 +54,27 @@ def test_a_sweeps_gpu_hours_are_the_planners_hours_times_the_gpus_held(tmp_path:
     assert f"{5:>9}  {8:>4}  {hours:>5.2f}  {8 * hours:>5.1f}  yes" in lines[2]
     assert f"{11:>9}  {16:>4}  {hours:>5.2f}  {16 * hours:>5.1f}  yes" in lines[3]
     assert lines[-1].startswith(f"GPU-hours of the sweep: {24 * hours:,.0f} ")
+
+
+def test_the_expansion_is_hydras_own_multirun_split_and_a_job_composes_with_cfg_job(tmp_path: Path):
+    """What `rlexp plan +sweeps=` counts is what `rlexp train -m` launches: Hydra's basic sweeper splits the
+    preset's params into the same 35 jobs in the same order; one of them composes as a job (`--cfg job`)."""
+    import subprocess
+    import sys
+
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    path = REPO / "sweeps" / "weaver_table.yaml"
+    params = OmegaConf.to_container(OmegaConf.load(path).hydra.sweeper.params)
+    parsed = OverridesParser.create().parse_overrides([f"{k}={v}" for k, v in params.items()])
+    (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    assert gpu_hours.expand(path) == jobs and len(jobs) == 35
+    p = subprocess.run([sys.executable, "-m", "rlexp", "train", "--config-dir", str(REPO), "experiment=qwen3_8b_math",
+                        "+sweeps=weaver_table", *jobs[22], "--cfg", "job"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cfg = OmegaConf.create(p.stdout)
+    assert jobs[22][:2] == ["reward=weaver_paper", "seed=2"] and cfg.seed == 2 and cfg.reward.name == "weaver"
+    assert cfg.cluster.name == "slurm_2nodes_verifiers" and len(cfg.verifier_set.members) == 8
