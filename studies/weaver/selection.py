@@ -34,6 +34,7 @@ FIT_AT_START = {"weaver_paper": {}, "verifier_mean": {"combine": "mean"}, "verif
 MODES = ("weaver_paper", "verifier_mean", "verifier_vote", "weaver", "single_rm_debiased", "single_rm",
          "majority", "best_verifier")
 ORACLE = "best_verifier"  # chosen with gold on the same prompts: an upper bound for one verifier, not a selector
+HAND = "## What the numbers say"  # the results file's hand-written part starts here
 
 
 def load_samples(path: Path = SAMPLES) -> dict[str, Any]:
@@ -284,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
-    a.out.with_suffix(".md").write_text(markdown(res))
+    md, text = a.out.with_suffix(".md"), markdown(res)
+    if md.is_file() and HAND in (old := md.read_text()):  # the hand-written reading is kept on regeneration
+        text += "\n" + old[old.index(HAND):]
+    md.write_text(text)
     figure(res, a.out.with_suffix(".png"))
     print(markdown(res))
     return 0
