@@ -38,12 +38,12 @@ def test_a_sweep_hydra_cannot_list_plainly_is_refused_by_name(tmp_path: Path):
 
 def test_a_sweeps_gpu_hours_are_the_planners_hours_times_the_gpus_held(tmp_path: Path):
     (tmp_path / "mini.yaml").write_text("hydra:\n  sweeper:\n    params:\n      reward: annotated,weaver_paper\n"
-                                        "      cluster: slurm_2nodes_verifiers\n")
+                                        "      cluster: slurm_2nodes_verifiers\n      verifier_set: math_wide\n")
     planned = {}
 
     def plan(run: list[str]):
         cfg = compose_run_config(run)
-        planned[run[-2]] = report = plan_memory(cfg)
+        planned[next(o for o in run if o.startswith("reward="))] = report = plan_memory(cfg)
         return cfg, report
 
     lines, ok = gpu_hours.plan_sweep("mini", ["experiment=qwen3_8b_math"], plan, roots=[tmp_path])
@@ -77,4 +77,5 @@ def test_the_expansion_is_hydras_own_multirun_split_and_a_job_composes_with_cfg_
     assert p.returncode == 0, p.stderr[-2000:]
     cfg = OmegaConf.create(p.stdout)
     assert jobs[22][:2] == ["reward=weaver_paper", "seed=2"] and cfg.seed == 2 and cfg.reward.name == "weaver"
-    assert cfg.cluster.name == "slurm_2nodes_verifiers" and len(cfg.verifier_set.members) == 8
+    assert cfg.cluster.name == "slurm_2nodes_verifiers" and cfg.verifier_set.name == "math_wide"
+    assert len(cfg.verifier_set.members) == 8
