@@ -79,3 +79,14 @@ def test_the_expansion_is_hydras_own_multirun_split_and_a_job_composes_with_cfg_
     assert jobs[22][:2] == ["reward=weaver_paper", "seed=2"] and cfg.seed == 2 and cfg.reward.name == "weaver"
     assert cfg.cluster.name == "slurm_2nodes_verifiers" and cfg.verifier_set.name == "math_wide"
     assert len(cfg.verifier_set.members) == 8
+
+
+def test_plan_of_one_run_prints_its_gpu_hours(capsys):
+    from rlexp.cluster import plan_cli
+
+    assert plan_cli.main(["model=qwen3_8b", "reward=weaver"]) == 0
+    out = capsys.readouterr().out
+    report = plan_memory(compose_run_config(["model=qwen3_8b", "reward=weaver"]))
+    hours = report.time.step_s * report.time.steps / 3600
+    # one node: trainer 3 + generators 2 + three verifiers use all 8 GPUs of the host
+    assert f"GPU-hours: {8 * hours:.1f} (8 GPU(s) held, whole hosts; 8 used) x {hours:.2f} h" in out
