@@ -215,3 +215,24 @@ def test_rule_verifiers_cannot_score_gpqa(tmp_path: Path) -> None:
     assert "actor graph" not in p.stdout and "Traceback" not in p.stderr
     assert "verifier_set=arithmetic_rules" in p.stderr and "'mod5'" in p.stderr
     assert "kind rule" in p.stderr and "environment=gpqa" in p.stderr
+
+
+@pytest.mark.parametrize("name", ["gpqa", "math", "mmlu_pro"])
+def test_wide_sets_have_five_model_verifiers_of_several_families_and_room_for_the_filters(name: str) -> None:
+    """Issue 46 item 5: with three model verifiers and min_active 3, one filter drop made weaver_paper the mean.
+    Each task's wide set (the GPU table's) has at least five pinned model verifiers from more than one family (the
+    Hub organisation), the default set's among them, and weaver_paper's min_active leaves room for two drops."""
+    from rlexp.rewards.weaver_options import WeaverOptions
+
+    vs = OmegaConf.to_object(composed(f"verifier_set={name}_wide")).verifier_set
+    models = served(vs.members)
+    assert len(models) >= 5, [m.name for m in models]
+    default = served(OmegaConf.to_object(composed(f"verifier_set={name}")).verifier_set.members)
+    assert [m.name for m in default] == [m.name for m in models][:2] + [m.name for m in models][3:4]
+    assert [m.options for m in default] == [m.options for m in models][:2] + [m.options for m in models][3:4]
+    assert all(HEX40.fullmatch(str(m.options["revision"])) for m in models), name
+    families = {str(m.options["hf_repo"]).split("/")[0] for m in models}
+    assert len(families) >= 3 and {"reward_model", "lm_judge"} <= {str(m.kind) for m in models}, families
+    reward = OmegaConf.to_object(composed(f"verifier_set={name}_wide", "reward=weaver_paper")).reward
+    assert WeaverOptions.from_options(dict(reward.options)).min_active <= len(models) - 2
+    test_task_sets_are_pinned_sized_and_complete(f"{name}_wide")  # pinned, sized, options a verifier accepts

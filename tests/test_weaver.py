@@ -220,6 +220,13 @@ def test_the_label_model_fallback_is_loud_once_and_names_each_drop(caplog):
         assert f"{name}: {why}" in warned[0] and "outside (0.4, 0.45)" in why
     fine = build_reward(weaver_cfg(len(MIXED)), env=None).score(samples, texts, group_size=8)
     assert fine.metrics["reward/weaver_fallback"] == 0.0
+    # The progress line says it every step it holds, from these very metrics, and not when the model is fit.
+    from rlexp.run.controller import weaver_fallback_warning
+
+    n = int(outs[-1].metrics["weaver/n_active"])
+    assert weaver_fallback_warning(outs[-1].metrics) == (
+        f" | WEAVER FALLBACK: {n} active verifier(s), label model not fit: the reward is the mean")
+    assert weaver_fallback_warning(fine.metrics) == "" and weaver_fallback_warning({"reward/mean": 0.5}) == ""
 
 
 def test_weaver_per_verifier_threshold_after_minmax():

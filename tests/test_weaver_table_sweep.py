@@ -28,11 +28,12 @@ def test_the_table_sweeps_every_arm_over_five_seeds():
 
 
 def test_every_arm_composes_on_qwen3_8b_math_with_fair_debiasing():
-    arms = _params()["reward"]
+    p = _params()
+    arms, fixed = p["reward"], [f"{k}={v[0]}" for k, v in p.items() if len(v) == 1]  # cluster, verifier_set
     register_configs()  # the typed schemas train.yaml extends, as `rlexp train` registers them
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         for arm in arms:
-            c = compose("train", overrides=["experiment=qwen3_8b_math", f"reward={arm}", "seed=3"])
+            c = compose("train", overrides=["experiment=qwen3_8b_math", f"reward={arm}", "seed=3", *fixed])
             assert c.seed == 3 and c.environment.name == "math" and c.model.name.lower().startswith("qwen3")
             reward = OmegaConf.merge(OmegaConf.structured(RewardConfig), c.reward)
             opts = OmegaConf.to_container(reward.options)
@@ -45,6 +46,6 @@ def test_every_arm_composes_on_qwen3_8b_math_with_fair_debiasing():
                 assert picked.name == ("rm_skywork_qwen3_4b" if arm == "best_verifier" else "rm_skywork_llama8b")
             elif reward.name == "weaver":
                 o = WeaverOptions.from_options(opts)  # the options the reward will accept
-                assert o.debias_answers == (arm != "weaver") and len(members) >= 3
+                assert o.debias_answers == (arm != "weaver") and len(members) == 8  # math_wide: six models
             else:
                 assert arm == "annotated" and reward.name == "annotated"

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rlexp.cluster import gpu_hours
 from rlexp.cluster.host_plan import host_line
 from rlexp.cluster.layout import check_hosts_fit, gpu_layout, gpu_placement
 from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, plan_memory
@@ -129,6 +130,17 @@ def print_weight_sync(cfg: Any) -> None:
     print("\n" + est.line(g.dtype))
 
 
+def plan_sweep(name: str, overrides: list[str], args: argparse.Namespace) -> int:
+    """`rlexp plan ... +sweeps=NAME`: one line per run (GPUs, hours, whether it fits) and the total GPU-hours."""
+    def plan(run: list[str]) -> tuple[Any, Any]:
+        cfg = compose_run_config(run, args.config_dir, args.config_name)
+        return cfg, plan_memory(cfg, args.headroom)
+
+    lines, ok = gpu_hours.plan_sweep(name, overrides, plan)
+    print("\n".join(lines))
+    return 0 if ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rlexp plan", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=qwen3_8b cluster=local")
@@ -137,8 +149,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-name", default="train")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = compose_run_config(with_config_path(args.overrides), args.config_dir, args.config_name)
+        overrides, sweep = gpu_hours.take_sweep(with_config_path(args.overrides))
+        if sweep is not None:  # `+sweeps=NAME`: every run of the preset, and the sweep's GPU-hours
+            return plan_sweep(sweep, overrides, args)
+        cfg = compose_run_config(overrides, args.config_dir, args.config_name)
         report = plan_memory(cfg, args.headroom)
+    except gpu_hours.SweepError as e:
+        print(e, file=sys.stderr)
+        return 2
     except PlanError as e:
         print(f"rlexp plan: {e}", file=sys.stderr)
         return 2
@@ -157,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     hosts_ok = print_hosts(cfg) and not host.startswith("refused")
     print_weight_sync(cfg)
+    print("\n" + gpu_hours.cost_line(gpu_hours.run_cost(cfg, report)))
     if not report.ok or not hosts_ok or not limits_ok:
         print("\nrefused: the layout does not fit (see 'fix:' lines)", file=sys.stderr)
         return 1

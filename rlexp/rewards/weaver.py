@@ -1,6 +1,7 @@
 """`reward=weaver`: combine several weak verifiers into P(correct | votes), label-free or the paper's way.
 
-Two regimes, one class (options in `WeaverOptions`; rlexp/conf/reward/weaver.yaml is the label-free one,
+Two regimes, one class (options in `WeaverOptions`, rlexp/rewards/weaver_options.py; what a step logs in
+rlexp/rewards/weaver_metrics.py; rlexp/conf/reward/weaver.yaml is the label-free one,
 rlexp/conf/reward/weaver_paper.yaml the paper's):
 
 * label-free online (`reference_groups: 0`, the defaults): per step, add the batch's groups to a sliding
@@ -28,9 +29,7 @@ labels are correctness bits for the responses it asked for, never answers.
 from __future__ import annotations
 
 import logging
-import math
-from collections import Counter, deque
-from dataclasses import dataclass, fields
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -42,167 +41,14 @@ from rlexp.rewards.crossing import clip
 from rlexp.rewards.label_model import BinaryLabelModel, LabelModelParams
 from rlexp.rewards.verifiers.base import ServedVerifier, Verifier
 from rlexp.rewards.verifiers.registry import build_verifier
+from rlexp.rewards.weaver_metrics import paper_metrics, step_metrics
+from rlexp.rewards.weaver_options import WeaverOptions, balance_threshold
 from rlexp.types import Problem, RewardOutput
 
 log = logging.getLogger(__name__)
 STATE_VERSION = 2
-ROLES = ("model", "gate", "term", "off")
 # Verifier kinds that measure agreement or readability rather than correctness: the roles they may take.
 SEPARABLE_KINDS = ("majority", "format")
-# What the label model's fit is turned into (WeaverOptions.weighting).
-WEIGHTINGS = ("posterior", "quality", "logodds")
-
-
-@dataclass
-class WeaverOptions:
-    # Groups (one problem's responses each) the label model is refit on every step. ~1000+ responses keep
-    # the estimated rates within a few points; far more makes the fit lag behind the policy.
-    window_groups: int = 128
-    # A verifier whose window positive rate is outside this open interval is dropped (Weaver uses (0.1, 0.9)).
-    # Only while the class balance is estimated: a known one replaces the band by `max_imbalance` (a policy
-    # right 1% of the time has verifiers that rightly say yes 1% of the time).
-    drop_band: tuple[float, float] = (0.05, 0.95)
-    # Threshold on the min-max normalised score for verifiers that do not set options.threshold.
-    threshold: float = 0.5
-    # Below three informative verifiers the latent-class model is not identifiable; fall back to mean vote.
-    min_active: int = 3
-    # How the active verifiers' votes become a reward: label_model (Weaver: P(correct | votes) from the
-    # latent-class model), mean (unweighted average of the normalised scores), vote (majority of the votes:
-    # 1, 0.5 on a tie, 0). mean and vote are the baselines Weaver must beat, on the same verifiers.
-    combine: str = "label_model"
-    # With combine=label_model, what the fitted model's output is (results/weaver_label_model.md):
-    #   posterior  P(correct | the active verifiers' binary votes) (Weaver's latent-class posterior);
-    #   quality    the mean of the active verifiers' continuous normalised scores, each weighted by the label
-    #              model's estimated TPR - FPR (clipped at 0), in [0, 1];
-    #   logodds    the same with the naive-Bayes vote weight logit(TPR) - logit(FPR) (clipped at 0).
-    # Why: binarising each verifier at one threshold leaves most candidates with the same vote pattern (on the
-    # static best-of-10 candidates 66% vote all-no on panel A), so the posterior cannot rank them; even with
-    # each verifier's true TPR/FPR plugged in it selects worse than the plain mean. The weighted variants keep
-    # the label model's job (which verifier to trust, read from the votes' agreement and the dev class balance)
-    # and the scores' ranking. Ignored by combine=mean|vote.
-    weighting: str = "posterior"
-    # Label model numerics (see BinaryLabelModel).
-    eps: float = 1e-3
-    smoothing: float = 0.5
-    max_iter: int = 500
-    tol: float = 1e-7
-    # --- the paper's way (issue 23); these defaults are the label-free online model above ---------------------
-    # Where the share of correct responses comes from: estimate (EM, from the votes), prior (stated below), or
-    # dev (gold labels of `dev_labels` responses of the reference pool: a stated budget, logged). Each reward
-    # replica keeps its own pool and fit, so with reward.replicas=R the labels read are R x dev_labels.
-    class_balance: str = "estimate"
-    prior: float = 0.5
-    dev_labels: int = 0
-    # The dev-labelled responses enter the label model's fit with their class known (semi-supervised EM), not only
-    # as the class balance: where verifiers' errors correlate, unlabelled EM pulls their estimated rates together
-    # (panel D's pool: the counting reward model at TPR/FPR 0.73/0.14 against its true 0.85/0.09,
-    # results/weaver_label_model_d.md); a few labels anchor them. Needs class_balance=dev.
-    dev_in_fit: bool = False
-    # Groups of the reference pool (the first steps' samples: the starting policy's). 0: no pool, the sliding
-    # window above is the fit data every step.
-    reference_groups: int = 0
-    # After the pool: refit on pool + window every K steps (0: never, the paper's fit-once), moving the prior and
-    # each TPR/FPR by at most max_change per refit.
-    refit_every: int = 0
-    max_change: float = 0.05
-    # minmax (over the window, or the pool) or quantile (each score's rank in the pool, in [0, 1]).
-    normalise: str = "minmax"
-    # Threshold each verifier where its positive rate on the pool equals the class balance (not `threshold`).
-    fit_thresholds: bool = False
-    # Subtract from each verifier's score its mean over the reference pool's responses with the same extracted
-    # answer (less its pool mean): a verifier that likes an answer whatever the question (measured: all six tiny
-    # ones like "8") then cannot pull the policy onto that answer; what is left is how the score varies with the
-    # question for that answer. Fixed when the pool fills; needs a pool (reference_groups > 0).
-    debias_answers: bool = False
-    # Filters, applied to the label model's verifiers at each fit: estimated TPR - FPR below min_quality
-    # (from the dev labels when there are any, else from the fit), |positive rate - class balance| above
-    # max_imbalance, and of two whose votes correlate above max_correlation the weaker. Defaults: off.
-    min_quality: float = -1.0
-    max_imbalance: float = 1.0
-    max_correlation: float = 1.0
-    # What `majority` and `format` verifiers are: model (votes in the label model), gate (reward x vote),
-    # term ((1 - term_weight) x reward + term_weight x vote), off (ignored).
-    majority_as: str = "model"
-    format_as: str = "model"
-    term_weight: float = 0.1
-    # The progress line warns when more than this share of a step's groups get zero advantage.
-    warn_zero_adv: float = 0.8
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> WeaverOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = set(options) - known
-        if unknown:
-            raise ValueError(f"reward=weaver: unknown options {sorted(unknown)}; known: {sorted(known)}")
-        o = cls(**options)
-        o.drop_band = tuple(float(x) for x in o.drop_band)  # type: ignore[assignment]
-        if len(o.drop_band) != 2 or not 0.0 <= o.drop_band[0] < o.drop_band[1] <= 1.0:
-            raise ValueError("reward=weaver: drop_band must be (low, high) with 0 <= low < high <= 1, "
-                             f"got {o.drop_band}")
-        if o.combine not in ("label_model", "mean", "vote"):
-            raise ValueError(f"reward=weaver: options.combine must be label_model|mean|vote, got {o.combine!r}")
-        if o.weighting not in WEIGHTINGS:
-            raise ValueError(f"reward=weaver: options.weighting must be {'|'.join(WEIGHTINGS)} (what the label model "
-                             f"outputs: the posterior of the binary votes, or its estimated per-verifier weights on "
-                             f"the continuous normalised scores), got {o.weighting!r}")
-        if o.window_groups < 1:
-            raise ValueError(f"reward=weaver: window_groups must be >= 1, got {o.window_groups}")
-        o.check_paper_options()
-        return o
-
-    def check_paper_options(self) -> None:
-        """Combinations that cannot work, each named with its fix."""
-        def bad(msg: str) -> None:
-            raise ValueError(f"reward=weaver: {msg}")
-
-        if self.class_balance not in ("estimate", "prior", "dev"):
-            bad(f"options.class_balance must be estimate|prior|dev, got {self.class_balance!r}")
-        if self.class_balance == "prior" and not 0.0 < self.prior < 1.0:
-            bad(f"options.prior={self.prior} must be in (0, 1) (the stated share of correct responses)")
-        if self.class_balance == "dev" and (self.dev_labels < 1 or self.reference_groups < 1):
-            bad(f"class_balance=dev reads gold labels of responses in the reference pool: set options.dev_labels "
-                f"(the budget, > 0; got {self.dev_labels}) and options.reference_groups (> 0; got "
-                f"{self.reference_groups})")
-        if self.dev_in_fit and self.class_balance != "dev":
-            bad("options.dev_in_fit puts the dev-labelled responses into the fit: set class_balance=dev (with "
-                "dev_labels and reference_groups)")
-        if self.class_balance != "dev" and self.dev_labels:
-            bad(f"options.dev_labels={self.dev_labels} is only read with class_balance=dev; set it to 0 or "
-                f"use class_balance=dev")
-        if self.reference_groups < 0 or self.refit_every < 0 or self.dev_labels < 0:
-            bad("options.reference_groups, refit_every and dev_labels must be >= 0")
-        if self.refit_every and not self.reference_groups:
-            bad("options.refit_every needs a reference pool (options.reference_groups > 0); without one the model "
-                "is refit every step")
-        if not self.max_change > 0:
-            bad(f"options.max_change={self.max_change} must be > 0")
-        if self.normalise not in ("minmax", "quantile"):
-            bad(f"options.normalise must be minmax|quantile, got {self.normalise!r}")
-        if self.debias_answers and not self.reference_groups:
-            bad("options.debias_answers measures each answer's score offset on the reference pool: set "
-                "options.reference_groups > 0")
-        if self.fit_thresholds and self.class_balance == "estimate":
-            bad("options.fit_thresholds places thresholds at the class balance, which must be known: set "
-                "class_balance=dev (with dev_labels) or class_balance=prior (with prior)")
-        for key in ("majority_as", "format_as"):
-            if getattr(self, key) not in ROLES:
-                bad(f"options.{key} must be one of {'|'.join(ROLES)}, got {getattr(self, key)!r}")
-        if not 0.0 <= self.term_weight <= 1.0 or not 0.0 <= self.warn_zero_adv <= 1.0:
-            bad("options.term_weight and options.warn_zero_adv must be in [0, 1]")
-        if not -1.0 <= self.min_quality <= 1.0 or not 0.0 <= self.max_imbalance <= 1.0 \
-                or not 0.0 <= self.max_correlation <= 1.0:
-            bad("options.min_quality must be in [-1, 1], max_imbalance and max_correlation in [0, 1]")
-
-
-def balance_threshold(values: np.ndarray, prior: float) -> float:
-    """The cut (one of `values`) whose positive rate `mean(values >= cut)` is closest to the class balance, never
-    the cut that accepts everything (unless there is only one value): a verifier with few distinct scores (0/1
-    votes) keeps its own split instead of being moved to "all yes"."""
-    u, first = np.unique(np.sort(values), return_index=True)
-    rates = (len(values) - first) / len(values)
-    if len(u) > 1:
-        u, rates = u[1:], rates[1:]
-    return float(u[int(np.argmin(np.abs(rates - prior)))])
 
 
 @register_reward("weaver")
@@ -348,8 +194,8 @@ class WeaverReward(Reward):
         rewards = self._apply_separate(rewards, votes)
         self.steps += 1
         win_votes = self._binarise(norm_of(fit_rows))
-        metrics = self._metrics(rewards, votes, win_votes, act, fallback, group_size)
-        metrics.update(self._paper_metrics(problems, texts, model_rewards, group_size, refit, bounded))
+        metrics = step_metrics(self, rewards, votes, win_votes, act, fallback, group_size)
+        metrics.update(paper_metrics(self, problems, texts, model_rewards, group_size, refit, bounded))
         details = [{"scores": dict(zip(self.names, map(float, raw[i]))),
                     "votes": dict(zip(self.names, map(int, votes[i]))),
                     "posterior": float(rewards[i])} for i in range(len(texts))]
@@ -580,81 +426,6 @@ class WeaverReward(Reward):
                             log.warning("weaver: dropping verifier %r: %s", self.names[i], why)
                         self.dropped[self.names[i]] = why
                 self.active = [n for n in self.names if n not in self.dropped]
-
-    def _metrics(self, rewards: np.ndarray, votes: np.ndarray, win_votes: np.ndarray, act: np.ndarray,
-                 fallback: float, group_size: int) -> dict[str, float]:
-        m: dict[str, float] = {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std()),
-            "weaver/n_active": float(act.sum()),
-            "weaver/n_dropped": float((~act).sum()),
-            "weaver/fallback": fallback,
-            "reward/weaver_fallback": fallback,  # beside reward/mean, where a dashboard looks first
-            "weaver/window_responses": float(len(win_votes)),
-            "weaver/window_groups": float(len(self.window)),
-            # Share of groups in which every response gets the same reward (zero GRPO advantage).
-            "weaver/flat_group_frac": float(np.mean([np.ptp(rewards[g:g + group_size]) < 1e-9
-                                                     for g in range(0, len(rewards), group_size)])),
-        }
-        if self.params is not None:
-            m["weaver/prior"] = float(self.params.prior)
-            m["weaver/em_iters"] = float(self.params.iters)
-            m["weaver/loglik"] = float(self.params.loglik)
-        active_idx = {n: j for j, n in enumerate(n for n, a in zip(self.names, act) if a)}
-        weighted = self.params is not None and self.opts.weighting != "posterior" and self.opts.combine == "label_model"
-        weights = self.score_weights() if weighted else None
-        for i, name in enumerate(self.names):
-            m[f"weaver/{name}/pos_rate"] = float(win_votes[:, i].mean())
-            m[f"weaver/{name}/pos_rate_batch"] = float(votes[:, i].mean())
-            m[f"weaver/{name}/dropped"] = float(name in self.dropped)
-            if self.params is not None and name in active_idx:
-                j = active_idx[name]
-                m[f"weaver/{name}/tpr"] = float(self.params.tpr[j])
-                m[f"weaver/{name}/fpr"] = float(self.params.fpr[j])
-                m[f"weaver/{name}/acc"] = float(self.params.accuracy[j])
-                if weights is not None and j < len(weights):
-                    m[f"weaver/{name}/weight"] = float(weights[j])
-        for i in range(len(self.names)):
-            for k in range(i + 1, len(self.names)):
-                m[f"weaver/agree/{self.names[i]}__{self.names[k]}"] = float(
-                    (win_votes[:, i] == win_votes[:, k]).mean())
-        return m
-
-    def _paper_metrics(self, problems: list[Problem], texts: list[str], model_rewards: np.ndarray,
-                       group_size: int, refit: bool, bounded: float) -> dict[str, float]:
-        """What tells a collapse from learning: the label model's belief, the class balance it is held to, the
-        dev budget spent, and how alike the policy answers (the share of each group's most common answer)."""
-        prior = self.class_prior()
-        m: dict[str, float] = {
-            "weaver/est_correct_share": float(np.mean(model_rewards)) if len(model_rewards) else 0.0,
-            "weaver/class_balance": float(prior if prior is not None else
-                                          (self.params.prior if self.params is not None else math.nan)),
-            "weaver/dev_labels": float(len(self.dev_labels)),
-            "weaver/reference_groups": float(len(self.pool)),
-            "weaver/refit": float(refit),
-            "weaver/refit_bounded": bounded,
-            "weaver/zero_adv_warn_at": float(self.opts.warn_zero_adv),
-        }
-        if self.opts.debias_answers:  # 0 until the pool fills; then the largest answer offset removed
-            m["weaver/answer_offset_max"] = max((abs(x) for o in (self.offsets or {}).values() for x in o),
-                                                default=0.0)
-            m["weaver/answer_offsets_fixed"] = float(self.offsets is not None)
-        if self.dev_labels:
-            m["weaver/dev_correct_share"] = float(np.mean(self.dev_labels))
-            for i, name in enumerate(self.names):
-                if (dr := self.dev_rates(i)) is not None:
-                    m[f"weaver/{name}/dev_tpr"], m[f"weaver/{name}/dev_fpr"] = dr
-        if self.opts.fit_thresholds:
-            for i, name in enumerate(self.names):
-                m[f"weaver/{name}/threshold"] = float(self.thresholds[i])
-        if self.env is not None and hasattr(self.env, "extract"):
-            shares = []
-            for g in range(0, len(texts), group_size):
-                answers = [self.env.extract(p, t) for p, t in zip(problems[g:g + group_size], texts[g:g + group_size])]
-                top = max(Counter(a for a in answers if a is not None).values(), default=0)
-                shares.append(top / max(len(answers), 1))
-            m["weaver/top_answer_share"] = float(np.mean(shares)) if shares else 0.0
-        return {k: (v if math.isfinite(v) else -1.0) for k, v in m.items()}
 
     # --- checkpointing -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -32,6 +32,16 @@ def zero_adv_warning(m: dict[str, float]) -> str:
     return f" | WARNING: {share:.0%} of groups have zero advantage (> {limit:.0%}): no gradient left"
 
 
+def weaver_fallback_warning(m: dict[str, float]) -> str:
+    """A progress-line warning, every step it holds, when Weaver's label model was not fit (too few verifiers
+    survived its filters): the reward is then the unweighted mean, and an arm called Weaver measures the mean
+    (issue 46). The reward's own warning names the dropped verifiers once; this keeps it on screen."""
+    if not m.get("reward/weaver_fallback"):
+        return ""
+    return (f" | WEAVER FALLBACK: {m.get('weaver/n_active', float('nan')):.0f} active verifier(s), label model not "
+            "fit: the reward is the mean")
+
+
 class Controller:
     def __init__(self, p: Prepared, svc: Services, run_dir: Path, trackers: Trackers, resume_hash: str,
                  between_steps: Callable[..., None] | None = None) -> None:
@@ -154,7 +164,8 @@ class Controller:
         bar = "#" * int(20 * step / c.steps)
         ev = "not yet" if self.last_eval is None else f"{self.last_eval[1]:.3f} @ step {self.last_eval[0]}"
         announce(f"[{bar:<20}] step {step}/{c.steps} | reward {m.get('reward/mean', float('nan')):.3f} | "
-                 f"eval {ev} | {rate:.1f} steps/s, {samples_s:,.0f} samples/s | ETA {eta:.0f}s{zero_adv_warning(m)}")
+                 f"eval {ev} | {rate:.1f} steps/s, {samples_s:,.0f} samples/s | ETA {eta:.0f}s{zero_adv_warning(m)}"
+                 f"{weaver_fallback_warning(m)}")
 
     # --- checkpoints ---------------------------------------------------------------------------------
     def save_checkpoint(self, step: int, keep: int | None = None) -> Path:

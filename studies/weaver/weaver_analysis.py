@@ -5,6 +5,11 @@
     python studies/weaver/weaver_analysis.py --selection-only --out studies/weaver/results/weaver_selection_static
     python studies/weaver/weaver_analysis.py --from-csv studies/weaver/results/weaver_replication.csv \\
         --out studies/weaver/results/weaver_replication
+    python studies/weaver/weaver_analysis.py SWEEP_DIR --task math \\
+        --out studies/weaver/results/weaver_table   # GPU: MATH/GPQA/MMLU-Pro
+
+`--task` names the held-out set read (studies/weaver/tasks.py: the arithmetic panels' own, or MATH-500, GPQA
+Diamond, MMLU-Pro on experiment=qwen3_8b_math); intervals use rlexp compare's t quantiles (rlexp.tracking.stats).
 
 Committed before any result of the sweep it analyses, so the statistic, the interval and the tests cannot be
 chosen after seeing the numbers. It writes PREFIX.md (the table and the verdict), PREFIX.csv (one row per run),
@@ -30,12 +35,23 @@ import argparse
 import json
 import math
 import statistics as st
+import sys
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+_HERE = Path(__file__).resolve().parent
+REPO = next(p for p in _HERE.parents if (p / "rlexp").is_dir())
+for _p in (REPO, _HERE, REPO / "studies" / "weaver"):  # the study's modules, before and after the move
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from tasks import TASKS, fallback_counts, fallback_lines, fell_back, static_selection, task  # noqa: E402
+
+from rlexp.tracking.stats import estimate, t975  # noqa: E402
 
 # Arms: the reward choice (plus reward.options.verifier for the best single verifier).
 ORDER = ["single_rm", "best_verifier", "verifier_mean", "verifier_vote", "weaver_paper", "weaver", "annotated"]
@@ -73,11 +89,11 @@ def auc(curve: dict[int, float]) -> float:
 ARM_OF = {"single_rm_debiased": "single_rm"}
 
 
-def load_run(job: Path, best: str | None, balance: bool = True) -> dict[str, Any] | None:
-    """One run's figures from its eval samples. Answer classes are the run's own gold answers (any environment);
-    `balance=False` takes plain accuracy as the statistic instead, for free-form answers (MATH, GPQA, MMLU-Pro)
-    where nearly every problem is its own class and class balancing means nothing."""
-    evals = sorted((job / "eval_samples").glob("train_step*.jsonl"))
+def load_run(job: Path, best: str | None, balance: bool = True, samples: str = "train") -> dict[str, Any] | None:
+    """One run's figures from its eval samples (`samples`: the benchmark's file prefix, studies/weaver/tasks.py).
+    Answer classes are the run's own gold answers (any environment); `balance=False` takes plain accuracy as the
+    statistic instead, for free-form answers (MATH, GPQA, MMLU-Pro) where class balancing means nothing."""
+    evals = sorted((job / "eval_samples").glob(f"{samples}_step*.jsonl"))
     if len(evals) < 2 or not (job / ".hydra/overrides.yaml").exists():
         return None
     ov = dict(o.lstrip("+~").split("=", 1) for o in yaml.safe_load((job / ".hydra/overrides.yaml").read_text()))
@@ -88,7 +104,7 @@ def load_run(job: Path, best: str | None, balance: bool = True) -> dict[str, Any
     debiased = reward in ("single_rm_debiased", "best_verifier") or ov.get("reward.options.debias_answers") == "true"
     bal, plain, share, golds = {}, {}, {}, Counter()
     for f in evals:
-        step = int(f.stem.removeprefix("train_step"))
+        step = int(f.stem.removeprefix(f"{samples}_step"))
         recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
         plain[step], share[step] = st.mean(r["correct"] for r in recs), top_share(recs)
         bal[step] = balanced(recs) if balance else plain[step]
@@ -97,7 +113,8 @@ def load_run(job: Path, best: str | None, balance: bool = True) -> dict[str, Any
     return {"job": str(job), "arm": arm, "seed": int(ov.get("seed", 0)), "auc": auc(bal),
             "final": st.mean(bal[s] for s in last), "plain_auc": auc(plain),
             "plain_final": st.mean(plain[s] for s in last), "top_share": share[max(share)],
-            "start": bal[min(bal)], "curve": bal, "golds": golds, "stand_ins": stand_ins(job), "debiased": debiased}
+            "start": bal[min(bal)], "curve": bal, "golds": golds, "stand_ins": stand_ins(job), "debiased": debiased,
+            "fell_back": fell_back(job)}
 
 
 def stand_ins(job: Path) -> dict[str, str]:
@@ -133,10 +150,10 @@ def shared_stand_ins(runs: list[dict[str, Any]]) -> dict[str, str]:
     return {n: next(iter(d)) for n, d in sorted(seen.items())}
 
 
-def load_sweep(sweep: Path, best: str | None, balance: bool = True) -> list[dict[str, Any]]:
+def load_sweep(sweep: Path, best: str | None, balance: bool = True, samples: str = "train") -> list[dict[str, Any]]:
     """Every finished run (with at least two evaluations) in a sweep folder, in folder-name order."""
     return [r for job in sorted(p for p in sweep.iterdir() if p.is_dir())
-            if (r := load_run(job, best, balance)) is not None]
+            if (r := load_run(job, best, balance, samples)) is not None]
 
 
 def load_csv(path: Path) -> list[dict[str, Any]]:
@@ -159,18 +176,12 @@ def load_csv(path: Path) -> list[dict[str, Any]]:
 
 
 # --- statistics ---------------------------------------------------------------------------------------------
-def t_quantile(df: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(0.975, df))
-
-
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
-    m = st.mean(xs)
-    if len(xs) < 2:
-        return m, math.nan, math.nan
-    h = t_quantile(len(xs) - 1) * st.stdev(xs) / math.sqrt(len(xs))
-    return m, m - h, m + h
+    """Mean with its 95% t-interval, as `rlexp compare` states it (rlexp.tracking.stats)."""
+    e = estimate(xs)
+    if e is None or e.half is None:
+        return (st.mean(xs) if xs else math.nan), math.nan, math.nan
+    return e.mean, e.mean - e.half, e.mean + e.half
 
 
 def paired_test(a: list[float], b: list[float]) -> dict[str, float]:
@@ -193,61 +204,14 @@ def fieller(num: list[float], den: list[float]) -> tuple[float, float, float]:
         return point, math.nan, math.nan
     vaa, vbb = st.variance(num) / n, st.variance(den) / n
     vab = sum((x - a) * (y - b) for x, y in zip(num, den)) / (n - 1) / n
-    t2 = t_quantile(n - 1) ** 2
+    t2 = t975(n - 1) ** 2
     qa, qb, qc = b * b - t2 * vbb, -2 * (a * b - t2 * vab), a * a - t2 * vaa
     disc = qb * qb - 4 * qa * qc
+    disc = 0.0 if abs(disc) <= 1e-12 * qb * qb else disc  # exactly proportional seeds: 0, not rounding's sign
     if qa <= 0 or disc < 0:
         return point, -math.inf, math.inf
     r = math.sqrt(disc)
     return point, (-qb - r) / (2 * qa), (-qb + r) / (2 * qa)
-
-
-# --- the static best-of-K baseline: what each reward could reach if the policy found its best answer ------------
-def static_selection(best: str | None, verifier_set: str = "arithmetic") -> dict[str, dict[str, float]]:
-    """Every held-out prompt answered with each digit 0-9 (K=10); each reward scores the 10 candidates as one group
-    and its top-scored one is the answer. Weaver the paper's way gets its dev budget from these candidates' gold."""
-    from omegaconf import OmegaConf
-
-    from rlexp.config.environment import EnvConfig
-    from rlexp.config.paths import CONF_DIR
-    from rlexp.config.reward import RewardConfig, VerifierConfig
-    from rlexp.envs.registry import build_env
-    from rlexp.rewards.registry import build_reward
-    from rlexp.rewards.verifiers.registry import verifier_checkpoint
-
-    env = build_env(EnvConfig(name="arithmetic", options={"verifier_frac": 0.25}))
-    held = env.eval_samples()
-    listed = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "verifier_set" / f"{verifier_set}.yaml"))["members"]
-    members = [verifier_checkpoint(VerifierConfig(**m)) if m["kind"] in ("reward_model", "lm_judge")
-               else VerifierConfig(**m) for m in listed]
-    def options(name: str) -> dict[str, Any]:
-        """A reward file's options over those of the files in its `defaults` (as Hydra composes them)."""
-        c = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "reward" / f"{name}.yaml"))
-        out: dict[str, Any] = {}
-        for d in c.get("defaults", []):
-            out.update(options(d))
-        return {**out, **c.get("options", {})}
-
-    pooled = {"reference_groups": len(held)}  # the candidates are the pool
-    arms = {"single_rm": ("single_rm", {}), "verifier_mean": ("weaver", {**options("verifier_mean"), **pooled}),
-            "verifier_vote": ("weaver", {**options("verifier_vote"), **pooled}),
-            "weaver": ("weaver", options("weaver")),
-            "weaver_paper": ("weaver", {**options("weaver_paper"), **pooled})}
-    if best:
-        arms["best_verifier"] = ("single_rm", {"verifier": best})
-    samples = [s for s in held for _ in range(10)]
-    texts = [str(d) for _ in held for d in range(10)]
-    out = {}
-    for arm, (name, options) in arms.items():
-        reward = build_reward(RewardConfig(name=name, verifiers=members, options=options), env, served=False)
-        r = reward.score(samples, texts, group_size=10).rewards
-        recs = []
-        for g, s in enumerate(held):
-            pick = max(range(10), key=lambda d: (r[g * 10 + d], -d))
-            recs.append({"gold": s.answer, "correct": str(pick) == s.answer})
-        out[arm] = {"balanced": balanced(recs), "plain": st.mean(x["correct"] for x in recs)}
-    out["annotated"] = {"balanced": 1.0, "plain": 1.0}
-    return out
 
 
 # --- the report ---------------------------------------------------------------------------------------------------
@@ -283,7 +247,7 @@ def analyse(runs: list[dict[str, Any]], selection: dict[str, dict[str, float]] |
         start = {s: r["start"] for s, r in by["annotated"].items()}
         gold = {s: r["auc"] for s, r in by["annotated"].items()}
         res["start_gap_fraction"] = {a: gap_fraction({s: r["auc"] for s, r in by[a].items()}, start, gold)
-                                     for a in arms if a != "annotated"}
+                                     for a in arms}  # annotated: 1 by construction, listed (issue 46)
     res["paired"] = {}
     for other in ("verifier_vote", "verifier_mean", LABEL_FREE_WEAVER, "single_rm"):
         if HEADLINE in by and other in by and other != HEADLINE:
@@ -298,6 +262,7 @@ def analyse(runs: list[dict[str, Any]], selection: dict[str, dict[str, float]] |
     res["goal_met_rebased"] = all(conditions[k] for k in REBASED)
     single = [r for r in runs if r["arm"] == "single_rm"]
     res["single_rm_debiased"] = bool(single) and all(r.get("debiased") for r in single)
+    res["fallback_runs"] = fallback_counts(runs)  # addendum v15: [fell back, logged] per Weaver arm
     return res
 
 
@@ -368,7 +333,7 @@ def markdown(res: dict[str, Any], command: str) -> str:
         lines += ["", f"Gap fraction closed by {HEADLINE} (AUC): {g['point']:.3f} [{g['interval']} {g['low']:.3f}, "
                   f"{g['high']:.3f}], n={g['n_seeds']}; per seed: " +
                   ", ".join(f"{s}: {v:.3f}" for s, v in g["per_seed"].items())]
-    lines += start_gap_lines(res)
+    lines += start_gap_lines(res) + fallback_lines(res.get("fallback_runs") or {})
     for other, p in res["paired"].items():
         lines.append(f"- {HEADLINE} - {other} (AUC, paired by seed, n={p['n']}): {p['diff']:+.3f} "
                      f"[{p['low']:+.3f}, {p['high']:+.3f}], paired t-test p={p['p']:.3g}")
@@ -444,28 +409,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--selection-only", action="store_true", help="only the static best-of-K baseline")
     ap.add_argument("--from-csv", type=Path, help="recompute from a committed PREFIX.csv instead of run folders")
     ap.add_argument("--no-balance", action="store_true",
-                    help="plain accuracy as the statistic (free-form answers: MATH, GPQA, MMLU-Pro)")
+                    help="plain accuracy as the statistic (implied by every --task but arithmetic)")
+    ap.add_argument("--task", default="arithmetic", choices=sorted(TASKS),
+                    help="the held-out set the statistic reads (studies/weaver/tasks.py)")
     args = ap.parse_args(argv)
+    t = task(args.task)
+    args.no_balance = args.no_balance or not t.balanced
+    args.no_selection = args.no_selection or not t.static_selection
     if not (args.no_selection or args.from_csv) and not args.verifier_set.startswith("arithmetic"):
         raise SystemExit(f"the static best-of-K baseline answers every prompt with the digits 0-9 (the arithmetic "
                          f"task); verifier set {args.verifier_set!r} is not one: pass --no-selection")
-    given = argv if argv is not None else __import__("sys").argv[1:]
-    command = "python studies/weaver/weaver_analysis.py " + " ".join(given)
+    command = "python studies/weaver/weaver_analysis.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.from_csv:
         return from_csv(args.from_csv, args.out, command)
-    selection = None if args.no_selection else static_selection(args.best, args.verifier_set)
+    selection = None if args.no_selection else static_selection(args.best, args.verifier_set, balanced)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.selection_only:
         args.out.with_suffix(".json").write_text(json.dumps({"command": command, "static_best_of_k": selection},
                                                             indent=2) + "\n")
         print(json.dumps(selection, indent=2))
         return 0
-    runs = [r for sw in args.sweeps for r in load_sweep(sw, args.best, not args.no_balance)]
+    runs = [r for sw in args.sweeps for r in load_sweep(sw, args.best, not args.no_balance, t.samples)]
     if not runs:
         raise SystemExit(f"no finished runs with evaluations under {[str(s) for s in args.sweeps]}")
     res = analyse(runs, selection)
     if args.no_balance:
-        res["statistic"] = "AUC of plain held-out accuracy (--no-balance: free-form answers)"
+        res["statistic"] = f"AUC of plain held-out accuracy on {TASKS[args.task].label.split(' (')[0]}"
     res["degenerate_single_rm"] = degenerate_single_rm(res)
     res["command"] = command
     with open(args.out.with_suffix(".csv"), "w") as f:

@@ -179,9 +179,9 @@ def run_pool(data: dict[str, Any], panel: str, env: Any, options: dict[str, Any]
 
 
 def score_in_rl_order(verifier_set: Any, env: Any, p: dict[str, Any], c: dict[str, Any], raw: Any, cand_raw: Any,
-                      options: dict[str, Any]) -> tuple[Any, np.ndarray, np.ndarray]:
+                      options: dict[str, Any], cand_group: int = 10) -> tuple[Any, np.ndarray, np.ndarray]:
     """`run_pool`'s order for any verifier set, fed the verifiers' precomputed scores (`raw` on the pool,
-    `cand_raw` on the candidates)."""
+    `cand_raw` on the candidates, scored in groups of `cand_group`: 10 digits, or a policy's n samples)."""
     n = STEP_GROUPS * GROUP
     r = build(verifier_set, env, {**options, "reference_groups": POOL_GROUPS})
     Fed(r, [raw[:n], raw[n:], raw, cand_raw])
@@ -189,7 +189,7 @@ def score_in_rl_order(verifier_set: Any, env: Any, p: dict[str, Any], c: dict[st
     for k in (0, n):
         r.score(ps[k:k + n], p["texts"][k:k + n], group_size=GROUP)
     pool_r = np.array(r.score(ps, p["texts"], group_size=GROUP).rewards)
-    cand_r = np.array(r.score(as_samples(c), c["texts"], group_size=10).rewards)
+    cand_r = np.array(r.score(as_samples(c), c["texts"], group_size=cand_group).rewards)
     return r, pool_r, cand_r
 
 
