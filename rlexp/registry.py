@@ -10,21 +10,20 @@ the module, the error and the folders searched, raised in `prepare` before anyth
 
 Each entry is a class that declares, as class attributes, what it needs and what it can do (a reward the verifiers
 it scores with, a transport its set-up and clean-up, a job backend its settings dataclass), so code that orchestrates
-a run asks the entry (`Registry.having`) instead of naming a built-in. Typed options: `typed_options`.
+a run asks the entry (`Registry.having`) instead of naming a built-in. A plug-in's options are a dataclass
+(`Options`/`Settings`), filled and checked by `rlexp.config.validate.check_options`.
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import importlib
 import sys
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 from rlexp.config.validate import ConfigError
 
 T = TypeVar("T", bound=type)
-OptT = TypeVar("OptT")
 
 # Modules outside rlexp whose classes a lookup in this process returned (a `module:Class` name, or a name such a
 # module registered), in lookup order: what the manifest describes and every actor imports.
@@ -125,7 +124,7 @@ class Registry(Generic[T]):
         if is_path(name):
             return self._by_path(name)
         if name not in self._classes:
-            close = difflib.get_close_matches(name, [*self.also, *self._classes], n=3, cutoff=0.6)
+            close = difflib.get_close_matches(name, [*self.also, *self._classes], n=3, cutoff=0.7)
             near = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
             choices = [*self.also, *self.names()]
             raise PluginError(f"unknown {self.kind} {name!r}; {near}choose one of {choices}, or name your "
@@ -148,21 +147,3 @@ class Registry(Generic[T]):
                               f"@<registry>.register(\"a_name\") ({self.hint})")
         _used(cls, self.kind, name, by_name=False)  # only code that is used: what the manifest records
         return cls  # type: ignore[return-value]
-
-
-def typed_options(schema: type[OptT], values: Mapping[str, Any] | None, who: str) -> OptT:
-    """`values` (a plain dict from YAML) as the plug-in's options dataclass `schema`; an unknown key is refused
-    naming the fields (and the closest one), a wrong type naming the field and the value."""
-    values = dict(values or {})
-    known = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
-    for key in values:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            near = f" (did you mean {close[0]!r}?)" if close else ""
-            raise PluginError(f"{who}: unknown option {key!r}{near}; {schema.__name__} takes {sorted(known)}")
-    try:
-        from omegaconf import OmegaConf  # validates and converts each value against the field's type
-        node = OmegaConf.merge(OmegaConf.structured(schema), values)
-        return OmegaConf.to_object(node)  # type: ignore[return-value]
-    except Exception as e:  # omegaconf's validation errors have no common base class worth naming
-        raise PluginError(f"{who}: bad options {values}: {str(e).splitlines()[0]}") from None

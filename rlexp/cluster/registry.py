@@ -11,7 +11,8 @@ import subprocess
 from typing import Any, ClassVar
 
 from rlexp.config.schema import ClusterConfig
-from rlexp.registry import Registry, typed_options
+from rlexp.config.validate import check_options
+from rlexp.registry import Registry
 
 
 class JobBackend:
@@ -36,7 +37,7 @@ class JobBackend:
                 raise ValueError(f"cluster.job_options={options}: cluster.job={cls.name} takes no options; "
                                  f"remove them")
             return None
-        return typed_options(cls.Settings, options, f"cluster.job_options (cluster.job={cls.name})")
+        return check_options(cls.Settings, options, f"cluster.job_options (cluster.job={cls.name})")
 
     @classmethod
     def kwargs(cls, c: ClusterConfig) -> dict[str, Any]:

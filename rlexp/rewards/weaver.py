@@ -41,6 +41,7 @@ from rlexp.rewards.base import Reward, plain, register_reward
 from rlexp.rewards.crossing import clip
 from rlexp.rewards.label_model import BinaryLabelModel, LabelModelParams
 from rlexp.rewards.verifiers.base import ServedVerifier, Verifier
+from rlexp.rewards.verifiers.kinds import VERIFIER_KINDS
 from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.types import Problem, RewardOutput
 
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 2
 ROLES = ("model", "gate", "term", "off")
 # Verifier kinds that measure agreement or readability rather than correctness: the roles they may take.
-SEPARABLE_KINDS = ("majority", "format")
+SEPARABLE_KINDS = tuple(VERIFIER_KINDS.having("separable"))  # as each kind declares (verifiers/kinds.py)
 # What the label model's fit is turned into (WeaverOptions.weighting).
 WEIGHTINGS = ("posterior", "quality", "logodds")
 
