@@ -48,6 +48,7 @@ from rlexp.rewards.verifiers.kinds import supported_kinds, supports
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
 from rlexp.run.warmup import ensure_warm_checkpoint
 from rlexp.tracking.files import fingerprint_examples, hash_files
+from rlexp.tracking.registry import configured_trackers
 from rlexp.transport import check_transport
 
 
@@ -107,6 +108,7 @@ def check_config(cfg: DictConfig) -> TrainConfig:
         check_hosts_fit(t)  # every host's roles fit its GPUs
     check_env_options(t.environment)
     LOSSES.get(t.algorithm.loss)  # a user's loss: imported and kind-checked here, not in the trainer process
+    configured_trackers(t.logger)  # a tracker's name and options, checked (and its module recorded) before any run
     if report is not None and real and not report.ok:
         raise PlanError("the configured layout does not fit:\n" + report.table(), report)
     return t
