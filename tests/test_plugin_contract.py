@@ -320,14 +320,13 @@ def test_a_tracker_from_outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 def test_orchestration_code_names_no_built_in_plugin() -> None:
     """rlexp/run/* asks the registries' declarations; a string literal that is a built-in transport, job kind,
     tracker, reward or model verifier kind there would be a branch on one plug-in."""
+    import rlexp.cluster.hosts
+    import rlexp.tracking.registry
+    import rlexp.transport.registry  # noqa: F401  (registers the transports)
     from rlexp.cluster.registry import JOBS
     from rlexp.rewards.registry import reward_names
     from rlexp.tracking.base import TRACKERS
     from rlexp.transport.base import TRANSPORTS
-
-    import rlexp.cluster.hosts  # noqa: F401  (registers the job kinds)
-    import rlexp.tracking.registry  # noqa: F401  (registers the trackers)
-    import rlexp.transport.registry  # noqa: F401  (registers the transports)
 
     names = {*TRANSPORTS.names(), *JOBS.names(), *TRACKERS.names(), *reward_names(), "reward_model", "lm_judge"}
     assert {"shm", "monarch", "local", "slurm", "wandb", "mlflow", "weaver"} <= names
