@@ -9,7 +9,6 @@ from typing import Any
 
 from rlexp.config.model import ModelConfig
 from rlexp.config.reward import VerifierConfig
-from rlexp.models.hf import CheckpointError, resolve_checkpoint
 from rlexp.rewards.base import plain
 from rlexp.rewards.verifiers import arithmetic  # noqa: F401  (registers the arithmetic rules)
 from rlexp.rewards.verifiers.base import ServedVerifier, Verifier
@@ -21,7 +20,6 @@ from rlexp.rewards.verifiers.kinds import (  # noqa: F401  (build_rule, rule_nam
     kind_options,
     rule_names,
 )
-from rlexp.rewards.verifiers.tiny import TINY_VERIFIERS, ensure_tiny_verifier
 
 
 def build_verifier(cfg: VerifierConfig | dict[str, Any], env: Any = None, *, served: bool = True,
@@ -45,6 +43,9 @@ def build_verifier(cfg: VerifierConfig | dict[str, Any], env: Any = None, *, ser
 def verifier_checkpoint(v: VerifierConfig) -> VerifierConfig:
     """`v` with `options.path` set to its checkpoint folder; `tiny` builds a stand-in, `hf_repo` reads the
     Hugging Face cache and never downloads (the error gives the command)."""
+    from rlexp.models.hf import CheckpointError, resolve_checkpoint  # torch: not for `rlexp plan`'s layout
+    from rlexp.rewards.verifiers.tiny import TINY_VERIFIERS, ensure_tiny_verifier
+
     v = VerifierConfig(**v) if isinstance(v, dict) else v
     o = dict(v.options)
     if "tiny" in o:
