@@ -1,7 +1,8 @@
-"""One plug-in contract (issue 44 item 1, docs/plugins.md): every extension point is a `Registry` entry, found by
-name or by import path the same way from rlexp and from a user's module, with its declarations read by the code
-that uses it. Fast: real modules written to a temporary folder and imported, no run (the runs are in
-tests/test_plugin_examples.py)."""
+"""One plug-in contract (issue 44 item 1, docs/plugins.md): every extension point is a `Registry`
+entry, found by name or by import path the same way from rlexp and from a user's module, with its
+declarations read by the code that uses it. Fast: real modules written to a temporary folder and
+imported, no run (the runs are in tests/test_plugin_examples.py)."""
+
 from __future__ import annotations
 
 import ast
@@ -21,7 +22,8 @@ from tests.conftest import REPO
 
 @pytest.fixture(autouse=True)
 def _forget_imports():
-    """A lookup records the user's modules for the manifest: keep this test's out of the next one's."""
+    """A lookup records the user's modules for the manifest: keep this test's out of the next one's.
+    """
     imported, by_name = dict(reg.IMPORTED), dict(reg.BY_NAME)
     yield
     reg.IMPORTED.clear()
@@ -38,7 +40,7 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, sour
     return name
 
 
-# --- the Registry itself -------------------------------------------------------------------------------------
+# --- the Registry itself ----------------------------------------------------------------------
 class Thing:
     name = ""
 
@@ -51,19 +53,27 @@ def test_registry_by_name_by_path_close_matches_and_duplicates() -> None:
         pass
 
     assert things.get("alpha") is Alpha and Alpha.name == "alpha" and things.names() == ["alpha"]
-    with pytest.raises(PluginError, match=r"unknown thing 'alpah'; did you mean 'alpha'\? choose one of \['alpha'\], "
-                                          r"or name your own class as package.module:Class \(a Thing subclass\) or "
-                                          r"register it by name in a module listed in `plugins`"):
+    with pytest.raises(
+        PluginError,
+        match=r"unknown thing 'alpah'; did you mean 'alpha'\? choose one of \['alpha'\], "
+        r"or name your own class as package.module:Class \(a Thing subclass\) or "
+        r"register it by name in a module listed in `plugins`",
+    ):
         things.get("alpah")
-    with pytest.raises(PluginError, match=r"unknown thing 'zzz'; choose one of"):  # nothing close: no guess
+    with pytest.raises(
+        PluginError, match=r"unknown thing 'zzz'; choose one of"
+    ):  # nothing close: no guess
         things.get("zzz")
     things.register("alpha")(Alpha)  # the same class again (a module imported twice) is fine
 
     class Other(Thing):
         pass
 
-    with pytest.raises(PluginError, match=r"thing name 'alpha' is already registered by .*Alpha; register "
-                                          r".*Other under another name"):
+    with pytest.raises(
+        PluginError,
+        match=r"thing name 'alpha' is already registered by .*Alpha; register "
+        r".*Other under another name",
+    ):
         things.register("alpha")(Other)
     assert things.get("alpha") is Alpha  # the first keeps its name
 
@@ -71,23 +81,34 @@ def test_registry_by_name_by_path_close_matches_and_duplicates() -> None:
 def test_registry_by_import_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from rlexp.rewards.verifiers.base import Rule
 
-    mod = user_module(tmp_path, monkeypatch, "contract_things", """
+    mod = user_module(
+        tmp_path,
+        monkeypatch,
+        "contract_things",
+        """
         from rlexp.rewards.verifiers.base import Rule
         class Mine(Rule):
             pass
         NOT_A_CLASS = 3
-        """)
+        """,
+    )
     things: Registry[type[Rule]] = Registry("thing", Rule, "hint")
     cls = things.get(f"{mod}:Mine")
     assert cls.__name__ == "Mine" and mod in reg.IMPORTED and mod not in reg.BY_NAME
-    with pytest.raises(PluginError, match=r"thing contract_things:Nope: module 'contract_things' has no attribute"):
+    with pytest.raises(
+        PluginError, match=r"thing contract_things:Nope: module 'contract_things' has no attribute"
+    ):
         things.get(f"{mod}:Nope")
-    with pytest.raises(PluginError, match=r"NOT_A_CLASS is 3, not a subclass of rlexp.rewards.verifiers.base.Rule"):
+    with pytest.raises(
+        PluginError, match=r"NOT_A_CLASS is 3, not a subclass of rlexp.rewards.verifiers.base.Rule"
+    ):
         things.get(f"{mod}:NOT_A_CLASS")
     with pytest.raises(PluginError, match=r"cannot import module 'no_such_mod'"):
         things.get("no_such_mod:X")
     strict: Registry[type[Rule]] = Registry("thing", Rule, "decorate it", registered_only=True)
-    with pytest.raises(PluginError, match=r"thing contract_things:Mine: Mine is not registered; decorate it"):
+    with pytest.raises(
+        PluginError, match=r"thing contract_things:Mine: Mine is not registered; decorate it"
+    ):
         strict.get(f"{mod}:Mine")
 
 
@@ -99,16 +120,24 @@ def test_having_lists_the_entries_that_declare_a_capability() -> None:
     assert {"reward_model", "lm_judge"} <= set(VERIFIER_KINDS.having("model"))
     assert "rule" not in VERIFIER_KINDS.having("generic")
     assert set(SEPARABLE_KINDS) == {"format", "majority"}  # Weaver reads the kinds' declarations
-    assert "shm" in TRANSPORTS.having("leaves_files") and "tcp" not in TRANSPORTS.having("leaves_files")
+    assert "shm" in TRANSPORTS.having("leaves_files") and "tcp" not in TRANSPORTS.having(
+        "leaves_files"
+    )
 
 
-# --- each extension point, registered from outside -----------------------------------------------------------
-def test_an_environment_and_a_reward_from_outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+# --- each extension point, registered from outside ---------------------------------------------
+def test_an_environment_and_a_reward_from_outside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rlexp.envs.base import ENVIRONMENTS
     from rlexp.rewards.base import REWARDS
     from rlexp.rewards.registry import reward_class  # the built-ins, registered
 
-    mod = user_module(tmp_path, monkeypatch, "contract_task", """
+    mod = user_module(
+        tmp_path,
+        monkeypatch,
+        "contract_task",
+        """
         from rlexp.envs.arithmetic import Arithmetic
         from rlexp.envs.base import register_env
         from rlexp.rewards.base import Reward, register_reward
@@ -127,25 +156,35 @@ def test_an_environment_and_a_reward_from_outside(tmp_path: Path, monkeypatch: p
             @classmethod
             def chosen_verifiers(cls, options, members):
                 return [m for m in members if m.name == options["only"]]
-        """)
+        """,
+    )
     __import__(mod)
     assert ENVIRONMENTS.get("contract_env") is ENVIRONMENTS.get(f"{mod}:ContractEnv")
     members = [VerifierConfig(name="a", kind="format"), VerifierConfig(name="b", kind="majority")]
     assert REWARDS.get("contract_judged").chosen_verifiers({}, members) == members
     assert REWARDS.get(f"{mod}:Picky").chosen_verifiers({"only": "b"}, members) == members[1:]
-    assert reward_class("rule").chosen_verifiers({}, members) == []  # reads gold: no verifiers served
+    assert (
+        reward_class("rule").chosen_verifiers({}, members) == []
+    )  # reads gold: no verifiers served
 
 
 def test_single_rm_declares_the_one_verifier_it_picks() -> None:
     from rlexp.rewards.registry import reward_class
 
-    members = [VerifierConfig(name="j", kind="lm_judge"), VerifierConfig(name="rm", kind="reward_model")]
+    members = [
+        VerifierConfig(name="j", kind="lm_judge"),
+        VerifierConfig(name="rm", kind="reward_model"),
+    ]
     single = reward_class("single_rm")
     assert single.chosen_verifiers({}, members) == members[1:]
     assert single.chosen_verifiers({"verifier": "j"}, members) == members[:1]
-    with pytest.raises(ValueError, match=r"options.verifier='x' is not in the verifier set \['j', 'rm'\]"):
+    with pytest.raises(
+        ValueError, match=r"options.verifier='x' is not in the verifier set \['j', 'rm'\]"
+    ):
         single.chosen_verifiers({"verifier": "x"}, members)
-    inline = single.chosen_verifiers({"kind": "rule", "rule": "arithmetic_mod5", "transform": "raw"}, [])
+    inline = single.chosen_verifiers(
+        {"kind": "rule", "rule": "arithmetic_mod5", "transform": "raw"}, []
+    )
     assert inline == [VerifierConfig(name="", kind="rule", options={"rule": "arithmetic_mod5"})]
 
 
@@ -190,18 +229,29 @@ def test_a_verifier_kind_from_outside(tmp_path: Path, monkeypatch: pytest.Monkey
 
     mod = user_module(tmp_path, monkeypatch, "contract_kinds", KIND_MODULE)
     __import__(mod)
-    by_name = build_verifier({"name": "short", "kind": "contract_len", "options": {"limit": 2, "threshold": 0.5}})
+    by_name = build_verifier(
+        {"name": "short", "kind": "contract_len", "options": {"limit": 2, "threshold": 0.5}}
+    )
     by_path = build_verifier({"name": "short", "kind": f"{mod}:LenKind"})
-    assert list(by_name.score([], ["ab", "abc"])) == [1.0, 0.0] and by_path.limit == 3  # typed, defaulted
-    with pytest.raises(ConfigError, match=r"verifier 'short' \(kind contract_len\): unknown option 'limt'; did you "
-                                          r"mean limit\?"):
+    assert (
+        list(by_name.score([], ["ab", "abc"])) == [1.0, 0.0] and by_path.limit == 3
+    )  # typed, defaulted
+    with pytest.raises(
+        ConfigError,
+        match=r"verifier 'short' \(kind contract_len\): unknown option 'limt'; did you "
+        r"mean limit\?",
+    ):
         build_verifier({"name": "short", "kind": "contract_len", "options": {"limt": 2}})
     assert supports(Arithmetic, VerifierConfig(kind="contract_len"))  # generic: any environment
     assert not supports(Arithmetic, VerifierConfig(kind="contract_task_only"))
     assert "contract_len" in supported_kinds(Arithmetic) and "rule" in supported_kinds(Arithmetic)
-    assert is_served(VerifierConfig(kind="contract_model"))  # a model: a service of its own, counted by the plan
+    assert is_served(
+        VerifierConfig(kind="contract_model")
+    )  # a model: a service of its own, counted by the plan
     assert not is_served(VerifierConfig(kind="contract_model", options={"policy": True}))
-    with pytest.raises(PluginError, match=r"unknown verifier kind 'contract_lne'; did you mean 'contract_len'"):
+    with pytest.raises(
+        PluginError, match=r"unknown verifier kind 'contract_lne'; did you mean 'contract_len'"
+    ):
         build_verifier({"name": "x", "kind": "contract_lne"})
 
 
@@ -233,10 +283,11 @@ TRANSPORT_MODULE = """
     """
 
 
-def test_a_transport_from_outside_declares_its_set_up_and_clean_up(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launcher's set-up and clean-up call whatever the run's transport declares (rlexp.run.launcher names
-    no transport)."""
+def test_a_transport_from_outside_declares_its_set_up_and_clean_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher's set-up and clean-up call whatever the run's transport declares
+    (rlexp.run.launcher names no transport)."""
     from rlexp.run.launcher import release_stale_weights, release_weights
     from rlexp.transport import TransportError
     from rlexp.transport.registry import resolve
@@ -275,8 +326,9 @@ JOB_MODULE = """
     """
 
 
-def test_a_cluster_backend_from_outside_has_its_settings_dataclass(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cluster_backend_from_outside_has_its_settings_dataclass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rlexp.cluster.hosts import check_cluster
     from rlexp.cluster.registry import job_backend
 
@@ -284,7 +336,10 @@ def test_a_cluster_backend_from_outside_has_its_settings_dataclass(tmp_path: Pat
     __import__(mod)
     c = ClusterConfig(job="contract_queue", job_options={"queue": "gpu"})
     check_cluster(c)
-    assert job_backend(f"{mod}:Queue").settings(c).queue == "gpu" and job_backend(c.job).settings(c).max_hours == 4
+    assert (
+        job_backend(f"{mod}:Queue").settings(c).queue == "gpu"
+        and job_backend(c.job).settings(c).max_hours == 4
+    )
     with pytest.raises(ConfigError, match=r"unknown option 'queu'; did you mean queue\?"):
         check_cluster(ClusterConfig(job="contract_queue", job_options={"queu": "gpu"}))
     with pytest.raises(ConfigError, match=r"options.max_hours='x' must be of type int"):
@@ -302,24 +357,33 @@ def test_a_tracker_from_outside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.syspath_prepend(str(REPO / "examples" / "my_tracker"))
     import csv_tracker
 
-    logger = {"trackers": [{"name": "csv_tracker:CsvTracker", "options": {"prefix": "reward/"}},
-                           {"name": "csv"}]}
+    logger = {
+        "trackers": [
+            {"name": "csv_tracker:CsvTracker", "options": {"prefix": "reward/"}},
+            {"name": "csv"},
+        ]
+    }
     by_path, by_name = configured_trackers(logger)
     assert type(by_path) is type(by_name) is csv_tracker.CsvTracker
     assert by_path.options.prefix == "reward/" and by_name.options.prefix == ""
-    with pytest.raises(ConfigError, match=r"logger.trackers\[0\] \(csv\): unknown option 'prefx'; did you mean "
-                                          r"prefix\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"logger.trackers\[0\] \(csv\): unknown option 'prefx'; did you mean "
+        r"prefix\?",
+    ):
         configured_trackers({"trackers": [{"name": "csv", "options": {"prefx": "r"}}]})
     with pytest.raises(PluginError, match=r"unknown tracker 'csvv'; did you mean 'csv'"):
         configured_trackers({"trackers": [{"name": "csvv"}]})
-    built_in = configured_trackers({"wandb": {"enabled": True, "project": "p"}, "mlflow": {"enabled": False}})
+    built_in = configured_trackers(
+        {"wandb": {"enabled": True, "project": "p"}, "mlflow": {"enabled": False}}
+    )
     assert [type(t) for t in built_in] == [WandbTracker] and built_in[0].project == "p"
 
 
-# --- orchestration names no built-in plug-in ------------------------------------------------------------------
+# --- orchestration names no built-in plug-in ---------------------------------------------------
 def test_orchestration_code_names_no_built_in_plugin() -> None:
-    """rlexp/run/* asks the registries' declarations; a string literal that is a built-in transport, job kind,
-    tracker, reward or model verifier kind there would be a branch on one plug-in."""
+    """rlexp/run/* asks the registries' declarations; a string literal that is a built-in transport,
+    job kind, tracker, reward or model verifier kind there would be a branch on one plug-in."""
     import rlexp.cluster.hosts
     import rlexp.tracking.registry
     import rlexp.transport.registry  # noqa: F401  (registers the transports)
@@ -328,7 +392,14 @@ def test_orchestration_code_names_no_built_in_plugin() -> None:
     from rlexp.tracking.base import TRACKERS
     from rlexp.transport.base import TRANSPORTS
 
-    names = {*TRANSPORTS.names(), *JOBS.names(), *TRACKERS.names(), *reward_names(), "reward_model", "lm_judge"}
+    names = {
+        *TRANSPORTS.names(),
+        *JOBS.names(),
+        *TRACKERS.names(),
+        *reward_names(),
+        "reward_model",
+        "lm_judge",
+    }
     assert {"shm", "monarch", "local", "slurm", "wandb", "mlflow", "weaver"} <= names
     found = []
     for path in sorted((REPO / "rlexp" / "run").glob("*.py")):
@@ -336,4 +407,3 @@ def test_orchestration_code_names_no_built_in_plugin() -> None:
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{path.name}:{node.lineno} {node.value!r}")
     assert found == []
-

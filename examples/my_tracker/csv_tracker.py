@@ -1,10 +1,12 @@
-"""A tracker of a user's own, outside the rlexp package: every metric whose name starts with `prefix`, as rows
-`step,name,value` of `<run dir>/metrics.csv`, the way one would forward them to an in-house dashboard.
+"""A tracker of a user's own, outside the rlexp package: every metric whose name starts with
+`prefix`, as rows `step,name,value` of `<run dir>/metrics.csv`, the way one would forward them to an
+in-house dashboard.
 
-One module and one YAML (conf/logger/csv.yaml, which names the class by import path, `csv_tracker:CsvTracker`);
-registering a name (`@register_tracker`) also lets a module listed in `plugins` offer it as `name: csv`. A tracker
-runs in the controller only; it receives what the built-in trackers receive, after the JSONL file has it.
-"""
+One module and one YAML (conf/logger/csv.yaml, which names the class by import path,
+`csv_tracker:CsvTracker`); registering a name (`@register_tracker`) also lets a module listed in
+`plugins` offer it as `name: csv`. A tracker runs in the controller only; it receives what the
+built-in trackers receive, after the JSONL file has it."""
+
 from __future__ import annotations
 
 import csv
