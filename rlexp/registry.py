@@ -1,18 +1,20 @@
-"""One registry type for everything a config names by string: environments, rewards, rule verifiers, verifier
-kinds, weight transports, cluster job backends, trackers (docs/plugins.md: the contract, one table per point).
+"""One registry type for everything a config names by string: environments, rewards, rule verifiers,
+verifier kinds, weight transports, cluster job backends, trackers (docs/plugins.md: the contract,
+one table per point).
 
-A name is either a built-in (registered with `@REGISTRY.register("name")` when its module is imported) or a
-Python import path `package.module:Class`, so a user's class can live outside rlexp and still be picked from
-YAML or the command line. The path is imported on lookup, in whichever process looks it up (the controller in
-`prepare`, then every actor: `rlexp.core.plugins` puts the user's folders on their module path), and the class must
-be a subclass of the registry's kind. A failed import or a class of the wrong kind is a `PluginError` naming
-the module, the error and the folders searched, raised in `prepare` before anything is spawned.
+A name is either a built-in (registered with `@REGISTRY.register("name")` when its module is
+imported) or a Python import path `package.module:Class`, so a user's class can live outside rlexp
+and still be picked from YAML or the command line. The path is imported on lookup, in whichever
+process looks it up (the controller in `prepare`, then every actor: `rlexp.core.plugins` puts the
+user's folders on their module path), and the class must be a subclass of the registry's kind. A
+failed import or a class of the wrong kind is a `PluginError` naming the module, the error and the
+folders searched, raised in `prepare` before anything is spawned.
 
-Each entry is a class that declares, as class attributes, what it needs and what it can do (a reward the verifiers
-it scores with, a transport its set-up and clean-up, a job backend its settings dataclass), so code that orchestrates
-a run asks the entry (`Registry.having`) instead of naming a built-in. A plug-in's options are a dataclass
-(`Options`/`Settings`), filled and checked by `rlexp.config.validate.check_options`.
-"""
+Each entry is a class that declares, as class attributes, what it needs and what it can do (a reward
+the verifiers it scores with, a transport its set-up and clean-up, a job backend its settings
+dataclass), so code that orchestrates a run asks the entry (`Registry.having`) instead of naming a
+built-in. A plug-in's options are a dataclass (`Options`/`Settings`), filled and checked by
+`rlexp.config.validate.check_options`."""
 from __future__ import annotations
 
 import difflib
@@ -69,10 +71,11 @@ def import_module(module: str, who: str) -> object:
 
 
 class Registry(Generic[T]):
-    """Names -> subclasses of `base`. `kind` and `hint` word the errors (`environment`, `reward`, ...).
-    `registered_only`: a `package.module:Class` must be a class its module registered under a name (the kinds that
-    are rebuilt by name in another process, a transport's receiver in a generator). `also`: words the config key
-    accepts besides the entries (`auto`), listed first among the choices an error names."""
+    """Names -> subclasses of `base`. `kind` and `hint` word the errors (`environment`, `reward`,
+    ...). `registered_only`: a `package.module:Class` must be a class its module registered under a
+    name (the kinds that are rebuilt by name in another process, a transport's receiver in a
+    generator). `also`: words the config key accepts besides the entries (`auto`), listed first
+    among the choices an error names."""
 
     def __init__(self, kind: str, base: T, hint: str, *, registered_only: bool = False,
                  also: tuple[str, ...] = ()) -> None:
@@ -104,8 +107,9 @@ class Registry(Generic[T]):
         return iter(sorted(self._classes.items()))
 
     def having(self, capability: str) -> list[str]:
-        """The registered names whose class declares `capability` (a class attribute) true: how orchestration
-        asks for "every transport with a clean-up" or "the separable verifier kinds" without naming one."""
+        """The registered names whose class declares `capability` (a class attribute) true: how
+        orchestration asks for "every transport with a clean-up" or "the separable verifier kinds"
+        without naming one."""
         return [n for n, cls in self.items() if getattr(cls, capability, False)]
 
     def __contains__(self, name: object) -> bool:
@@ -115,7 +119,8 @@ class Registry(Generic[T]):
         return self._classes[name]
 
     def find(self, name: str) -> T | None:
-        """The class registered as `name`, or None: no import, nothing recorded (a cheap look before validation)."""
+        """The class registered as `name`, or None: no import, nothing recorded (a cheap look before
+        validation)."""
         return self._classes.get(name)
 
     def get(self, name: str) -> T:

@@ -43,8 +43,9 @@ def _verifier(v: Any) -> VerifierConfig:
 
 def reward_verifiers(c: TrainConfig) -> list[VerifierConfig]:
     """The served model verifiers the configured reward scores with (its `chosen_verifiers` over
-    `reward.verifiers`, or else the members of `verifier_set`). A choice the reward would refuse (or an unknown
-    reward or verifier kind) serves nothing here and fails with its own message in `prepare`."""
+    `reward.verifiers`, or else the members of `verifier_set`). A choice the reward would refuse (or
+    an unknown reward or verifier kind) serves nothing here and fails with its own message in
+    `prepare`."""
     from rlexp.rewards.registry import reward_class  # the rewards and verifier kinds, registered
     from rlexp.rewards.verifiers.kinds import is_served
 

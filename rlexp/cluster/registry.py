@@ -24,13 +24,15 @@ class JobBackend:
     one_machine: ClassVar[bool] = False  # every host is a process of the controller's machine (/dev/shm reaches all)
     local_devices: ClassVar[bool] = False  # the run's GPUs are this machine's: `rlexp plan` checks they exist here
     remote_rendezvous: ClassVar[bool] = False  # a trainer on hosts of its own finds its port on its rank-0 host
-    # The backend's own settings: a dataclass filled from `cluster.job_options` (typed, unknown keys refused).
-    # None: it takes none (the built-in slurm and kubernetes read their schema sections, `cluster.slurm` ...).
+    # The backend's own settings: a dataclass filled from `cluster.job_options` (typed, unknown keys
+    # refused). None: it takes none (the built-in slurm and kubernetes read their schema sections,
+    # `cluster.slurm` ...).
     Settings: ClassVar[type | None] = None
 
     @classmethod
     def settings(cls, c: ClusterConfig) -> Any:
-        """`cluster.job_options` as this backend's `Settings` (None when it declares none and none are given)."""
+        """`cluster.job_options` as this backend's `Settings` (None when it declares none and none
+        are given)."""
         options = dict(getattr(c, "job_options", None) or {})
         if cls.Settings is None:
             if options:
@@ -71,6 +73,6 @@ register_job = JOBS.register
 
 
 def job_backend(name: str) -> type[JobBackend]:
-    """The backend `cluster.job=name` stands for: a registered name or `package.module:Class`; an unknown one is a
-    `PluginError` (a ValueError) naming the close matches and the choices."""
+    """The backend `cluster.job=name` stands for: a registered name or `package.module:Class`; an
+    unknown one is a `PluginError` (a ValueError) naming the close matches and the choices."""
     return JOBS.get(str(name))

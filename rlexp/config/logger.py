@@ -34,10 +34,11 @@ class MlflowConfig:
 
 @dataclass
 class TrackerConfig:
-    """One more tracker (a plug-in's: docs/plugins.md, examples/my_tracker), beside JSONL and the sections above."""
+    """One more tracker (a plug-in's: docs/plugins.md, examples/my_tracker), beside JSONL and the
+    sections above."""
 
-    # A registered tracker's name (`@rlexp.tracking.base.register_tracker` in a module listed in `plugins`), or
-    # package.module:Class for one outside rlexp.
+    # A registered tracker's name (`@rlexp.tracking.base.register_tracker` in a module listed in
+    # `plugins`), or package.module:Class for one outside rlexp.
     name: str = field(default="", metadata=CODE)
     # Its settings, checked against the tracker's `Options` dataclass before the run starts.
     options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)

@@ -10,9 +10,10 @@ from rlexp.config.trust import CODE, DATA, OPTIONS
 @dataclass
 class VerifierConfig:
     name: str = field(default="", metadata=DATA)
-    # A registered verifier kind (rlexp/rewards/verifiers/kinds.py): rule (a task-specific check), format (the
-    # response states a readable answer), majority (it agrees with its group's most common answer), reward_model
-    # / lm_judge (a model, served apart); a plug-in's, or package.module:Class for one outside rlexp.
+    # A registered verifier kind (rlexp/rewards/verifiers/kinds.py): rule (a task-specific check),
+    # format (the response states a readable answer), majority (it agrees with its group's most
+    # common answer), reward_model / lm_judge (a model, served apart); a plug-in's, or
+    # package.module:Class for one outside rlexp.
     kind: str = field(default="rule", metadata=CODE)
     # Model kinds take their checkpoint as `path` (a local folder), `hf_repo` + `revision` (the Hugging Face
     # cache; never downloaded implicitly) or `tiny` (a stand-in trained here: rlexp.rewards.verifiers.tiny.py).
@@ -35,8 +36,9 @@ class VerifierSetConfig:
 @dataclass
 class RewardConfig:
     name: str = field(default="rule", metadata=CODE)  # registry key: rule | single_rm | weaver | annotated
-    # Empty: the members of `verifier_set`. A reward that lists its own verifiers uses those instead; which of
-    # them it scores with, the reward declares (`rlexp.rewards.base.Reward.chosen_verifiers`).
+    # Empty: the members of `verifier_set`. A reward that lists its own verifiers uses those
+    # instead; which of them it scores with, the reward declares
+    # (`rlexp.rewards.base.Reward.chosen_verifiers`).
     verifiers: list[VerifierConfig] = field(default_factory=list)
     replicas: int = 1
     options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)

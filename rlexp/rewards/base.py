@@ -42,10 +42,11 @@ class Reward:
 
     @classmethod
     def chosen_verifiers(cls, options: dict[str, Any], members: list[VerifierConfig]) -> list[VerifierConfig]:
-        """The verifiers this reward scores with, from its options and the available members (`reward.verifiers`,
-        or else the verifier set's): what it declares it needs, so the GPU layout serves those and no others.
-        The default: a label-free reward (Weaver and its presets) scores with every member, one that reads gold
-        labels with none. A reward that picks (single_rm) or needs none though label-free overrides this."""
+        """The verifiers this reward scores with, from its options and the available members
+        (`reward.verifiers`, or else the verifier set's): what it declares it needs, so the GPU
+        layout serves those and no others. The default: a label-free reward (Weaver and its presets)
+        scores with every member, one that reads gold labels with none. A reward that picks
+        (single_rm) or needs none though label-free overrides this."""
         return [] if cls.needs_gold else list(members)
 
     def __init__(self, cfg: RewardConfig, env: Any, served: bool = True) -> None:

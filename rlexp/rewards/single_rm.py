@@ -38,8 +38,8 @@ class SingleRMReward(Reward):
 
     @classmethod
     def chosen_verifiers(cls, options: dict[str, Any], members: list[VerifierConfig]) -> list[VerifierConfig]:
-        """One verifier: given inline (`options.kind`), named (`options.verifier`), the only member, or else the
-        first reward model."""
+        """One verifier: given inline (`options.kind`), named (`options.verifier`), the only member,
+        or else the first reward model."""
         names = [v.name for v in members]
         if "kind" in options:  # a verifier of its own, given inline
             return [VerifierConfig(name=str(options.get("name", "")), kind=str(options["kind"]),

@@ -482,13 +482,15 @@ def _last_line(e: Any) -> str:
 
 
 def release_stale_weights(c: TrainConfig) -> None:
-    """Set-up: what runs that died without tearing down (kill -9, OOM) left, freed by each transport that leaves
-    files (`WeightTransport.release_stale`: only what that transport made is touched)."""
+    """Set-up: what runs that died without tearing down (kill -9, OOM) left, freed by each transport
+    that leaves files (`WeightTransport.release_stale`: only what that transport made is touched).
+    """
     transports.release_stale(c)
 
 
 def release_weights(c: TrainConfig, run_name: str) -> None:
-    """Clean-up: the run's published weights, freed by their transport, also when the trainer died first."""
+    """Clean-up: the run's published weights, freed by their transport, also when the trainer died
+    first."""
     transports.release(c, run_name)
 
 

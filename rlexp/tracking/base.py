@@ -76,18 +76,19 @@ class Tracker(ABC):
     `start` (the composite finishes everything it tried to start)."""
 
     name: str = "tracker"
-    # The section of the `logger` group that turns it on (`logger.wandb.enabled`) and holds its settings: the
-    # built-ins' typed sections. Empty: it is turned on by an entry of `logger.trackers` (a plug-in's way).
+    # The section of the `logger` group that turns it on (`logger.wandb.enabled`) and holds its
+    # settings: the built-ins' typed sections. Empty: it is turned on by an entry of
+    # `logger.trackers` (a plug-in's way).
     section: ClassVar[str] = ""
-    # The dataclass of its entry's `options` in `logger.trackers` (unknown names refused with the close matches);
-    # None: it takes none.
+    # The dataclass of its entry's `options` in `logger.trackers` (unknown names refused with the
+    # close matches); None: it takes none.
     Options: ClassVar[type | None] = None
 
     @classmethod
     def from_logger(cls, options: Any, logger_cfg: Any) -> Tracker:
-        """The tracker for one run: `options` is its section (a built-in's) or its `Options` instance (None when
-        it declares none); `logger_cfg` the whole `logger` group, for the settings trackers share
-        (`system_metrics_interval_s`, `runs_root`)."""
+        """The tracker for one run: `options` is its section (a built-in's) or its `Options`
+        instance (None when it declares none); `logger_cfg` the whole `logger` group, for the
+        settings trackers share (`system_metrics_interval_s`, `runs_root`)."""
         return cls() if options is None else cls(options)  # type: ignore[call-arg]
 
     @abstractmethod
@@ -111,7 +112,8 @@ class Tracker(ABC):
 
 
 def setting(node: Any, key: str) -> Any:
-    """`node.key` for a DictConfig, a dict or a dataclass (the logger group arrives as any of them); None if absent."""
+    """`node.key` for a DictConfig, a dict or a dataclass (the logger group arrives as any of them);
+    None if absent."""
     if node is None:
         return None
     if isinstance(node, DictConfig):

@@ -77,9 +77,9 @@ class WeightTransport(ABC):
     server: ClassVar[type | None] = None
     # The name of the server actor, when `server` is set (default `weights_<name>`).
     server_actor: ClassVar[str] = ""
-    # Whether it leaves anything behind that outlives a run which died without tearing down (files in /dev/shm):
-    # the controller calls `release_stale` before a run and `release` after it for every such transport the
-    # run's `cluster.transport` may pick.
+    # Whether it leaves anything behind that outlives a run which died without tearing down (files
+    # in /dev/shm): the controller calls `release_stale` before a run and `release` after it for
+    # every such transport the run's `cluster.transport` may pick.
     leaves_files: ClassVar[bool] = False
 
     @classmethod
@@ -91,12 +91,13 @@ class WeightTransport(ABC):
 
     @classmethod  # noqa: B027 - optional: most transports leave nothing behind
     def release_stale(cls, settings: dict[str, Any]) -> None:
-        """Set-up before a run: remove what runs that died without tearing down left (their process is gone).
-        Only what this transport itself made may be touched."""
+        """Set-up before a run: remove what runs that died without tearing down left (their process
+        is gone). Only what this transport itself made may be touched."""
 
     @classmethod  # noqa: B027 - optional, as above
     def release(cls, settings: dict[str, Any], run_name: str) -> None:
-        """Clean-up after a run (also when the trainer died first): remove what this run published."""
+        """Clean-up after a run (also when the trainer died first): remove what this run published.
+        """
 
     @classmethod
     def check(cls, settings: dict[str, Any], *, hosts: int = 1) -> None:
@@ -142,8 +143,8 @@ class TransportSpec:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
-# name -> publisher class, filled by `register_transport`; a class named by import path must be registered (the
-# generators rebuild its receiver by name).
+# name -> publisher class, filled by `register_transport`; a class named by import path must be
+# registered (the generators rebuild its receiver by name).
 TRANSPORTS: Registry[type[WeightTransport]] = Registry(
     "weight transport", WeightTransport,
     "a WeightTransport subclass registered with @rlexp.transport.base.register_transport", registered_only=True,

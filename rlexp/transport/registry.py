@@ -36,26 +36,30 @@ def resolve(name: str) -> type[WeightTransport]:
 
 
 def candidates(choice: str) -> list[type[WeightTransport]]:
-    """The transports `cluster.transport=choice` may use in a run: `auto`'s two, or the one named."""
+    """The transports `cluster.transport=choice` may use in a run: `auto`'s two, or the one named.
+    """
     return [TRANSPORTS[n] for n in AUTO_PAIR] if choice == AUTO else [resolve(choice)]
 
 
 def release_stale(cfg: TrainConfig) -> None:
-    """Set-up before a run: each transport the run may use removes what dead runs left (`release_stale`)."""
+    """Set-up before a run: each transport the run may use removes what dead runs left
+    (`release_stale`)."""
     for cls in candidates(cfg.cluster.transport):
         if cls.leaves_files:
             cls.release_stale(cls.settings(cfg))
 
 
 def release(cfg: TrainConfig, run_name: str) -> None:
-    """Clean-up after a run, also when the trainer died first: each transport removes what the run published."""
+    """Clean-up after a run, also when the trainer died first: each transport removes what the run
+    published."""
     for cls in candidates(cfg.cluster.transport):
         if cls.leaves_files:
             cls.release(cls.settings(cfg), run_name)
 
 
 def server_actor(name: str) -> str:
-    """The actor name of transport `name`'s server (`WeightTransport.server_actor`, default weights_<name>)."""
+    """The actor name of transport `name`'s server (`WeightTransport.server_actor`, default
+    weights_<name>)."""
     return resolve(name).server_actor or f"weights_{name}"
 
 

@@ -405,10 +405,10 @@ class ShmTransport(WeightTransport):
 
     @classmethod
     def release_stale(cls, settings: dict[str, Any]) -> None:
-        """Remove weights published by runs that died without tearing down (kill -9, OOM): folder names end in
-        the controller's pid, so a folder whose process is gone belongs to nobody. Only folders this transport
-        made (`owned`: its marker file, this user's, no link) are touched: whatever else `root` holds is never
-        deleted."""
+        """Remove weights published by runs that died without tearing down (kill -9, OOM): folder
+        names end in the controller's pid, so a folder whose process is gone belongs to nobody. Only
+        folders this transport made (`owned`: its marker file, this user's, no link) are touched:
+        whatever else `root` holds is never deleted."""
         root = Path(settings["root"])
         if not root.is_dir():
             return
@@ -425,7 +425,8 @@ class ShmTransport(WeightTransport):
 
     @classmethod
     def release(cls, settings: dict[str, Any], run_name: str) -> None:
-        """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died first."""
+        """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died
+        first."""
         remove_owned(Path(settings["root"]) / run_name)
 
     @classmethod
