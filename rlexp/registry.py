@@ -90,9 +90,9 @@ class Registry(Generic[T]):
             old = self._classes.get(name)
             same = old is not None and (old.__module__, old.__qualname__) == (cls.__module__, cls.__qualname__)
             if old is not None and old is not cls and not same:  # `same`: one module imported twice
-                raise PluginError(f"{self.kind} name {name!r} is already registered by {old.__module__}:"
-                                  f"{old.__qualname__}; register {cls.__module__}:{cls.__qualname__} under "
-                                  f"another name")
+                raise PluginError(f"{self.kind} name {name!r} is already registered by "
+                                  f"{old.__module__}:{old.__qualname__}; register "
+                                  f"{cls.__module__}:{cls.__qualname__} under another name")
             cls.name = name
             self._classes[name] = cls
             return cls
@@ -132,9 +132,9 @@ class Registry(Generic[T]):
             close = difflib.get_close_matches(name, [*self.also, *self._classes], n=3, cutoff=0.7)
             near = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
             choices = [*self.also, *self.names()]
-            raise PluginError(f"unknown {self.kind} {name!r}; {near}choose one of {choices}, or name your "
-                              f"own class as package.module:Class ({self.hint}) or register it by name in a "
-                              f"module listed in `plugins`")
+            raise PluginError(f"unknown {self.kind} {name!r}; {near}choose one of {choices}, "
+                              f"or name your own class as package.module:Class ({self.hint}) or "
+                              f"register it by name in a module listed in `plugins`")
         cls = self._classes[name]
         _used(cls, self.kind, repr(name), by_name=True)  # a user's module registered it: the actors need it too
         return cls
@@ -150,5 +150,5 @@ class Registry(Generic[T]):
         if self.registered_only and self._classes.get(getattr(cls, "name", "")) is not cls:
             raise PluginError(f"{self.kind} {name}: {attr} is not registered; decorate it with "
                               f"@<registry>.register(\"a_name\") ({self.hint})")
-        _used(cls, self.kind, name, by_name=False)  # only code that is used: what the manifest records
+        _used(cls, self.kind, name, by_name=False)  # only used code: what the manifest records
         return cls  # type: ignore[return-value]

@@ -89,7 +89,8 @@ def test_every_schema_key_says_what_its_value_can_do() -> None:
     "reward.verifiers=[{name: v, kind: reward_model, options: {path: /models/rm}}]",
     "cluster.transport_options={shm: {root: /tmp}}", "environment.options.x=pkg.mod:Cls",
     "environment.options.y=/abs/file", "eval.benchmarks=[../../evil]",
-    "verifier_set.members=[{name: v, kind: 'evilmod:Kind'}]", "logger.trackers=[{name: 'evilmod:Tracker'}]",
+    "verifier_set.members=[{name: v, kind: 'evilmod:Kind'}]",
+    "logger.trackers=[{name: 'evilmod:Tracker'}]",
     "cluster.job_options={script: /tmp/evil.sh}",
 ])
 def test_a_manifest_override_that_names_code_a_place_or_an_endpoint_is_refused(override: str) -> None:

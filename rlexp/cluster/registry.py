@@ -36,7 +36,8 @@ class JobBackend:
         options = dict(getattr(c, "job_options", None) or {})
         if cls.Settings is None:
             if options:
-                raise ValueError(f"cluster.job_options={options}: cluster.job={cls.name} takes no options; "
+                raise ValueError(f"cluster.job_options={options}: cluster.job={cls.name} takes no "
+                                 f"options; "
                                  f"remove them")
             return None
         return check_options(cls.Settings, options, f"cluster.job_options (cluster.job={cls.name})")
@@ -67,7 +68,8 @@ class JobBackend:
 
 
 JOBS: Registry[type[JobBackend]] = Registry(
-    "cluster.job", JobBackend, "a JobBackend subclass registered with @rlexp.cluster.registry.register_job",
+    "cluster.job", JobBackend,
+    "a JobBackend subclass registered with @rlexp.cluster.registry.register_job",
     registered_only=True)
 register_job = JOBS.register
 

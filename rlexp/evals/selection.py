@@ -181,7 +181,8 @@ class Selector:
         bad = [v.name for v in verifier_set.members if not supports(env, v)]
         if bad:
             raise SelectionError(f"verifier_set={verifier_set.name}: verifier(s) {bad} are of kinds environment="
-                                 f"{env.name} does not support (it supports {sorted(kinds)}); use the "
+                                 f"{env.name} does not support (it supports {sorted(kinds)}); "
+                                 f"use the "
                                  f"set made for it (verifier_set={env.name}) or another")
         members = list(verifier_set.members)
         if any(is_served(v) for v in members):

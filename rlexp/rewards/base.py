@@ -41,7 +41,8 @@ class Reward:
     verifiers: list[Any]
 
     @classmethod
-    def chosen_verifiers(cls, options: dict[str, Any], members: list[VerifierConfig]) -> list[VerifierConfig]:
+    def chosen_verifiers(cls, options: dict[str, Any],
+                         members: list[VerifierConfig]) -> list[VerifierConfig]:
         """The verifiers this reward scores with, from its options and the available members
         (`reward.verifiers`, or else the verifier set's): what it declares it needs, so the GPU
         layout serves those and no others. The default: a label-free reward (Weaver and its presets)

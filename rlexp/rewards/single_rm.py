@@ -25,7 +25,8 @@ from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.types import Problem, RewardOutput
 
 # Options of reward=single_rm that belong to the reward, not to a verifier given inline.
-SINGLE_RM_OPTIONS = frozenset({"kind", "name", "transform", "verifier", "debias_answers", "reference_groups"})
+SINGLE_RM_OPTIONS = frozenset({"kind", "name", "transform", "verifier", "debias_answers",
+                               "reference_groups"})
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -37,25 +38,29 @@ class SingleRMReward(Reward):
     needs_gold = False
 
     @classmethod
-    def chosen_verifiers(cls, options: dict[str, Any], members: list[VerifierConfig]) -> list[VerifierConfig]:
+    def chosen_verifiers(cls, options: dict[str, Any],
+                         members: list[VerifierConfig]) -> list[VerifierConfig]:
         """One verifier: given inline (`options.kind`), named (`options.verifier`), the only member,
         or else the first reward model."""
         names = [v.name for v in members]
         if "kind" in options:  # a verifier of its own, given inline
             return [VerifierConfig(name=str(options.get("name", "")), kind=str(options["kind"]),
-                                   options={k: v for k, v in options.items() if k not in SINGLE_RM_OPTIONS})]
+                                   options={k: v for k, v in options.items()
+                                            if k not in SINGLE_RM_OPTIONS})]
         if "verifier" in options:  # one member of the verifier set, by name
             match = [v for v in members if v.name == options["verifier"]]
             if not match:
-                raise ValueError(f"reward=single_rm: options.verifier={options['verifier']!r} is not in the "
+                raise ValueError(f"reward=single_rm: options.verifier={options['verifier']!r} "
+                                 f"is not in the "
                                  f"verifier set {names}; choose one of them")
             return match[:1]
         if len(members) == 1:
             return list(members)
         rms = [v for v in members if str(v.kind) == "reward_model"]  # "the single reward model"
         if not rms:
-            raise ValueError(f"reward=single_rm: the verifier set {names} has no reward_model; choose one member "
-                             f"with reward.options.verifier=NAME, or give options.kind and its options")
+            raise ValueError(f"reward=single_rm: the verifier set {names} has no reward_model; "
+                             f"choose one member with reward.options.verifier=NAME, or give "
+                             f"options.kind and its options")
         return rms[:1]
 
     def __init__(self, cfg: RewardConfig, env: Any, served: bool = True) -> None:

@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 2
 ROLES = ("model", "gate", "term", "off")
 # Verifier kinds that measure agreement or readability rather than correctness: the roles they may take.
-SEPARABLE_KINDS = tuple(VERIFIER_KINDS.having("separable"))  # as each kind declares (verifiers/kinds.py)
+SEPARABLE_KINDS = tuple(VERIFIER_KINDS.having("separable"))  # as declared (verifiers/kinds.py)
 # What the label model's fit is turned into (WeaverOptions.weighting).
 WEIGHTINGS = ("posterior", "quality", "logodds")
 

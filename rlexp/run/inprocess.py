@@ -47,7 +47,8 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
     # one process: no per-role GPU masks, every role on this process's device
     w = wiring(p, spawned=False)
     events = asyncio.new_event_loop()  # one loop for every async endpoint, as an actor's process has one
-    weights = transport_spec(pair_transport(AUTO, "here", "here"), run_name, p.cfg)  # auto's pick on one host
+    one_host = pair_transport(AUTO, "here", "here")  # what `auto` picks when both ends share a host
+    weights = transport_spec(one_host, run_name, p.cfg)
 
     def local(role: Role, **given: Any) -> Local:
         return Local(role.actor, role.settings, events=events, **given)

@@ -108,7 +108,7 @@ def check_config(cfg: DictConfig) -> TrainConfig:
         check_hosts_fit(t)  # every host's roles fit its GPUs
     check_env_options(t.environment)
     LOSSES.get(t.algorithm.loss)  # a user's loss: imported and kind-checked here, not in the trainer process
-    configured_trackers(t.logger)  # a tracker's name and options, checked (and its module recorded) before any run
+    configured_trackers(t.logger)  # trackers' names and options checked, their modules recorded
     if report is not None and real and not report.ok:
         raise PlanError("the configured layout does not fit:\n" + report.table(), report)
     return t
@@ -312,7 +312,8 @@ def check_verifier_kinds(t: TrainConfig, env: Environment) -> None:
         if not supports(env, v):
             raise ConfigError(
                 f"verifier_set={t.verifier_set.name or '?'}: verifier {v.name!r} (kind {v.kind}) cannot score "
-                f"environment={env.name}, which supports the kinds {sorted(kinds)}. Use the set made for "
+                f"environment={env.name}, which supports the kinds {sorted(kinds)}. Use the set "
+                f"made for "
                 f"it (verifier_set={env.name}, the default when the file rlexp/conf/verifier_set/{env.name}.yaml "
                 f"exists) or list verifiers of those kinds")
 

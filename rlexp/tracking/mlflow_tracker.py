@@ -159,8 +159,9 @@ class MlflowTracker(Tracker):
 
     @classmethod
     def from_logger(cls, options: Any, logger_cfg: Any) -> MlflowTracker:
+        interval = setting(logger_cfg, "system_metrics_interval_s")
         return cls.from_config(options, runs_root=setting(logger_cfg, "runs_root"),
-                               system_metrics_interval_s=setting(logger_cfg, "system_metrics_interval_s"))
+                               system_metrics_interval_s=interval)
 
     @classmethod
     def from_config(cls, c: Any, runs_root: str | None = None,

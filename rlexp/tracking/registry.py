@@ -12,7 +12,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.validate import ConfigError, check_options
-from rlexp.tracking import mlflow_tracker, wandb_tracker  # noqa: F401  (the built-ins register themselves)
+from rlexp.tracking import mlflow_tracker, wandb_tracker  # noqa: F401  (they register)
 from rlexp.tracking.base import TRACKERS, JsonlTracker, Tracker, Trackers, setting
 from rlexp.tracking.manifest import Manifest
 

@@ -131,7 +131,8 @@ class WandbTracker(Tracker):
 
     @classmethod
     def from_logger(cls, options: Any, logger_cfg: Any) -> WandbTracker:
-        return cls.from_config(options, stats_interval_s=setting(logger_cfg, "system_metrics_interval_s"))
+        interval = setting(logger_cfg, "system_metrics_interval_s")
+        return cls.from_config(options, stats_interval_s=interval)
 
     @classmethod
     def from_config(cls, c: Any, stats_interval_s: float | None = None) -> WandbTracker:

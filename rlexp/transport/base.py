@@ -147,6 +147,7 @@ class TransportSpec:
 # registered (the generators rebuild its receiver by name).
 TRANSPORTS: Registry[type[WeightTransport]] = Registry(
     "weight transport", WeightTransport,
-    "a WeightTransport subclass registered with @rlexp.transport.base.register_transport", registered_only=True,
+    "a WeightTransport subclass registered with @rlexp.transport.base.register_transport",
+    registered_only=True,
     also=("auto",))  # rlexp.transport.registry.AUTO: a pick per pair
 register_transport = TRANSPORTS.register

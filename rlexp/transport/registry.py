@@ -28,10 +28,11 @@ def resolve(name: str) -> type[WeightTransport]:
     """The transport class `name` stands for: a registered name, or `package.module:Class` (imported here; found
     like any plug-in, `rlexp.core.plugins`: on sys.path, in the working folder or beside a `config_path` folder)."""
     if name == AUTO:
-        raise TransportError(f"cluster.transport={AUTO} picks a transport per pair; resolve it with pair_transport")
+        raise TransportError(f"cluster.transport={AUTO} picks a transport per pair; resolve it "
+                             f"with pair_transport")
     try:
         return TRANSPORTS.get(name)
-    except PluginError as e:  # the same lookup and wording as every registry; the type callers expect
+    except PluginError as e:  # every registry's lookup and wording; the type callers expect
         raise TransportError(str(e)) from None
 
 
@@ -107,7 +108,7 @@ def transport_spec(name: str, run_name: str, cfg: TrainConfig) -> TransportSpec:
 
 
 def _loaded(spec: TransportSpec) -> type[WeightTransport]:
-    import_module(spec.module, f"weight transport {spec.name}")  # registers one rlexp does not import
+    import_module(spec.module, f"weight transport {spec.name}")  # registers one from outside
     cls = TRANSPORTS.find(spec.name)
     if cls is None:
         raise TransportError(f"weight transport {spec.name!r}: importing {spec.module} did not register it")

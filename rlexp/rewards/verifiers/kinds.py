@@ -123,7 +123,7 @@ class RuleKind(VerifierKind):
 
     @classmethod
     def build(cls, name: str, options: Any, env: Any, device: str) -> Verifier:
-        from rlexp.rewards.verifiers import arithmetic  # noqa: F401  (registers the arithmetic rules)
+        from rlexp.rewards.verifiers import arithmetic  # noqa: F401  (registers its rules)
 
         return RuleVerifier(name, build_rule(options, f"verifier {name!r}"))
 

@@ -12,7 +12,7 @@ from rlexp.config.reward import VerifierConfig
 from rlexp.rewards.base import plain
 from rlexp.rewards.verifiers import arithmetic  # noqa: F401  (registers the arithmetic rules)
 from rlexp.rewards.verifiers.base import ServedVerifier, Verifier
-from rlexp.rewards.verifiers.kinds import (  # noqa: F401  (build_rule, rule_names: where callers find them)
+from rlexp.rewards.verifiers.kinds import (  # noqa: F401  (re-exports build_rule, rule_names)
     RESERVED_OPTIONS,
     build_rule,
     is_served,
@@ -33,17 +33,19 @@ def build_verifier(cfg: VerifierConfig | dict[str, Any], env: Any = None, *, ser
     if isinstance(cfg, dict):
         cfg = VerifierConfig(**cfg)
     options = dict(plain(cfg.options) or {})
-    kind = kind_of(cfg)  # a registered kind or package.module:Class; an unknown one names the close matches
+    kind = kind_of(cfg)  # registered or package.module:Class; an unknown one names close matches
     name = cfg.name or str(options.get("rule", kind.name or cfg.kind))
     if kind.model and served and is_served(cfg):
         return ServedVerifier(name, str(cfg.kind), cfg)
-    return kind.build(name, kind_options(kind, options, f"verifier {name!r} (kind {cfg.kind})"), env, device)
+    typed = kind_options(kind, options, f"verifier {name!r} (kind {cfg.kind})")
+    return kind.build(name, typed, env, device)
 
 
 def verifier_checkpoint(v: VerifierConfig) -> VerifierConfig:
     """`v` with `options.path` set to its checkpoint folder; `tiny` builds a stand-in, `hf_repo` reads the
     Hugging Face cache and never downloads (the error gives the command)."""
-    from rlexp.models.hf import CheckpointError, resolve_checkpoint  # torch: not for `rlexp plan`'s layout
+    # torch: imported here, not when the layout reads a reward's verifiers
+    from rlexp.models.hf import CheckpointError, resolve_checkpoint
     from rlexp.rewards.verifiers.tiny import TINY_VERIFIERS, ensure_tiny_verifier
 
     v = VerifierConfig(**v) if isinstance(v, dict) else v
