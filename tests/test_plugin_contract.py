@@ -22,10 +22,26 @@ from tests.conftest import REPO
 
 @pytest.fixture(autouse=True)
 def _forget_imports():
-    """A lookup records the user's modules for the manifest: keep this test's out of the next one's.
-    """
+    """A lookup records the user's modules for the manifest, and a user's module registers names:
+    keep this test's out of the next one's (other tests list the registered choices)."""
+    import rlexp.envs.registry
+    import rlexp.rewards.registry
+    import rlexp.tracking.registry
+    import rlexp.transport.registry  # noqa: F401  (the built-ins registered before the snapshot)
+    from rlexp.cluster.registry import JOBS
+    from rlexp.envs.base import ENVIRONMENTS
+    from rlexp.rewards.base import REWARDS
+    from rlexp.rewards.verifiers.kinds import VERIFIER_KINDS
+    from rlexp.tracking.base import TRACKERS
+    from rlexp.transport.base import TRANSPORTS
+
+    registries = [JOBS, ENVIRONMENTS, REWARDS, VERIFIER_KINDS, TRACKERS, TRANSPORTS]
+    entries = [dict(r._classes) for r in registries]
     imported, by_name = dict(reg.IMPORTED), dict(reg.BY_NAME)
     yield
+    for r, e in zip(registries, entries):
+        r._classes.clear()
+        r._classes.update(e)
     reg.IMPORTED.clear()
     reg.IMPORTED.update(imported)
     reg.BY_NAME.clear()
