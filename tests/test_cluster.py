@@ -164,9 +164,14 @@ def test_an_unknown_job_kind_is_refused_naming_the_choices() -> None:
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         bad = compose("train", overrides=["cluster.job=lsf"])
-    with pytest.raises(ConfigError, match=r"unknown cluster.job='lsf'; choose one of kubernetes, local, .*slurm"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown cluster.job 'lsf'; choose one of \[.*'kubernetes', "
+                             r"'local', .*slurm"):
         check_config(bad)
-    with pytest.raises(ConfigError, match=r"cluster.job=tests.nope:X: cannot import module 'tests.nope'"):
+    with pytest.raises(ConfigError, match=r"unknown cluster.job 'slrum'; did you mean 'slurm'"):
+        check_config(OmegaConf.merge(bad, {"cluster": {"job": "slrum"}}))
+    with pytest.raises(ConfigError,
+                       match=r"cluster.job tests.nope:X: cannot import module 'tests.nope'"):
         check_config(OmegaConf.merge(bad, {"cluster": {"job": "tests.nope:X"}}))
 
 

@@ -216,7 +216,8 @@ def test_transport_import_failure_names_module_error_and_path() -> None:
     from rlexp.transport import TransportError
     from rlexp.transport.registry import resolve
 
-    with pytest.raises(TransportError, match=r"cluster.transport=nope.mod:X: cannot import module 'nope.mod' "
+    with pytest.raises(TransportError, match=r"weight transport nope.mod:X: cannot import module "
+                                             r"'nope.mod' "
                                              r"\(ModuleNotFoundError: .*\); searched sys.path"):
         resolve("nope.mod:X")
 

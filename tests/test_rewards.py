@@ -223,7 +223,7 @@ def test_verifier_config_errors():
         build_verifier({"kind": "rule", "options": {"rule": "arithmetic_misread", "operand": "b", "pairs": ["69"]}})
     with pytest.raises(ValueError, match="bad options"):
         build_verifier({"kind": "rule", "options": {"rule": "arithmetic_mod5", "k": 2}})
-    with pytest.raises(ValueError, match="unknown kind 'oracle'"):
+    with pytest.raises(ValueError, match="unknown verifier kind 'oracle'; choose one of"):
         build_verifier({"kind": "oracle"})
     assert {"arithmetic_copy", "arithmetic_misread", "arithmetic_mod"} <= set(rule_names())
 

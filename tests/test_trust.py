@@ -89,6 +89,9 @@ def test_every_schema_key_says_what_its_value_can_do() -> None:
     "reward.verifiers=[{name: v, kind: reward_model, options: {path: /models/rm}}]",
     "cluster.transport_options={shm: {root: /tmp}}", "environment.options.x=pkg.mod:Cls",
     "environment.options.y=/abs/file", "eval.benchmarks=[../../evil]",
+    "verifier_set.members=[{name: v, kind: 'evilmod:Kind'}]",
+    "logger.trackers=[{name: 'evilmod:Tracker'}]",
+    "cluster.job_options={script: /tmp/evil.sh}",
 ])
 def test_a_manifest_override_that_names_code_a_place_or_an_endpoint_is_refused(override: str) -> None:
     with pytest.raises(OverrideError, match=r"manifest\.json overrides: refusing override") as e:
@@ -103,7 +106,8 @@ def test_a_manifest_override_that_names_code_a_place_or_an_endpoint_is_refused(o
     "environment.options={max_operand: 20}", "environment.dataset=openai/gsm8k", "model.hf_repo=Qwen/Qwen3-8B",
     "resume=auto", "resume=never", "logger.wandb.project=mine", "tags=[a,b]", "+extra.note='x:y /z http://q'",
     "~cluster.shm_dir", "eval.benchmarks=[gsm8k]", "trainer.lr=1e-3", "logger.mlflow.tracking_uri=null",
-    "algorithm.max_tokens=${eval.max_tokens}",
+    "algorithm.max_tokens=${eval.max_tokens}", "verifier_set.members=[{name: v, kind: majority}]",
+    "logger.trackers=[{name: csv, options: {prefix: reward}}]", "cluster.job_options={queue: gpu}",
 ])
 def test_plain_data_passes(override: str) -> None:
     assert check_overrides([override], "m") == [override]

@@ -7,8 +7,9 @@ from __future__ import annotations
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rlexp.config.reward import RewardConfig, VerifierConfig, chosen_verifiers
+from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.config.schema import register_configs
+from rlexp.rewards.registry import reward_class
 from rlexp.rewards.weaver import WeaverOptions
 from tests.conftest import REPO
 
@@ -41,7 +42,7 @@ def test_every_arm_composes_on_qwen3_8b_math_with_fair_debiasing():
             members = [VerifierConfig(**m) for m in listed]  # the set the run scores with (verifier_set=math)
             if reward.name == "single_rm":
                 assert opts["debias_answers"] is True and opts["reference_groups"] == 128, arm
-                picked = chosen_verifiers("single_rm", opts, members)[0]
+                picked = reward_class(reward.name).chosen_verifiers(opts, members)[0]
                 assert picked.kind == "reward_model"
                 assert picked.name == ("rm_skywork_qwen3_4b" if arm == "best_verifier" else "rm_skywork_llama8b")
             elif reward.name == "weaver":

@@ -219,7 +219,7 @@ def host_line(cfg: Any) -> str:
     from rlexp.cluster.registry import JOBS
 
     try:
-        job = JOBS.get(str(cfg.cluster.job))
+        job = JOBS.find(str(cfg.cluster.job))
         plan = check_host(sizes_of(cfg, bool(job and job.one_machine)))
     except HostPlanError as e:
         return f"refused: {e}"
@@ -238,7 +238,7 @@ def check_sizes(cfg: Any) -> None:
     from rlexp.cluster.registry import JOBS
 
     try:
-        job = JOBS.get(str(cfg.cluster.job))
+        job = JOBS.find(str(cfg.cluster.job))
         s = sizes_of(cfg, bool(job and job.one_machine))
     except (OmegaConfBaseException, AttributeError, TypeError, ValueError):
         return

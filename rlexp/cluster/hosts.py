@@ -55,6 +55,7 @@ def check_cluster(c: ClusterConfig) -> None:
     if backend.own_hosts and total and c.device == "cuda" and total != c.hosts:
         raise ValueError(f"cluster.hosts={c.hosts} but cluster.hosts_per_role adds up to {total} hosts "
                          f"({c.role_hosts}): set cluster.hosts={total} so `rlexp plan` counts them")
+    backend.settings(c)  # its typed settings: an unknown or mistyped option stops here
     backend.check(c)
     job_spec(c)
 

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from rlexp.cluster.registry import job_backend
-from rlexp.config.reward import VerifierConfig, chosen_verifiers, is_served
+from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError
 
@@ -36,24 +36,29 @@ def _verifier(v: Any) -> VerifierConfig:
     if isinstance(v, VerifierConfig):
         return v
     v = _plain(v)
-    return VerifierConfig(name=str(v.get("name", "")), kind=str(v.get("kind", "rule")),  # type: ignore[arg-type]
+    return VerifierConfig(name=str(v.get("name", "")), kind=str(v.get("kind", "rule")),
                           options=dict(v.get("options") or {}), replicas=int(v.get("replicas", 1)),
                           memory_gb=float(v.get("memory_gb", 0.0)))
 
 
 def reward_verifiers(c: TrainConfig) -> list[VerifierConfig]:
-    """The served model verifiers the configured reward scores with (`chosen_verifiers` over `reward.verifiers`,
-    or else the members of `verifier_set`). A choice the reward would refuse serves nothing here and fails with
-    the reward's own message in `prepare`."""
+    """The served model verifiers the configured reward scores with (its `chosen_verifiers` over
+    `reward.verifiers`, or else the members of `verifier_set`). A choice the reward would refuse (or
+    an unknown reward or verifier kind) serves nothing here and fails with its own message in
+    `prepare`."""
+    from rlexp.rewards.registry import reward_class  # the rewards and verifier kinds, registered
+    from rlexp.rewards.verifiers.kinds import is_served
+
     reward = _field(c, "reward")
     members = list(_field(reward, "verifiers", None) or []) or list(_field(_field(c, "verifier_set"), "members", None)
                                                                    or [])
     options = dict(_plain(_field(reward, "options", None)) or {})
     try:
-        chosen = chosen_verifiers(str(_field(reward, "name", "")), options, [_verifier(v) for v in members])
+        chosen = reward_class(str(_field(reward, "name", ""))).chosen_verifiers(
+            options, [_verifier(v) for v in members])
+        return [v for v in chosen if is_served(v)]
     except ValueError:
         return []
-    return [v for v in chosen if is_served(v)]
 
 
 def own_hosts(c: TrainConfig) -> dict[str, int]:

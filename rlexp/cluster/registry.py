@@ -8,11 +8,11 @@ only the controller builds the job)."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 from rlexp.config.schema import ClusterConfig
-from rlexp.registry import IMPORTED, PluginError, import_module
+from rlexp.config.validate import check_options
+from rlexp.registry import Registry
 
 
 class JobBackend:
@@ -24,6 +24,23 @@ class JobBackend:
     one_machine: ClassVar[bool] = False  # every host is a process of the controller's machine (/dev/shm reaches all)
     local_devices: ClassVar[bool] = False  # the run's GPUs are this machine's: `rlexp plan` checks they exist here
     remote_rendezvous: ClassVar[bool] = False  # a trainer on hosts of its own finds its port on its rank-0 host
+    # The backend's own settings: a dataclass filled from `cluster.job_options` (typed, unknown keys
+    # refused). None: it takes none (the built-in slurm and kubernetes read their schema sections,
+    # `cluster.slurm` ...).
+    Settings: ClassVar[type | None] = None
+
+    @classmethod
+    def settings(cls, c: ClusterConfig) -> Any:
+        """`cluster.job_options` as this backend's `Settings` (None when it declares none and none
+        are given)."""
+        options = dict(getattr(c, "job_options", None) or {})
+        if cls.Settings is None:
+            if options:
+                raise ValueError(f"cluster.job_options={options}: cluster.job={cls.name} takes no "
+                                 f"options; "
+                                 f"remove them")
+            return None
+        return check_options(cls.Settings, options, f"cluster.job_options (cluster.job={cls.name})")
 
     @classmethod
     def kwargs(cls, c: ClusterConfig) -> dict[str, Any]:
@@ -50,34 +67,14 @@ class JobBackend:
         return f"{cls.name} job"
 
 
-JOBS: dict[str, type[JobBackend]] = {}
-
-
-def register_job(name: str) -> Callable[[type[JobBackend]], type[JobBackend]]:
-    def deco(cls: type[JobBackend]) -> type[JobBackend]:
-        cls.name = name
-        JOBS[name] = cls
-        return cls
-
-    return deco
+JOBS: Registry[type[JobBackend]] = Registry(
+    "cluster.job", JobBackend,
+    "a JobBackend subclass registered with @rlexp.cluster.registry.register_job",
+    registered_only=True)
+register_job = JOBS.register
 
 
 def job_backend(name: str) -> type[JobBackend]:
-    """The backend `cluster.job=name` stands for; ValueError naming the choices for an unknown one."""
-    name = str(name)
-    if ":" in name:
-        mod, _, attr = name.partition(":")
-        try:  # the same import (and error: module, cause, sys.path) as every other plug-in (rlexp.registry)
-            cls = getattr(import_module(mod, f"cluster.job={name}"), attr, None)
-        except PluginError as e:
-            raise ValueError(str(e)) from None
-        if not (isinstance(cls, type) and issubclass(cls, JobBackend)) or JOBS.get(cls.name) is not cls:
-            raise ValueError(f"cluster.job={name}: {mod} has no JobBackend subclass {attr!r} registered with "
-                             f"@rlexp.cluster.registry.register_job")
-        IMPORTED[mod] = None  # recorded in the manifest with its source hash, like every plug-in
-        return cls
-    cls = JOBS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown cluster.job={name!r}; choose one of {', '.join(sorted(JOBS))}, or name a job "
-                         f"module's class as package.module:Class")
-    return cls
+    """The backend `cluster.job=name` stands for: a registered name or `package.module:Class`; an
+    unknown one is a `PluginError` (a ValueError) naming the close matches and the choices."""
+    return JOBS.get(str(name))

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
-from rlexp.config.trust import DATA, ENDPOINT, LOCATION
+from rlexp.config.trust import CODE, DATA, ENDPOINT, LOCATION, OPTIONS
 
 # auto: WANDB_DISABLED / WANDB_MODE when set, else offline unless WANDB_API_KEY is set.
 WandbMode = StrEnum("WandbMode", {v: v for v in ("auto", "offline", "online", "disabled")})
@@ -32,9 +33,23 @@ class MlflowConfig:
 
 
 @dataclass
+class TrackerConfig:
+    """One more tracker (a plug-in's: docs/plugins.md, examples/my_tracker), beside JSONL and the
+    sections above."""
+
+    # A registered tracker's name (`@rlexp.tracking.base.register_tracker` in a module listed in
+    # `plugins`), or package.module:Class for one outside rlexp.
+    name: str = field(default="", metadata=CODE)
+    # Its settings, checked against the tracker's `Options` dataclass before the run starts.
+    options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)
+
+
+@dataclass
 class LoggerConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    # Trackers of your own, each receiving the same metrics, tables and artifacts as the built-ins.
+    trackers: list[TrackerConfig] = field(default_factory=list)
     log_every_n_steps: int = 1
     rollout_samples: int = 8
     # Rollout tables (JSONL, W&B, MLflow) every this many steps and at the last step, apart from evaluation.

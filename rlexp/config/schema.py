@@ -200,6 +200,10 @@ class ClusterConfig:
     # for tests and rehearsal), slurm, kubernetes; any registered job kind (rlexp/cluster/registry.py, checked in
     # `prepare`, which lists them), or package.module:Class for one outside rlexp.
     job: str = field(default="local", metadata=CODE)
+    # Settings of a job backend that declares a `Settings` dataclass (a user's backend:
+    # docs/plugins.md), checked against it in `prepare`; the built-in slurm and kubernetes read
+    # `cluster.slurm` / `cluster.kubernetes`.
+    job_options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)
     device: Device = Device.cpu
     # Hosts the GPU planner counts (`rlexp plan`); with `hosts_per_role` it must equal their sum.
     hosts: int = 1

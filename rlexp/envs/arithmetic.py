@@ -38,7 +38,8 @@ class ArithmeticOptions:
 
 @register_env("arithmetic")
 class Arithmetic(Environment):
-    verifier_kinds = Environment.verifier_kinds | {"rule"}  # the arithmetic checks in rewards/verifiers/arithmetic.py
+    # the arithmetic checks in rewards/verifiers/arithmetic.py
+    own_verifier_kinds = frozenset({"rule"})
     Options = ArithmeticOptions
 
     def _terms(self) -> tuple[int, int]:

@@ -41,8 +41,12 @@ class Environment:
     name: ClassVar[str] = ""
     # Tokens after which generation stops (e.g. "\n"); the generator also stops at EOS.
     stop: ClassVar[tuple[str, ...]] = ()
-    # Verifier kinds a label-free reward may score this environment with (checked before anything spawns).
-    verifier_kinds: ClassVar[frozenset[str]] = frozenset({"format", "majority", "reward_model", "lm_judge"})
+    # Verifier kinds a label-free reward may score this environment with (checked before anything
+    # spawns): None, every kind that declares itself generic (rlexp/rewards/verifiers/kinds.py),
+    # plus `own_verifier_kinds` (the kinds written for this task, e.g. its rules); a set: exactly
+    # those.
+    verifier_kinds: ClassVar[frozenset[str] | None] = None
+    own_verifier_kinds: ClassVar[frozenset[str]] = frozenset()
     # Which LM-judge template fits its answers: free_form (a number, an expression) or multiple_choice.
     answer_format: ClassVar[str] = "free_form"
     # The dataclass of `environment.options` (names, types, defaults): an unknown name is refused, with the close

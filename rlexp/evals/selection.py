@@ -39,8 +39,9 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from rlexp.config.paths import CONF_DIR
-from rlexp.config.reward import VerifierConfig, VerifierSetConfig, is_served
+from rlexp.config.reward import VerifierConfig, VerifierSetConfig
 from rlexp.evals.metrics import pass_at_k, wilson_interval
+from rlexp.rewards.verifiers.kinds import is_served, supported_kinds, supports
 from rlexp.types import Problem
 
 log = logging.getLogger(__name__)
@@ -176,10 +177,12 @@ class Selector:
             return
         if verifier_set is None:
             raise SelectionError(f"selection={self.modes} needs a verifier set")
-        bad = [v.name for v in verifier_set.members if str(v.kind) not in env.verifier_kinds]
+        kinds = supported_kinds(env)
+        bad = [v.name for v in verifier_set.members if not supports(env, v)]
         if bad:
             raise SelectionError(f"verifier_set={verifier_set.name}: verifier(s) {bad} are of kinds environment="
-                                 f"{env.name} does not support (it supports {sorted(env.verifier_kinds)}); use the "
+                                 f"{env.name} does not support (it supports {sorted(kinds)}); "
+                                 f"use the "
                                  f"set made for it (verifier_set={env.name}) or another")
         members = list(verifier_set.members)
         if any(is_served(v) for v in members):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from rlexp.config.reward import RewardConfig
+from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.registry import Registry
 from rlexp.rewards.crossing import checked
 from rlexp.types import Problem, RewardOutput, Sample
@@ -39,6 +39,16 @@ class Reward:
     # The verifiers a label-free reward scores with; model verifiers among them get their model attached by
     # the reward service (rlexp.actors.reward) once their services are up.
     verifiers: list[Any]
+
+    @classmethod
+    def chosen_verifiers(cls, options: dict[str, Any],
+                         members: list[VerifierConfig]) -> list[VerifierConfig]:
+        """The verifiers this reward scores with, from its options and the available members
+        (`reward.verifiers`, or else the verifier set's): what it declares it needs, so the GPU
+        layout serves those and no others. The default: a label-free reward (Weaver and its presets)
+        scores with every member, one that reads gold labels with none. A reward that picks
+        (single_rm) or needs none though label-free overrides this."""
+        return [] if cls.needs_gold else list(members)
 
     def __init__(self, cfg: RewardConfig, env: Any, served: bool = True) -> None:
         """`served`: model verifiers are scored by services of their own (inside a run), or loaded into this

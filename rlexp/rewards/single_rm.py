@@ -18,11 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from rlexp.config.reward import RewardConfig, VerifierConfig, chosen_verifiers
+from rlexp.config.reward import RewardConfig, VerifierConfig
 from rlexp.rewards.base import Reward, plain, register_reward
 from rlexp.rewards.verifiers.base import Verifier
 from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.types import Problem, RewardOutput
+
+# Options of reward=single_rm that belong to the reward, not to a verifier given inline.
+SINGLE_RM_OPTIONS = frozenset({"kind", "name", "transform", "verifier", "debias_answers",
+                               "reference_groups"})
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -33,11 +37,37 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 class SingleRMReward(Reward):
     needs_gold = False
 
+    @classmethod
+    def chosen_verifiers(cls, options: dict[str, Any],
+                         members: list[VerifierConfig]) -> list[VerifierConfig]:
+        """One verifier: given inline (`options.kind`), named (`options.verifier`), the only member,
+        or else the first reward model."""
+        names = [v.name for v in members]
+        if "kind" in options:  # a verifier of its own, given inline
+            return [VerifierConfig(name=str(options.get("name", "")), kind=str(options["kind"]),
+                                   options={k: v for k, v in options.items()
+                                            if k not in SINGLE_RM_OPTIONS})]
+        if "verifier" in options:  # one member of the verifier set, by name
+            match = [v for v in members if v.name == options["verifier"]]
+            if not match:
+                raise ValueError(f"reward=single_rm: options.verifier={options['verifier']!r} "
+                                 f"is not in the "
+                                 f"verifier set {names}; choose one of them")
+            return match[:1]
+        if len(members) == 1:
+            return list(members)
+        rms = [v for v in members if str(v.kind) == "reward_model"]  # "the single reward model"
+        if not rms:
+            raise ValueError(f"reward=single_rm: the verifier set {names} has no reward_model; "
+                             f"choose one member with reward.options.verifier=NAME, or give "
+                             f"options.kind and its options")
+        return rms[:1]
+
     def __init__(self, cfg: RewardConfig, env: Any, served: bool = True) -> None:
         super().__init__(cfg, env, served)
         options = dict(plain(cfg.options) or {})
         verifiers = [v if isinstance(v, VerifierConfig) else VerifierConfig(**v) for v in plain(cfg.verifiers) or []]
-        vcfg = chosen_verifiers("single_rm", options, verifiers)[0]
+        vcfg = self.chosen_verifiers(options, verifiers)[0]
         self.verifier: Verifier = build_verifier(vcfg, env, served=served)
         self.verifiers = [self.verifier]
         # A reward model's logit is unbounded; squash it so reward/mean reads as a probability-like number.

@@ -40,6 +40,7 @@ from rlexp.rewards.base import Reward, plain, register_reward
 from rlexp.rewards.crossing import clip
 from rlexp.rewards.label_model import BinaryLabelModel, LabelModelParams
 from rlexp.rewards.verifiers.base import ServedVerifier, Verifier
+from rlexp.rewards.verifiers.kinds import VERIFIER_KINDS
 from rlexp.rewards.verifiers.registry import build_verifier
 from rlexp.rewards.weaver_metrics import paper_metrics, step_metrics
 from rlexp.rewards.weaver_options import WeaverOptions, balance_threshold
@@ -48,7 +49,7 @@ from rlexp.types import Problem, RewardOutput
 log = logging.getLogger(__name__)
 STATE_VERSION = 2
 # Verifier kinds that measure agreement or readability rather than correctness: the roles they may take.
-SEPARABLE_KINDS = ("majority", "format")
+SEPARABLE_KINDS = tuple(VERIFIER_KINDS.having("separable"))  # as declared (verifiers/kinds.py)
 
 
 @register_reward("weaver")

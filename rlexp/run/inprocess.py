@@ -18,7 +18,7 @@ from rlexp.core.services import Collective, Local, Service, Services
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.run.prepare import Prepared
 from rlexp.run.wiring import Role, wiring
-from rlexp.transport.registry import transport_spec
+from rlexp.transport.registry import AUTO, pair_transport, transport_spec
 
 
 def check_inprocess(p: Prepared) -> None:
@@ -47,7 +47,8 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
     # one process: no per-role GPU masks, every role on this process's device
     w = wiring(p, spawned=False)
     events = asyncio.new_event_loop()  # one loop for every async endpoint, as an actor's process has one
-    weights = transport_spec("shm", run_name, p.cfg)
+    one_host = pair_transport(AUTO, "here", "here")  # what `auto` picks when both ends share a host
+    weights = transport_spec(one_host, run_name, p.cfg)
 
     def local(role: Role, **given: Any) -> Local:
         return Local(role.actor, role.settings, events=events, **given)

@@ -39,7 +39,7 @@ from rlexp.tracking import runlog
 from rlexp.tracking.files import atomic_write_text
 from rlexp.tracking.manifest import read_manifest, update_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
-from rlexp.transport import TransportSpec, shm
+from rlexp.transport import TransportSpec, registry as transports
 from rlexp.transport.registry import pair_transports, resolve, transport_spec
 
 
@@ -138,7 +138,7 @@ class WeightPairs:
         for t in dict.fromkeys(self.g.transports):
             server = resolve(t).server
             if server is not None:
-                self.servers[t] = self.g.spawn("weights" if t == "monarch" else f"weights_{t}", server,
+                self.servers[t] = self.g.spawn(transports.server_actor(t), server,
                                                mesh=first_proc(trainer_mesh))
 
     def spawn_generator(self, role: Role) -> Any:
@@ -482,29 +482,16 @@ def _last_line(e: Any) -> str:
 
 
 def release_stale_weights(c: TrainConfig) -> None:
-    """Remove weights published by runs that died without tearing down (kill -9, OOM): folder names end in
-    the controller's pid, so a folder whose process is gone belongs to nobody. Only folders rlexp's shm
-    transport made (`rlexp.transport.shm.owned`: its marker file, this user's, no link) are touched: whatever
-    else `cluster.shm_dir` holds is never deleted."""
-    root = Path(c.cluster.shm_dir)
-    if c.cluster.transport not in ("shm", "auto") or not root.is_dir():
-        return
-    for d in root.iterdir():
-        pid = d.name.rsplit("-", 1)[-1]
-        if not pid.isdigit() or int(pid) == os.getpid() or not shm.owned(d):
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shm.remove_owned(d)
-        except PermissionError:  # alive, another user's
-            pass
+    """Set-up: what runs that died without tearing down (kill -9, OOM) left, freed by each transport
+    that leaves files (`WeightTransport.release_stale`: only what that transport made is touched).
+    """
+    transports.release_stale(c)
 
 
 def release_weights(c: TrainConfig, run_name: str) -> None:
-    """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died first."""
-    if c.cluster.transport in ("shm", "auto"):
-        shm.remove_owned(Path(c.cluster.shm_dir) / run_name)
+    """Clean-up: the run's published weights, freed by their transport, also when the trainer died
+    first."""
+    transports.release(c, run_name)
 
 
 class Elastic:

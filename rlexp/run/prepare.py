@@ -44,9 +44,11 @@ from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.rewards.base import Reward
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
+from rlexp.rewards.verifiers.kinds import supported_kinds, supports
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
 from rlexp.run.warmup import ensure_warm_checkpoint
 from rlexp.tracking.files import fingerprint_examples, hash_files
+from rlexp.tracking.registry import configured_trackers
 from rlexp.transport import check_transport
 
 
@@ -106,6 +108,7 @@ def check_config(cfg: DictConfig) -> TrainConfig:
         check_hosts_fit(t)  # every host's roles fit its GPUs
     check_env_options(t.environment)
     LOSSES.get(t.algorithm.loss)  # a user's loss: imported and kind-checked here, not in the trainer process
+    configured_trackers(t.logger)  # trackers' names and options checked, their modules recorded
     if report is not None and real and not report.ok:
         raise PlanError("the configured layout does not fit:\n" + report.table(), report)
     return t
@@ -304,12 +307,14 @@ def check_prompt_lengths(t: TrainConfig, env_name: str, splits: dict[str, list[A
 
 def check_verifier_kinds(t: TrainConfig, env: Environment) -> None:
     """Every verifier the reward uses must be of a kind the environment supports."""
+    kinds = supported_kinds(env)
     for v in t.reward.verifiers:
-        if str(v.kind) not in env.verifier_kinds:
+        if not supports(env, v):
             raise ConfigError(
                 f"verifier_set={t.verifier_set.name or '?'}: verifier {v.name!r} (kind {v.kind}) cannot score "
-                f"environment={env.name}, which supports the kinds {sorted(env.verifier_kinds)}. Use the set made for "
-                f"it (verifier_set={env.name}, the default when the file conf/verifier_set/{env.name}.yaml "
+                f"environment={env.name}, which supports the kinds {sorted(kinds)}. Use the set "
+                f"made for it (verifier_set={env.name}, the default when the file "
+                f"conf/verifier_set/{env.name}.yaml "
                 f"exists) or list verifiers of those kinds")
 
 

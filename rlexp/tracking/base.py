@@ -39,12 +39,13 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import DictConfig
 
 from rlexp.core.runfolder import nofollow_opener
 from rlexp.errors import failure_reason
+from rlexp.registry import Registry
 
 from .manifest import GIT_DIFF_NAME, MANIFEST_NAME, Manifest, finish_manifest, update_manifest
 
@@ -75,6 +76,20 @@ class Tracker(ABC):
     `start` (the composite finishes everything it tried to start)."""
 
     name: str = "tracker"
+    # The section of the `logger` group that turns it on (`logger.wandb.enabled`) and holds its
+    # settings: the built-ins' typed sections. Empty: it is turned on by an entry of
+    # `logger.trackers` (a plug-in's way).
+    section: ClassVar[str] = ""
+    # The dataclass of its entry's `options` in `logger.trackers` (unknown names refused with the
+    # close matches); None: it takes none.
+    Options: ClassVar[type | None] = None
+
+    @classmethod
+    def from_logger(cls, options: Any, logger_cfg: Any) -> Tracker:
+        """The tracker for one run: `options` is its section (a built-in's) or its `Options`
+        instance (None when it declares none); `logger_cfg` the whole `logger` group, for the
+        settings trackers share (`system_metrics_interval_s`, `runs_root`)."""
+        return cls() if options is None else cls(options)  # type: ignore[call-arg]
 
     @abstractmethod
     def start(self, cfg: DictConfig | Mapping[str, Any], run_dir: Path, manifest: Manifest) -> None: ...
@@ -94,6 +109,27 @@ class Tracker(ABC):
 
     @abstractmethod
     def finish(self, status: str) -> None: ...
+
+
+def setting(node: Any, key: str) -> Any:
+    """`node.key` for a DictConfig, a dict or a dataclass (the logger group arrives as any of them);
+    None if absent."""
+    if node is None:
+        return None
+    if isinstance(node, DictConfig):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.select(node, key)
+    if isinstance(node, Mapping):
+        return node.get(key)
+    return getattr(node, key, None)
+
+
+# Trackers by name (`logger.trackers[].name`, or a built-in's section); a user's is registered with
+# `@register_tracker("name")` in a module listed in `plugins`, or named as package.module:Class.
+TRACKERS: Registry[type[Tracker]] = Registry(
+    "tracker", Tracker, "a subclass of rlexp.tracking.base.Tracker; see examples/my_tracker")
+register_tracker = TRACKERS.register
 
 
 class JsonlTracker(Tracker):

@@ -45,7 +45,7 @@ from omegaconf import DictConfig
 
 from rlexp.core.runfolder import artifact_files
 
-from .base import Tracker, safe_name
+from .base import Tracker, register_tracker, safe_name, setting
 from .files import file_lock
 from .hydra_run import group_tags, name_from_overrides
 from .manifest import Identity, Manifest
@@ -135,6 +135,7 @@ def aggregate(children: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+@register_tracker("mlflow")
 @dataclass
 class MlflowTracker(Tracker):
     tracking_uri: str | None = None
@@ -143,7 +144,7 @@ class MlflowTracker(Tracker):
     system_metrics: bool = True
     system_metrics_interval_s: float = 10.0
     registered_model: str | None = None
-    name = "mlflow"
+    section = "mlflow"  # logger.mlflow (rlexp/config/logger.py MlflowConfig)
 
     def __post_init__(self) -> None:
         self.client: Any = None
@@ -155,6 +156,12 @@ class MlflowTracker(Tracker):
         self._sampler_due = False
         self.model_version: str | None = None
         self.run_dir: Path | None = None  # artifacts are only regular files inside it
+
+    @classmethod
+    def from_logger(cls, options: Any, logger_cfg: Any) -> MlflowTracker:
+        interval = setting(logger_cfg, "system_metrics_interval_s")
+        return cls.from_config(options, runs_root=setting(logger_cfg, "runs_root"),
+                               system_metrics_interval_s=interval)
 
     @classmethod
     def from_config(cls, c: Any, runs_root: str | None = None,

@@ -1,4 +1,8 @@
-"""Builds the trackers the `logger` config group asks for; imports the implementations (base does not)."""
+"""Builds the trackers the `logger` config group asks for: the JSONL file always, each registered
+tracker whose section is enabled (`logger.wandb.enabled`, the built-ins), and each entry of
+`logger.trackers` (a plug-in's, by name or package.module:Class, with its typed options). Imports
+the built-in implementations (base does not)."""
+
 from __future__ import annotations
 
 import os
@@ -7,20 +11,36 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlexp.tracking.base import JsonlTracker, Tracker, Trackers
+from rlexp.config.validate import ConfigError, check_options
+from rlexp.tracking import mlflow_tracker, wandb_tracker  # noqa: F401  (they register)
+from rlexp.tracking.base import TRACKERS, JsonlTracker, Tracker, Trackers, setting
 from rlexp.tracking.manifest import Manifest
-from rlexp.tracking.mlflow_tracker import MlflowTracker
-from rlexp.tracking.wandb_tracker import WandbTracker
 
 
-def _section(logger_cfg: Any, key: str) -> Any:
-    if logger_cfg is None:
-        return None
-    if isinstance(logger_cfg, DictConfig):
-        return OmegaConf.select(logger_cfg, key)
-    if isinstance(logger_cfg, Mapping):
-        return logger_cfg.get(key)
-    return getattr(logger_cfg, key, None)
+def configured_trackers(logger_cfg: Any) -> list[Tracker]:
+    """The trackers besides JSONL, built (not started): an unknown name or a bad option is refused
+    here, before any run is created remotely."""
+    out: list[Tracker] = []
+    for _, cls in TRACKERS.items():
+        section = setting(logger_cfg, cls.section) if cls.section else None
+        if section is not None and setting(section, "enabled"):
+            out.append(cls.from_logger(section, logger_cfg))
+    for i, entry in enumerate(setting(logger_cfg, "trackers") or []):
+        name = str(setting(entry, "name") or "")
+        cls = TRACKERS.get(name)
+        raw = setting(entry, "options") or {}
+        raw = (
+            OmegaConf.to_container(raw, resolve=True) if isinstance(raw, DictConfig) else dict(raw)
+        )
+        who = f"logger.trackers[{i}] ({name})"
+        if cls.Options is None and raw:
+            raise ConfigError(f"{who}: takes no options, got {sorted(raw)}; remove them")
+        out.append(
+            cls.from_logger(
+                check_options(cls.Options, raw, who) if cls.Options else None, logger_cfg
+            )
+        )
+    return out
 
 
 def build_trackers(
@@ -29,21 +49,17 @@ def build_trackers(
     run_dir: str | os.PathLike[str],
     manifest: Manifest,
 ) -> Trackers:
-    """Trackers for the `logger` config group (JSONL always first). Nothing is started until `with`/`start()`,
-    so building is cheap and config errors surface before any run is created remotely."""
-    trackers: list[Tracker] = [JsonlTracker()]
-    interval = _section(logger_cfg, "system_metrics_interval_s")
-    wb = _section(logger_cfg, "wandb")
-    if wb is not None and _section(wb, "enabled"):
-        trackers.append(WandbTracker.from_config(wb, stats_interval_s=interval))
-    ml = _section(logger_cfg, "mlflow")
-    if ml is not None and _section(ml, "enabled"):
-        trackers.append(MlflowTracker.from_config(ml, runs_root=_section(logger_cfg, "runs_root"),
-                                                  system_metrics_interval_s=interval))
-    every = _section(logger_cfg, "log_every_n_steps")
-    samples = _section(logger_cfg, "rollout_samples")
+    """Trackers for the `logger` config group (JSONL always first). Nothing is started until
+    `with`/`start()`, so building is cheap and config errors surface before any run is created
+    remotely."""
+    trackers: list[Tracker] = [JsonlTracker(), *configured_trackers(logger_cfg)]
+    every = setting(logger_cfg, "log_every_n_steps")
+    samples = setting(logger_cfg, "rollout_samples")
     return Trackers(
-        trackers, cfg, run_dir, manifest,
+        trackers,
+        cfg,
+        run_dir,
+        manifest,
         log_every_n_steps=int(every) if every is not None else 1,
         rollout_samples=int(samples) if samples is not None else None,
     )

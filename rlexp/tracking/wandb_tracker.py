@@ -45,7 +45,7 @@ from omegaconf import DictConfig
 
 from rlexp.core.runfolder import artifact_files
 
-from .base import Tracker
+from .base import Tracker, register_tracker, setting
 from .files import file_lock
 from .hydra_run import group_tags, name_from_overrides, override_key, sweep_size
 from .manifest import Manifest, read_manifest
@@ -109,6 +109,7 @@ def configuration_group(manifest: Manifest) -> str:
     return group
 
 
+@register_tracker("wandb")
 @dataclass
 class WandbTracker(Tracker):
     project: str = "rlexp"
@@ -117,7 +118,7 @@ class WandbTracker(Tracker):
     system_metrics: bool = True
     git: bool = True
     stats_interval_s: float = 15.0
-    name = "wandb"
+    section = "wandb"  # logger.wandb (rlexp/config/logger.py WandbConfig)
 
     def __post_init__(self) -> None:
         self.run: Any = None
@@ -127,6 +128,11 @@ class WandbTracker(Tracker):
         self._sweep_dir: Path | None = None
         self._last_step: int | None = None
         self.run_dir: Path | None = None  # artifacts are only regular files inside it
+
+    @classmethod
+    def from_logger(cls, options: Any, logger_cfg: Any) -> WandbTracker:
+        interval = setting(logger_cfg, "system_metrics_interval_s")
+        return cls.from_config(options, stats_interval_s=interval)
 
     @classmethod
     def from_config(cls, c: Any, stats_interval_s: float | None = None) -> WandbTracker:

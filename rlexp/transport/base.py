@@ -19,20 +19,10 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from rlexp.core.weights import TransportError, WeightSpec, check_weights, spec_of
+from rlexp.registry import Registry
 
 __all__ = ["TRANSPORTS", "TransportError", "TransportSpec", "WeightReceiver", "WeightSink", "WeightSpec",
            "WeightTransport", "check_weights", "register_transport", "spec_of"]
-
-TRANSPORTS: dict[str, type[WeightTransport]] = {}  # name -> publisher class, filled by `register_transport`
-
-
-def register_transport(name: str) -> Callable[[type[WeightTransport]], type[WeightTransport]]:
-    def deco(cls: type[WeightTransport]) -> type[WeightTransport]:
-        cls.name = name
-        TRANSPORTS[name] = cls
-        return cls
-
-    return deco
 
 
 class WeightSink(Protocol):
@@ -85,6 +75,12 @@ class WeightTransport(ABC):
     receiver: ClassVar[type[WeightReceiver]] = WeightReceiver
     one_host: ClassVar[bool] = False
     server: ClassVar[type | None] = None
+    # The name of the server actor, when `server` is set (default `weights_<name>`).
+    server_actor: ClassVar[str] = ""
+    # Whether it leaves anything behind that outlives a run which died without tearing down (files
+    # in /dev/shm): the controller calls `release_stale` before a run and `release` after it for
+    # every such transport the run's `cluster.transport` may pick.
+    leaves_files: ClassVar[bool] = False
 
     @classmethod
     def settings(cls, cfg: Any) -> dict[str, Any]:
@@ -92,6 +88,16 @@ class WeightTransport(ABC):
         The default is `cluster.transport_options.<name>`."""
         options = getattr(cfg.cluster, "transport_options", None) or {}
         return dict(options.get(cls.name) or {})
+
+    @classmethod  # noqa: B027 - optional: most transports leave nothing behind
+    def release_stale(cls, settings: dict[str, Any]) -> None:
+        """Set-up before a run: remove what runs that died without tearing down left (their process
+        is gone). Only what this transport itself made may be touched."""
+
+    @classmethod  # noqa: B027 - optional, as above
+    def release(cls, settings: dict[str, Any], run_name: str) -> None:
+        """Clean-up after a run (also when the trainer died first): remove what this run published.
+        """
 
     @classmethod
     def check(cls, settings: dict[str, Any], *, hosts: int = 1) -> None:
@@ -135,3 +141,13 @@ class TransportSpec:
     module: str
     run_name: str
     settings: dict[str, Any] = field(default_factory=dict)
+
+
+# name -> publisher class, filled by `register_transport`; a class named by import path must be
+# registered (the generators rebuild its receiver by name).
+TRANSPORTS: Registry[type[WeightTransport]] = Registry(
+    "weight transport", WeightTransport,
+    "a WeightTransport subclass registered with @rlexp.transport.base.register_transport",
+    registered_only=True,
+    also=("auto",))  # rlexp.transport.registry.AUTO: a pick per pair
+register_transport = TRANSPORTS.register

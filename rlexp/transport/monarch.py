@@ -203,6 +203,7 @@ class MonarchTransport(WeightTransport):
 
     receiver = MonarchReceiver
     server = WeightServer
+    server_actor = "weights"  # the name its actor has always had (logs, placement.json)
 
     @classmethod
     def settings(cls, cfg: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ resolves `cluster.transport`, picks one per trainer->generator pair and builds e
 named in config as `package.module:Class` (or imported below, for a built-in)."""
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,36 +12,56 @@ import rlexp.transport.shm
 import rlexp.transport.tcp
 import rlexp.transport.torchstore  # noqa: F401 - the built-ins register themselves on import
 from rlexp.config.schema import TrainConfig
-from rlexp.registry import IMPORTED, PluginError, import_module
+from rlexp.registry import PluginError, import_module
 from rlexp.transport.base import TRANSPORTS, TransportError, TransportSpec, WeightReceiver, WeightTransport
 
 AUTO = "auto"  # shm when a pair shares a host, tcp across hosts
+AUTO_PAIR = ("shm", "tcp")  # what `auto` picks: (one host, across hosts)
 
 
 def choices() -> list[str]:
     """What `cluster.transport` accepts besides `package.module:Class`."""
-    return [AUTO, *sorted(TRANSPORTS)]
+    return [AUTO, *TRANSPORTS.names()]
 
 
 def resolve(name: str) -> type[WeightTransport]:
     """The transport class `name` stands for: a registered name, or `package.module:Class` (imported here; found
     like any plug-in, `rlexp.core.plugins`: on sys.path, in the working folder or beside a `config_path` folder)."""
-    if ":" in name:
-        mod, _, attr = name.partition(":")
-        try:  # the same import (and error: module, cause, sys.path) as every other plug-in (rlexp.registry)
-            cls = getattr(import_module(mod, f"cluster.transport={name}"), attr, None)
-        except PluginError as e:
-            raise TransportError(str(e)) from None
-        if not (isinstance(cls, type) and issubclass(cls, WeightTransport)) or TRANSPORTS.get(cls.name) is not cls:
-            raise TransportError(f"cluster.transport={name}: {mod} has no WeightTransport subclass {attr!r} "
-                                 f"registered with @rlexp.transport.base.register_transport")
-        IMPORTED[mod] = None  # recorded in the manifest with its source hash, like every plug-in
-        return cls
-    cls = TRANSPORTS.get(name)
-    if cls is None:
-        raise TransportError(f"unknown weight transport {name!r}; choose one of {choices()}, or name a transport "
-                             f"module's class as package.module:Class")
-    return cls
+    if name == AUTO:
+        raise TransportError(f"cluster.transport={AUTO} picks a transport per pair; resolve it "
+                             f"with pair_transport")
+    try:
+        return TRANSPORTS.get(name)
+    except PluginError as e:  # every registry's lookup and wording; the type callers expect
+        raise TransportError(str(e)) from None
+
+
+def candidates(choice: str) -> list[type[WeightTransport]]:
+    """The transports `cluster.transport=choice` may use in a run: `auto`'s two, or the one named.
+    """
+    return [TRANSPORTS[n] for n in AUTO_PAIR] if choice == AUTO else [resolve(choice)]
+
+
+def release_stale(cfg: TrainConfig) -> None:
+    """Set-up before a run: each transport the run may use removes what dead runs left
+    (`release_stale`)."""
+    for cls in candidates(cfg.cluster.transport):
+        if cls.leaves_files:
+            cls.release_stale(cls.settings(cfg))
+
+
+def release(cfg: TrainConfig, run_name: str) -> None:
+    """Clean-up after a run, also when the trainer died first: each transport removes what the run
+    published."""
+    for cls in candidates(cfg.cluster.transport):
+        if cls.leaves_files:
+            cls.release(cls.settings(cfg), run_name)
+
+
+def server_actor(name: str) -> str:
+    """The actor name of transport `name`'s server (`WeightTransport.server_actor`, default
+    weights_<name>)."""
+    return resolve(name).server_actor or f"weights_{name}"
 
 
 def pair_transport(choice: str, trainer_host: str, generator_host: str) -> str:
@@ -52,7 +71,7 @@ def pair_transport(choice: str, trainer_host: str, generator_host: str) -> str:
     An explicit choice is kept, except a one-host transport (shm) across hosts, which cannot work and is refused."""
     same = trainer_host == generator_host
     if choice == AUTO:
-        return "shm" if same else "tcp"
+        return AUTO_PAIR[0] if same else AUTO_PAIR[1]
     cls = resolve(choice)
     if cls.one_host and not same:
         raise TransportError(f"cluster.transport={choice}: the trainer is on host {trainer_host!r} and a generator on "
@@ -89,8 +108,8 @@ def transport_spec(name: str, run_name: str, cfg: TrainConfig) -> TransportSpec:
 
 
 def _loaded(spec: TransportSpec) -> type[WeightTransport]:
-    importlib.import_module(spec.module)  # registers a transport rlexp does not import (a no-op otherwise)
-    cls = TRANSPORTS.get(spec.name)
+    import_module(spec.module, f"weight transport {spec.name}")  # registers one from outside
+    cls = TRANSPORTS.find(spec.name)
     if cls is None:
         raise TransportError(f"weight transport {spec.name!r}: importing {spec.module} did not register it")
     return cls

@@ -401,6 +401,33 @@ class ShmReceiver(WeightReceiver):
 class ShmTransport(WeightTransport):
     receiver = ShmReceiver
     one_host = True  # /dev/shm is per host
+    leaves_files = True  # a run killed with -9 leaves its folder in RAM: `release_stale` frees it
+
+    @classmethod
+    def release_stale(cls, settings: dict[str, Any]) -> None:
+        """Remove weights published by runs that died without tearing down (kill -9, OOM): folder
+        names end in the controller's pid, so a folder whose process is gone belongs to nobody. Only
+        folders this transport made (`owned`: its marker file, this user's, no link) are touched:
+        whatever else `root` holds is never deleted."""
+        root = Path(settings["root"])
+        if not root.is_dir():
+            return
+        for d in root.iterdir():
+            pid = d.name.rsplit("-", 1)[-1]
+            if not pid.isdigit() or int(pid) == os.getpid() or not owned(d):
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                remove_owned(d)
+            except PermissionError:  # alive, another user's
+                pass
+
+    @classmethod
+    def release(cls, settings: dict[str, Any], run_name: str) -> None:
+        """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died
+        first."""
+        remove_owned(Path(settings["root"]) / run_name)
 
     @classmethod
     def settings(cls, cfg: Any) -> dict[str, Any]:

@@ -8,35 +8,18 @@ from pathlib import Path
 from typing import Any
 
 from rlexp.config.model import ModelConfig
-from rlexp.config.reward import MODEL_KINDS, VerifierConfig, VerifierKind, is_served
-from rlexp.models.hf import CheckpointError, resolve_checkpoint
+from rlexp.config.reward import VerifierConfig
 from rlexp.rewards.base import plain
 from rlexp.rewards.verifiers import arithmetic  # noqa: F401  (registers the arithmetic rules)
-from rlexp.rewards.verifiers.answers import FormatVerifier, MajorityVerifier
-from rlexp.rewards.verifiers.base import RULES, Rule, RuleVerifier, ServedVerifier, Verifier
-from rlexp.rewards.verifiers.lm_judge import LMJudgeVerifier
-from rlexp.rewards.verifiers.reward_model import RewardModelVerifier
-from rlexp.rewards.verifiers.tiny import TINY_VERIFIERS, ensure_tiny_verifier
-
-# Options read by the reward that combines verifiers (Weaver's per-verifier threshold), not by the verifier.
-RESERVED_OPTIONS = frozenset({"threshold"})
-VERIFIER_KINDS = tuple(k.value for k in VerifierKind)
-
-
-def rule_names() -> list[str]:
-    return RULES.names()
-
-
-def build_rule(options: dict[str, Any], who: str) -> Rule:
-    options = {k: v for k, v in options.items() if k not in RESERVED_OPTIONS}
-    rule_name = options.pop("rule", None)
-    if rule_name is None:
-        raise ValueError(f"{who}: a rule verifier needs options.rule; choose one of {rule_names()}")
-    cls = RULES.get(str(rule_name))  # a built-in, a plug-in's, or package.module:Class
-    try:
-        return cls(**options)
-    except TypeError as e:
-        raise ValueError(f"{who}: bad options {options} for rule {rule_name!r}: {e}") from e
+from rlexp.rewards.verifiers.base import ServedVerifier, Verifier
+from rlexp.rewards.verifiers.kinds import (  # noqa: F401  (re-exports build_rule, rule_names)
+    RESERVED_OPTIONS,
+    build_rule,
+    is_served,
+    kind_of,
+    kind_options,
+    rule_names,
+)
 
 
 def build_verifier(cfg: VerifierConfig | dict[str, Any], env: Any = None, *, served: bool = True,
@@ -50,30 +33,21 @@ def build_verifier(cfg: VerifierConfig | dict[str, Any], env: Any = None, *, ser
     if isinstance(cfg, dict):
         cfg = VerifierConfig(**cfg)
     options = dict(plain(cfg.options) or {})
-    kind = str(cfg.kind)
-    name = cfg.name or str(options.get("rule", kind))
-    if kind == "rule":
-        return RuleVerifier(name, build_rule(options, f"verifier {name!r}"))
-    if kind in ("format", "majority"):
-        if env is None:
-            raise ValueError(f"verifier {name!r}: kind {kind} reads answers through the environment")
-        return (FormatVerifier if kind == "format" else MajorityVerifier)(name, env)
-    model_options = {k: v for k, v in options.items() if k not in RESERVED_OPTIONS}
-    if kind in MODEL_KINDS and served and is_served(cfg):
-        return ServedVerifier(name, kind, cfg)
-    if kind == "reward_model":
-        return RewardModelVerifier(name, {**model_options, "device": device})
-    if kind == "lm_judge":
-        judge = LMJudgeVerifier(name, model_options, getattr(env, "answer_format", "free_form"))
-        if not judge.opts.policy:
-            judge.load(device=device)
-        return judge  # a policy judge is attached to the generators by the reward service
-    raise ValueError(f"verifier {cfg.name!r}: unknown kind {kind!r}; choose one of {list(VERIFIER_KINDS)}")
+    kind = kind_of(cfg)  # registered or package.module:Class; an unknown one names close matches
+    name = cfg.name or str(options.get("rule", kind.name or cfg.kind))
+    if kind.model and served and is_served(cfg):
+        return ServedVerifier(name, str(cfg.kind), cfg)
+    typed = kind_options(kind, options, f"verifier {name!r} (kind {cfg.kind})")
+    return kind.build(name, typed, env, device)
 
 
 def verifier_checkpoint(v: VerifierConfig) -> VerifierConfig:
     """`v` with `options.path` set to its checkpoint folder; `tiny` builds a stand-in, `hf_repo` reads the
     Hugging Face cache and never downloads (the error gives the command)."""
+    # torch: imported here, not when the layout reads a reward's verifiers
+    from rlexp.models.hf import CheckpointError, resolve_checkpoint
+    from rlexp.rewards.verifiers.tiny import TINY_VERIFIERS, ensure_tiny_verifier
+
     v = VerifierConfig(**v) if isinstance(v, dict) else v
     o = dict(v.options)
     if "tiny" in o:
