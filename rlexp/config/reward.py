@@ -14,7 +14,10 @@ VerifierKind = StrEnum("VerifierKind", {v: v for v in ("rule", "format", "majori
 
 @dataclass
 class VerifierConfig:
+    # The verifier's name, unique within its set: metrics (`weaver/<name>/tpr`) and
+    # `reward.options.verifier` use it.
     name: str = field(default="", metadata=DATA)
+    # What scores: rule | format | majority | reward_model | lm_judge.
     kind: VerifierKind = VerifierKind.rule
     # Model kinds take their checkpoint as `path` (a local folder), `hf_repo` + `revision` (the Hugging Face
     # cache; never downloaded implicitly) or `tiny` (a stand-in trained here: rlexp.rewards.verifiers.tiny.py).
@@ -22,6 +25,8 @@ class VerifierConfig:
     # Model kinds: processes of the verifier's own service (one GPU each on CUDA), and the memory one
     # replica needs, which `rlexp plan` counts.
     replicas: int = 1
+    # GPU memory one replica needs, in GiB, counted by `rlexp plan` (0: not given: a stand-in or an
+    # unsized checkpoint).
     memory_gb: float = 0.0
 
 
@@ -30,6 +35,7 @@ class VerifierSetConfig:
     """The weak verifiers available for one environment; `verifier_set` defaults to the environment's name
     (conf/verifier_set/<environment>.yaml), so `reward=weaver` finds a set that fits the task."""
 
+    # The set's name (conf/verifier_set/<name>.yaml), recorded in the manifest.
     name: str = field(default="", metadata=DATA)
     members: list[VerifierConfig] = field(default_factory=list)
 
@@ -39,7 +45,10 @@ class RewardConfig:
     name: str = field(default="rule", metadata=CODE)  # registry key: rule | single_rm | weaver | annotated
     # Empty: the members of `verifier_set`. A reward that lists its own verifiers uses those instead.
     verifiers: list[VerifierConfig] = field(default_factory=list)
+    # Processes of the reward's own service; 1 with a pure reward: scored in the controller.
     replicas: int = 1
+    # Reward-specific options (e.g. Weaver's, rlexp.rewards.weaver.WeaverOptions), checked by the
+    # reward.
     options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)
 
 
