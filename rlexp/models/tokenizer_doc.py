@@ -54,7 +54,7 @@ def render(path: Path = ASSET) -> str:
         "",
         "## Any other character",
         "",
-        "Any other character (`→`, `é`, `×`, a non-breaking space, an emoji) would be encoded as `?`. A run",
+        "Any other character (`→`, `é`, `ü`, a non-breaking space, an emoji) would be encoded as `?`. A run",
         "does not let that happen silently: before anything spawns, `rlexp train` checks the held-out",
         "prompts and answers and a seeded sample of the training ones (`rlexp.run.prepare.check_vocabulary`)",
         "and refuses the run, naming the character, its code point and a problem that holds it. Either",
