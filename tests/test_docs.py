@@ -213,3 +213,13 @@ def test_gen_docs_check_passes(cmd):
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "gen_docs.py"), *cmd], capture_output=True,
                        text=True, cwd=REPO, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_config_reference_command_narrows_to_keys_and_groups(capsys):
+    assert reference.main(["trainer.lr", "cluster.slurm"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("trainer.lr (float) = 0.001\n    AdamW learning rate")
+    assert "cluster.slurm.partition (str | None) = null" in out and "cluster.shm_dir" not in out
+    assert reference.main(["trainer.l"]) == 2  # a prefix of a key is not a group
+    assert "no key or group 'trainer.l'" in capsys.readouterr().err
+    assert reference.main(["--markdown"]) == 0 and capsys.readouterr().out == reference.render()

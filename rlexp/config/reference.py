@@ -3,7 +3,7 @@
 A field is documented where it is declared, as in TorchTitan: the comment at the end of its line, or the
 comment lines directly above it (no blank line between). This module reads those comments with `ast` and
 `tokenize` while walking `TrainConfig` from the root, so the reference lists exactly the keys composition
-accepts, with the defaults the schema holds. `python scripts/gen_docs.py` rewrites docs/config.md;
+accepts, with the defaults the schema holds. `python scripts/gen_docs.py` rewrites docs/config.md and `rlexp config-reference` prints it;
 tests/test_docs.py fails when a field has no comment or the file is stale.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import inspect
 import io
+import sys
 import tokenize
 import typing
 from dataclasses import MISSING, dataclass
@@ -158,3 +159,32 @@ def render() -> str:
         out += [f"| `{d.key}` | {_cell(f'`{d.type}`')} | {_cell(f'`{d.default}`')} | {_cell(d.doc)} |"
                 for d in items]
     return "\n".join(out) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """`rlexp config-reference [KEY_OR_GROUP ...]`: the reference in the terminal, optionally narrowed."""
+    import argparse
+    import textwrap
+
+    ap = argparse.ArgumentParser(prog="rlexp config-reference",
+                                 description="Every config key with its type, default and meaning, read from "
+                                             "the typed schema (the same text as docs/config.md).")
+    ap.add_argument("keys", nargs="*", metavar="KEY_OR_GROUP",
+                    help="show only these keys and groups (e.g. trainer, cluster.slurm, algorithm.kl_coef)")
+    ap.add_argument("--markdown", action="store_true", help="print docs/config.md's Markdown instead")
+    args = ap.parse_args(argv)
+    if args.markdown:
+        print(render(), end="")
+        return 0
+    wanted = [k.rstrip(".") for k in args.keys]
+    shown = [d for d in walk()
+             if not wanted or any(d.key == k or d.key.startswith(f"{k}.") for k in wanted)]
+    if not shown:
+        groups = sorted({d.key.split(".")[0] for d in walk()})
+        print(f"rlexp config-reference: no key or group {' '.join(args.keys)!r}; groups and top-level keys: "
+              f"{', '.join(groups)}", file=sys.stderr)
+        return 2
+    for d in shown:
+        print(f"{d.key} ({d.type}) = {d.default}")
+        print(textwrap.fill(d.doc, 100, initial_indent="    ", subsequent_indent="    "))
+    return 0
