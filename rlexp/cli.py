@@ -14,7 +14,8 @@ COMMANDS = {
     "compare": ("rlexp.tracking.compare", "table + plots over run folders, sweeps, MLflow or W&B"),
     "reproduce": ("rlexp.tracking.reproduce", "re-run a run from its manifest and compare metrics exactly"),
     "bench": ("rlexp.bench", "generator tokens/s and weight-sync throughput against baselines"),
-    "config-reference": ("rlexp.config.reference", "every config key: type, default, meaning (docs/config.md)"),
+    "config-reference": ("rlexp.config.reference",
+                         "every config key: type, default, meaning (docs/config.md)"),
 }
 
 

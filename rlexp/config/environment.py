@@ -23,7 +23,8 @@ class EnvConfig:
     # Multi-turn limits: response tokens per episode, the policy's and the environment's (0: the model's context
     # length), and tokens per environment reply (a longer one reaches the model as a short error message).
     max_episode_tokens: int = 0
-    # Tokens per environment reply (multi-turn); a longer one reaches the model as a short error message.
+    # Tokens per environment reply (multi-turn); a longer one reaches the model as a short
+    # error message.
     max_reply_tokens: int = 256
     # Seconds one `step` (a tool call) may take before the model is told it timed out (0: no limit, run inline).
     step_timeout_s: float = 10.0
