@@ -14,12 +14,14 @@ COMMANDS = {
     "compare": ("rlexp.tracking.compare", "table + plots over run folders, sweeps, MLflow or W&B"),
     "reproduce": ("rlexp.tracking.reproduce", "re-run a run from its manifest and compare metrics exactly"),
     "bench": ("rlexp.bench", "generator tokens/s and weight-sync throughput against baselines"),
+    "config-reference": ("rlexp.config.reference",
+                         "every config key: type, default, meaning (docs/config.md)"),
 }
 
 
 def usage() -> str:
     lines = ["usage: rlexp <command> [args]", "", "commands:"]
-    lines += [f"  {name:<10} {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += [f"  {name:<16} {desc}" for name, (_, desc) in COMMANDS.items()]
     lines += ["", "`rlexp <command> --help` (or -h) lists a command's options."]
     return "\n".join(lines)
 

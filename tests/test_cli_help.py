@@ -41,6 +41,7 @@ EXPECTED: dict[str, list[str]] = {
     "reproduce": ["run_dir", "--dry-run", "extra"],
     "bench": ["--sync-mb", "--reps", "--batch", "--prompt-len", "--max-tokens", "--backends", "--skip-sync",
               "--skip-gen", "--out"],
+    "config-reference": ["KEY_OR_GROUP", "--markdown"],
 }
 
 

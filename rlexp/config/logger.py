@@ -13,9 +13,13 @@ WandbMode = StrEnum("WandbMode", {v: v for v in ("auto", "offline", "online", "d
 
 @dataclass
 class WandbConfig:
+    # Log to Weights & Biases (`logger=wandb` or `logger=all` set it).
     enabled: bool = False
+    # auto: WANDB_DISABLED / WANDB_MODE when set, else offline unless WANDB_API_KEY is set.
     mode: WandbMode = WandbMode.auto
+    # W&B project the runs go to.
     project: str = field(default="rlexp", metadata=DATA)
+    # W&B team or user; null: the key's default.
     entity: str | None = field(default=None, metadata=ENDPOINT)
     system_metrics: bool = True  # W&B's own CPU/memory/disk/GPU sampler (its System panel)
     git: bool = True  # the manifest's commit and (redacted) remote in W&B's git fields
@@ -23,9 +27,11 @@ class WandbConfig:
 
 @dataclass
 class MlflowConfig:
+    # Log to MLflow (`logger=mlflow` or `logger=all` set it).
     enabled: bool = False
     # default: MLFLOW_TRACKING_URI, else a SQLite store under the runs folder
     tracking_uri: str | None = field(default=None, metadata=ENDPOINT)
+    # MLflow experiment the runs (and a sweep's parent run) go to.
     experiment: str = field(default="rlexp", metadata=DATA)
     system_metrics: bool = True  # MLflow's own sampler (system/* metrics; needs psutil)
     # Register the final checkpoint (artifact `checkpoints/final`) as a version of this model name; None: don't.
@@ -50,7 +56,9 @@ class LoggerConfig:
     mlflow: MlflowConfig = field(default_factory=MlflowConfig)
     # Trackers of your own, each receiving the same metrics, tables and artifacts as the built-ins.
     trackers: list[TrackerConfig] = field(default_factory=list)
+    # Steps between rows sent to W&B and MLflow (metrics.jsonl gets every step).
     log_every_n_steps: int = 1
+    # Responses per rollout table (rows shown of each step's batch).
     rollout_samples: int = 8
     # Rollout tables (JSONL, W&B, MLflow) every this many steps and at the last step, apart from evaluation.
     rollout_every_n_steps: int = 10

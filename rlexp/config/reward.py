@@ -9,6 +9,8 @@ from rlexp.config.trust import CODE, DATA, OPTIONS
 
 @dataclass
 class VerifierConfig:
+    # The verifier's name, unique within its set: metrics (`weaver/<name>/tpr`) and
+    # `reward.options.verifier` use it.
     name: str = field(default="", metadata=DATA)
     # A registered verifier kind (rlexp/rewards/verifiers/kinds.py): rule (a task-specific check),
     # format (the response states a readable answer), majority (it agrees with its group's most
@@ -21,6 +23,8 @@ class VerifierConfig:
     # Model kinds: processes of the verifier's own service (one GPU each on CUDA), and the memory one
     # replica needs, which `rlexp plan` counts.
     replicas: int = 1
+    # GPU memory one replica needs, in GiB, counted by `rlexp plan` (0: not given: a stand-in or an
+    # unsized checkpoint).
     memory_gb: float = 0.0
 
 
@@ -29,6 +33,7 @@ class VerifierSetConfig:
     """The weak verifiers available for one environment; `verifier_set` defaults to the environment's name
     (conf/verifier_set/<environment>.yaml), so `reward=weaver` finds a set that fits the task."""
 
+    # The set's name (conf/verifier_set/<name>.yaml), recorded in the manifest.
     name: str = field(default="", metadata=DATA)
     members: list[VerifierConfig] = field(default_factory=list)
 
@@ -40,5 +45,8 @@ class RewardConfig:
     # instead; which of them it scores with, the reward declares
     # (`rlexp.rewards.base.Reward.chosen_verifiers`).
     verifiers: list[VerifierConfig] = field(default_factory=list)
+    # Processes of the reward's own service; 1 with a pure reward: scored in the controller.
     replicas: int = 1
+    # Reward-specific options (e.g. Weaver's, rlexp.rewards.weaver.WeaverOptions), checked by the
+    # reward.
     options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)

@@ -4,7 +4,8 @@ Chosen so that RL from *random* weights learns in minutes on two CPU cores, meas
 single digit (a random policy is right about one time in ten, so most GRPO groups contain both right
 and wrong responses), and the sum depends on how many terms are 1, not on where they stand, so what
 is learned on training problems carries over to held-out ones. A harder variant (two-digit operands,
-last digit of the sum) did not move from chance within 400 steps; see README "The embedded default".
+last digit of the sum) did not move from chance within 400 steps; see docs/quickstart.md, "What
+`rlexp train` does by default".
 
 Held-out problems are term sequences never drawn for training: a fixed quarter of the sequences of
 each sum value. Training draws the sum uniformly first, so every answer is equally common and the
