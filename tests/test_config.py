@@ -124,18 +124,24 @@ def _schema_defaults_repeated(group: str, option: str) -> list[str]:
     base = OmegaConf.structured(TrainConfig)[group]
     found: list[str] = []
 
-    def walk(node: object, d: dict, prefix: str) -> None:
+    def walk(node: object, d: dict, parent: dict, prefix: str) -> None:
         for k, v in d.items():
             if k == "defaults" or not OmegaConf.is_dict(node) or k not in node:
                 continue
             if isinstance(v, dict) and v:
-                walk(node[k], v, f"{prefix}{k}.")
+                walk(node[k], v, parent.get(k) or {}, f"{prefix}{k}.")
                 continue
             default = OmegaConf.to_container(node, resolve=False)[k]
-            if default == v and not (prefix == "" and k in ("name", "backend", "mode")):
+            overrides_parent = k in parent and parent[k] != v  # a parent option set it otherwise
+            if default == v and not overrides_parent and not (prefix == "" and k in ("name", "backend", "mode")):
                 found.append(f"{prefix}{k}")
 
-    walk(base, OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml")) or {}, "")
+    own = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml")) or {}
+    parent: dict = {}
+    for entry in own.get("defaults", []):  # options this one extends, e.g. `- slurm` in its defaults list
+        if isinstance(entry, str) and entry != "_self_" and (CONF / group / f"{entry}.yaml").is_file():
+            parent.update(OmegaConf.to_container(OmegaConf.load(CONF / group / f"{entry}.yaml")) or {})
+    walk(base, own, parent, "")
     return found
 
 
