@@ -6,13 +6,12 @@ runs the loop, and teardown runs in `finally` and on SIGTERM, so no process outl
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +26,20 @@ from rlexp.cluster.hosts import LOCAL, ROLES, Host, Hosts
 from rlexp.cluster.layout import assign_gpus
 from rlexp.cluster.registry import job_backend
 from rlexp.config.schema import TrainConfig
+from rlexp.config.typed import recorded
 from rlexp.core import gpu_mask
 from rlexp.core.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.errors import RunStopped
 from rlexp.run import checkpoints
 from rlexp.run.controller import Controller
+from rlexp.run.elastic import Elastic
+from rlexp.run.interrupts import Interrupts, report_fault, stop_checkpoint, stop_message
 from rlexp.run.phases import Phases
 from rlexp.run.prepare import Prepared, prepare
 from rlexp.run.wiring import Role, generator_role, reward_in_controller, reward_role, wiring, with_master_port
 from rlexp.tracking import runlog
 from rlexp.tracking.files import atomic_write_text
-from rlexp.tracking.manifest import read_manifest, update_manifest, write_start_manifest
+from rlexp.tracking.manifest import read_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
 from rlexp.transport import TransportSpec, shm
 from rlexp.transport.registry import pair_transports, resolve, transport_spec
@@ -384,13 +386,15 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     if phases is None:
         phases = Phases(since_start=True)
         phases.done("started, config composed")
-    composed = copy.deepcopy(cfg)  # the resume hash is of this: before `prepare` fills in derived values
     p = prepare(cfg)  # refuses a bad value (an interpolation of the wrong type, say) naming the key
-    cfg_hash = checkpoints.resume_hash(composed)
+    # the resume hash is of the config as composed (after `prepare`: a plug-in may add a resolver); `prepare`
+    # derives values in the typed config only
+    cfg_hash = checkpoints.resume_hash(cfg)
+    record = recorded(cfg, p.cfg)  # what the manifest and the trackers record: with the derived values
     phases.done("checks done (config, memory plan, data, reward, model files)")
     resume_from = checkpoints.resume_point(run_dir, p.cfg.resume, p.cfg.steps, p.cfg.force_resume, cfg_hash,
-                                           checkpoints.resume_hash(cfg), say=runlog.announce)
-    manifest = write_start_manifest(run_dir, cfg, sys.argv, p.seeds,
+                                           checkpoints.resume_hash(record), say=runlog.announce)
+    manifest = write_start_manifest(run_dir, record, sys.argv, p.seeds,
                                     {**p.extra, "resumed_from": str(resume_from) if resume_from else None})
     run_name = f"{run_dir.name}-{os.getpid()}"
     release_stale_weights(p.cfg)
@@ -400,7 +404,7 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     previous_hook = monarch.actor.unhandled_fault_hook
     monarch.actor.unhandled_fault_hook = report_fault  # handled here: callers see the error, services recover
     try:
-        with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers, interrupts.record_on_exit():
+        with build_trackers(p.cfg.logger, record, run_dir, manifest) as trackers, interrupts.record_on_exit():
             graph = Graph(Hosts(p.cfg.cluster))
             phases.done(f"hosts up (cluster={p.cfg.cluster.name})")
             build_graph(p, run_name, graph, run_dir, phase=phases.done)
@@ -444,43 +448,6 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
             signal.signal(sig, handler)
 
 
-def stop_checkpoint(ctl: Controller, interrupts: Interrupts, run_dir: Path) -> None:
-    """SIGTERM or SIGUSR1 (a scheduler's notice before it kills): the step just done is checkpointed,
-    whatever `checkpoint.every_n_steps` says, and the manifest says why the run stopped and how to continue
-    it, before the run stops (`Interrupts.check`). A second signal while the checkpoint is written is only
-    announced (the write is atomic either way: a cut one leaves no folder behind); a third stops at once."""
-    assert interrupts.pending is not None
-    name = signal.Signals(interrupts.pending).name
-    with interrupts.shielded(f"writing the checkpoint of step {ctl.state.step}"):
-        ckpt = ctl.checkpoint_now()
-        command = checkpoints.resume_command(read_manifest(run_dir).command, run_dir)
-        update_manifest(run_dir, interrupted={"signal": name, "step": ctl.state.step, "checkpoint": str(ckpt),
-                                              "resume": command})
-    runlog.announce(f"[rlexp] {name}: checkpoint {ckpt} written at step {ctl.state.step}; stopping. Continue "
-                    f"with: {command}")
-
-
-def stop_message(e: BaseException, step: int, last: Path | None) -> str:
-    what = (f"a trainer process died at step {step + 1} ({_last_line(e)}). Trainer ranks hold the only copy of "
-            f"the optimizer state, so the run cannot go on without them"
-            if is_process_failure(e) else f"at step {step + 1}: {e}")
-    return what + (f". The last checkpoint, {last}, is intact: continue with the same command plus resume=auto"
-                   if last else ". No checkpoint was written yet (checkpoint.every_n_steps): start again "
-                                                     "with resume=restart")
-
-
-def report_fault(failure: Any) -> None:
-    """Monarch's hook for a process failure nobody supervises: by default it exits the controller. Here it
-    only reports; the call that was waiting on the process raises, and its service respawns or retires the
-    replica (rlexp/core/services.py), or, for a trainer rank, the run stops with its checkpoint intact."""
-    print(f"[rlexp] process failure: {_last_line(failure)}", file=sys.stderr, flush=True)
-
-
-def _last_line(e: Any) -> str:
-    text = str(e).strip()
-    return text.splitlines()[-1].strip()[:300] if text else type(e).__name__
-
-
 def release_stale_weights(c: TrainConfig) -> None:
     """Remove weights published by runs that died without tearing down (kill -9, OOM): folder names end in
     the controller's pid, so a folder whose process is gone belongs to nobody. Only folders rlexp's shm
@@ -505,105 +472,3 @@ def release_weights(c: TrainConfig, run_name: str) -> None:
     """Remove the run's published weights (RAM-backed /dev/shm), also when the trainer died first."""
     if c.cluster.transport in ("shm", "auto"):
         shm.remove_owned(Path(c.cluster.shm_dir) / run_name)
-
-
-class Elastic:
-    """Generator replicas resized between steps: write a number to `<run dir>/generator_replicas` and the run
-    adds replicas (new processes, given the current weights first) or retires the newest ones, with a logged
-    reason, at the next step boundary. Samples do not change: they depend on `generator.shards`, not on the
-    replicas serving them."""
-
-    FILE = "generator_replicas"
-
-    def __init__(self, graph: Graph, run_dir: Path) -> None:
-        self.graph, self.path = graph, run_dir / self.FILE
-        self._refused: str | None = None  # the last unusable content, announced once
-
-    def check(self) -> None:
-        try:
-            text = self.path.read_text().strip()
-        except (FileNotFoundError, UnicodeDecodeError):
-            return
-        if not text.isdigit() or len(text) > 6:  # a count of replicas, nothing else
-            if text != self._refused:
-                runlog.announce(f"[rlexp] {self.path}: {text[:40]!r} is not a number of replicas; ignored")
-                self._refused = text
-            return
-        want = int(text)
-        svc = self.graph.services.generators if self.graph.services else None
-        if svc is None or self.graph.add_generator is None:
-            return
-        if want < 1:
-            runlog.announce(f"[rlexp] {self.path}: {want} replicas would stop generation; keeping {len(svc)}")
-            return
-        while len(svc) < want:
-            self.graph.add_generator()
-        while len(svc) > want:
-            i = svc.healthy()[-1]
-            svc.retire(i, f"scaled down to {want} ({self.path})")
-            with contextlib.suppress(Exception):
-                self.graph.mesh(f"generator{i}").stop().get(timeout=30)
-
-
-class Interrupts:
-    """Ctrl-C (SIGINT), SIGTERM and SIGUSR1. From the first evaluation to the last step, the first signal
-    stops the run at the end of the current step, where no actor call is half-done: an exception raised
-    inside Monarch's waiting code could leave teardown hanging. SIGTERM and SIGUSR1 (what a scheduler sends
-    before it kills: Slurm at a time limit or preemption, SIGUSR1 ahead of it with `--signal`) first write a
-    checkpoint of that step (`stop_checkpoint`). A second signal, or one during start-up or the final
-    evaluation and export, stops at once. SIGINT ends as KeyboardInterrupt, SIGTERM as exit code 143,
-    SIGUSR1 as 138 (128 + the signal, as a shell reports a process killed by it); all mark the run
-    interrupted. Except while the run's record or that checkpoint is written (`recording`): a signal
-    raised inside the trackers' finish would leave the manifest saying "running", and the run is stopping
-    anyway, so the first one arriving then is only announced; another stops at once (a hung upload)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-    CHECKPOINT = (signal.SIGTERM, signal.SIGUSR1)  # the step done is checkpointed before the run stops
-
-    def __init__(self) -> None:
-        self.deferred = False
-        self.pending: int | None = None
-        self.recording = False
-        self.busy = "writing the run's record"  # what `recording` protects, for the message
-
-    @contextlib.contextmanager
-    def shielded(self, busy: str) -> Iterator[None]:
-        """While the body runs, the first signal is only announced (`busy` says why); another acts at once."""
-        self.recording, self.busy = True, busy
-        try:
-            yield
-        finally:
-            self.recording, self.busy = False, "writing the run's record"
-
-    @contextlib.contextmanager
-    def record_on_exit(self) -> Iterator[None]:
-        """Entered just inside the trackers' `with`: from its exit (the run ending, however) until
-        `recording` is cleared, signals no longer interrupt the trackers' finish."""
-        try:
-            yield
-        finally:
-            self.recording = True
-
-    def handler(self, signum: int, frame: Any) -> None:
-        if self.recording:
-            self.recording = False
-            print(f"\n[rlexp] {signal.Signals(signum).name}: {self.busy} first (send it again to stop now)",
-                  file=sys.stderr, flush=True)
-            return
-        if not self.deferred or self.pending is not None:
-            raise self._exception(signum)
-        self.pending = signum
-        then = "checkpointing and stopping" if signum in self.CHECKPOINT else "stopping"
-        print(f"\n[rlexp] {signal.Signals(signum).name}: {then} after this step (send it again to stop now)",
-              file=sys.stderr, flush=True)
-
-    def check(self, final: bool = False) -> None:
-        if final:
-            self.deferred = False
-        if self.pending is not None:
-            signum, self.pending, self.deferred = self.pending, None, False
-            raise self._exception(signum)
-
-    @staticmethod
-    def _exception(signum: int) -> BaseException:
-        return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)

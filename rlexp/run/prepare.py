@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
 from rlexp.algorithm.grpo import LOSSES
 from rlexp.cluster.cuda_env import check_driver
@@ -25,6 +24,7 @@ from rlexp.cluster.registry import job_backend
 from rlexp.config.overrides import check_composed_keys
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
+from rlexp.config.typed import typed_config
 from rlexp.config.validate import ConfigError, validate
 from rlexp.core.plugins import (
     activate,
@@ -67,53 +67,56 @@ class Prepared:
     reward_pure: bool = False  # `rlexp.rewards.base.Reward.pure`
 
 
-def check_config(cfg: DictConfig) -> TrainConfig:
-    """The composed config as the typed schema, every value checked (`rlexp.config.validate.validate`), the
-    environment's options known (`rlexp.envs.base.Environment.Options`) and, for a real model, the memory plan
-    (a `trainer.micro_batch_size` of 0 becomes the largest that fits) against this machine's devices: the cheap
-    part of `prepare`, so a bad override is refused naming its key in well under a second. Resolving an
-    interpolation that fails (an unset `${oc.env:...}`, a string where a number belongs) is a `ConfigError`
-    too, not a traceback."""
-    check_composed_keys(cfg)
+def check_config(composed: DictConfig) -> TrainConfig:
+    """The composed config as the typed schema (`rlexp.config.typed.typed_config`, the one
+    conversion), every value checked (`rlexp.config.validate.validate`), the environment's options
+    known (`rlexp.envs.base.Environment.Options`) and, for a real model, the memory plan (a
+    `trainer.micro_batch_size` of 0 becomes the largest that fits) against this machine's devices:
+    the cheap part of `prepare`, so a bad override is refused naming its key in well under a
+    second. Values derived here (`rlexp.config.typed.DERIVED_KEYS`) are decided once, in the typed
+    config; the run's record takes them from it (`rlexp.config.typed.recorded`)."""
+    check_composed_keys(composed)
+    cfg = typed_config(composed)
+    # before any name is looked up; a bad one fails here
+    activate(list(cfg.plugins), search_paths(cfg.config_path))
     try:
-        t: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
-    activate(list(t.plugins), search_paths(t.config_path))  # before any name is looked up; a bad one fails here
-    try:
-        job_backend(t.cluster.job)  # the planner and the layout ask the job kind: an unknown one stops here
+        # the planner and the layout ask the job kind: an unknown one stops here
+        job_backend(cfg.cluster.job)
     except ValueError as e:
-        raise ConfigError(f"cluster={t.cluster.name}: {e}") from None
-    real, cuda = t.model.flavor != "tiny", t.cluster.device == "cuda"
-    report = plan_memory(cfg) if real or cuda or t.trainer.micro_batch_size == 0 else None
-    if report is not None and t.trainer.micro_batch_size == 0:  # derived: the largest the plan fits
-        t.trainer.micro_batch_size = cfg.trainer.micro_batch_size = report.micro_batch_size
+        raise ConfigError(f"cluster={cfg.cluster.name}: {e}") from None
+    real, cuda = cfg.model.flavor != "tiny", cfg.cluster.device == "cuda"
+    trainer, generator = cfg.trainer, cfg.generator
+    report = plan_memory(cfg) if real or cuda or trainer.micro_batch_size == 0 else None
+    if report is not None and trainer.micro_batch_size == 0:  # derived: the largest the plan fits
+        trainer.micro_batch_size = report.micro_batch_size
     # derived: vLLM holds the plan
-    if report is not None and cuda and not t.generator.gpu_memory_utilization:
-        t.generator.gpu_memory_utilization = report.gpu_memory_utilization
-        cfg.generator.gpu_memory_utilization = report.gpu_memory_utilization
+    if report is not None and cuda and not generator.gpu_memory_utilization:
+        generator.gpu_memory_utilization = report.gpu_memory_utilization
     # every CUDA run, the tiny model too: the GPUs of the roles this machine hosts, before spawning
-    if cuda and (here := controller_gpus(t)):
-        check_devices(report, t.cluster, needed=here)
-        check_driver()  # this machine's driver runs torch's CUDA build (rlexp doctor prints the details)
-    validate(t, check_weights=check_model_files)
-    check_context(t)
-    check_host(sizes_of(t, job_backend(t.cluster.job).one_machine))  # RAM and processes, before any spawn
-    if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
-        t.cluster.threads_per_proc = cfg.cluster.threads_per_proc = auto_threads(t)
-    if t.cluster.device == "cuda" and t.cluster.gpus_per_host:
-        check_hosts_fit(t)  # every host's roles fit its GPUs
-    check_env_options(t.environment)
-    LOSSES.get(t.algorithm.loss)  # a user's loss: imported and kind-checked here, not in the trainer process
+    if cuda and (here := controller_gpus(cfg)):
+        check_devices(report, cfg.cluster, needed=here)
+        # this machine's driver runs torch's CUDA build (rlexp doctor prints the details)
+        check_driver()
+    validate(cfg, check_weights=check_model_files)
+    check_context(cfg)
+    # RAM and processes, before any spawn
+    check_host(sizes_of(cfg, job_backend(cfg.cluster.job).one_machine))
+    # derived, and recorded: the thread count changes float reductions
+    if cfg.cluster.threads_per_proc is None:
+        cfg.cluster.threads_per_proc = auto_threads(cfg)
+    if cfg.cluster.device == "cuda" and cfg.cluster.gpus_per_host:
+        check_hosts_fit(cfg)  # every host's roles fit its GPUs
+    check_env_options(cfg.environment)
+    # a user's loss: imported and kind-checked here, not in the trainer process
+    LOSSES.get(cfg.algorithm.loss)
     if report is not None and real and not report.ok:
         raise PlanError("the configured layout does not fit:\n" + report.table(), report)
-    return t
+    return cfg
 
 
-def prepare(cfg: DictConfig) -> Prepared:
+def prepare(composed: DictConfig) -> Prepared:
     """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
-    t = check_config(cfg)
+    t = check_config(composed)
     try:
         check_cluster(t.cluster)
     except ValueError as e:
