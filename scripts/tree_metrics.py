@@ -1,7 +1,8 @@
 """How the package's tree reads, counted (issue 21's before/after): modules at the rlexp/ root, longest functions,
 `cfg`/`c` parameters typed `Any`, and (through scripts/import_graph.py) upward imports and package cycles.
-Issue 44 adds: config parameters typed `Any` by any of their names, one-letter parameters (their share of all),
-modules over 500 lines, functions over 80, and (scripts/cfg_trace.py) where the launcher's config goes.
+Issue 44 adds: config parameters typed `Any` by any of their names, one-letter parameters (their
+share of all), modules over 500 lines, functions over 80, and (scripts/cfg_trace.py) where the
+launcher's config goes.
 
     python scripts/tree_metrics.py [--root REPO] [--import-graph SCRIPT]
 
@@ -33,7 +34,8 @@ def count(root: Path) -> dict[str, object]:
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lengths.append((n.end_lineno - n.lineno + 1, f"{f.relative_to(root)}:{n.name}"))
                 args = n.args.posonlyargs + n.args.args + n.args.kwonlyargs
-                typed_any = [a.arg for a in args if a.annotation is not None and ast.unparse(a.annotation) == "Any"]
+                typed_any = [a.arg for a in args
+                             if a.annotation is not None and ast.unparse(a.annotation) == "Any"]
                 any_cfg += sum(1 for a in typed_any if a in ("cfg", "c"))
                 any_config += sum(1 for a in typed_any if a in CONFIG_NAMES or a.endswith("_cfg"))
                 named = [a.arg for a in args if a.arg not in ("self", "cls")]
@@ -46,9 +48,11 @@ def count(root: Path) -> dict[str, object]:
             "longest": ", ".join(f"{name} ({n})" for n, name in lengths[:3]),
             "cfg/c: Any parameters": any_cfg,
             f"config parameters typed Any ({', '.join(CONFIG_NAMES)}, *_cfg)": any_config,
-            "one-letter parameters": f"{one_letter} of {params} ({100 * one_letter / max(1, params):.1f}%)",
+            "one-letter parameters":
+                f"{one_letter} of {params} ({100 * one_letter / max(1, params):.1f}%)",
             "modules over 500 lines": ", ".join(long_modules) or "none",
-            "functions over 80 lines": ", ".join(f"{name} ({n})" for n, name in lengths if n > 80) or "none"}
+            "functions over 80 lines":
+                ", ".join(f"{name} ({n})" for n, name in lengths if n > 80) or "none"}
 
 
 def graph(root: Path, script: Path) -> dict[str, str]:

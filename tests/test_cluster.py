@@ -43,8 +43,7 @@ def test_unset_threads_share_this_machines_cores_among_processes_computing_at_on
 
 
 def test_the_derived_thread_count_is_written_into_the_run_config_and_a_set_one_is_kept() -> None:
-    from rlexp.config.typed import recorded
-    from rlexp.run.prepare import check_config
+    from rlexp.run.prepare import check_config, recorded
     expected = auto_threads(cfg("sync=async"))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         raw = compose("train", overrides=["sync=async"])

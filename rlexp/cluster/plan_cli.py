@@ -31,7 +31,8 @@ from rlexp.core.gpu_mask import MaskError, through_mask
 from rlexp.core.plugins import with_config_path  # `config_path=DIR`: a user's own config folders, as in `rlexp train`
 
 
-def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config_name: str = "train") -> DictConfig:
+def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR,
+                       config_name: str = "train") -> DictConfig:
     """Compose `<config_dir>/<config_name>.yaml` (default rlexp/conf/train.yaml) with Hydra's compose API
     (no working-dir change, no logging)."""
     from hydra import compose, initialize_config_dir
@@ -46,8 +47,8 @@ def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config
 
 
 def print_hosts(cfg: TrainConfig) -> bool:
-    """GPUs per host (roles with hosts of their own number theirs from 0); False when a host cannot hold its
-    roles or a tensor-parallel group would span hosts."""
+    """GPUs per host (roles with hosts of their own number theirs from 0); False when a host cannot
+    hold its roles or a tensor-parallel group would span hosts."""
     try:
         _, used = gpu_layout(cfg)
     except ValueError:  # a job kind rlexp cannot find: `rlexp train` refuses it, listing the kinds
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-name", default="train")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        composed = compose_run_config(with_config_path(args.overrides), args.config_dir, args.config_name)
+        composed = compose_run_config(with_config_path(args.overrides), args.config_dir,
+                                      args.config_name)
         cfg = typed_config(composed)  # the one conversion: everything below reads the typed config
         report = plan_memory(cfg, args.headroom)
     except (PlanError, ConfigError) as e:

@@ -1,15 +1,13 @@
-"""The one conversion from Hydra's composed config to the typed `TrainConfig`, and back for the record.
+"""The one conversion from Hydra's composed config to the typed `TrainConfig`.
 
 Why one place: Hydra composes a `DictConfig`; everything below the entry points (`rlexp train`'s
 `prepare`, `rlexp plan`, the early size check) reads the typed dataclasses, by attribute, with their
 types and defaults. Converting in one function means one error message for a value that cannot be
 converted, and one answer to "which defaults apply" (the schema's, for a config that does not extend
-it, such as a test's partial one). `recorded` goes the other way once, for what the run records.
+it, such as a test's partial one). `rlexp.run.prepare.recorded` goes the other way once, for what
+the run records.
 """
 from __future__ import annotations
-
-import copy
-from operator import attrgetter
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -17,16 +15,12 @@ from omegaconf.errors import OmegaConfBaseException
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError
 
-# Values `prepare` derives when the composed config leaves them unset (`trainer.micro_batch_size=0`, an unset
-# `cluster.threads_per_proc`, `generator.gpu_memory_utilization=0` on CUDA): decided once, in the typed config,
-# and copied into the record by `recorded`.
-DERIVED_KEYS = ("trainer.micro_batch_size", "generator.gpu_memory_utilization", "cluster.threads_per_proc")
-
 
 def typed_config(composed: DictConfig) -> TrainConfig:
-    """`composed` as a `TrainConfig`: merged onto the schema when it does not extend it already (every
-    missing value takes the schema's default), interpolations resolved. A value that cannot be converted
-    (an unset `${oc.env:...}`, a string where a number belongs) is a `ConfigError` naming its key."""
+    """`composed` as a `TrainConfig`: merged onto the schema when it does not extend it already
+    (every missing value takes the schema's default), interpolations resolved. A value that cannot
+    be converted (an unset `${oc.env:...}`, a string where a number belongs) is a `ConfigError`
+    naming its key."""
     try:
         if OmegaConf.get_type(composed) is not TrainConfig:
             composed = OmegaConf.merge(OmegaConf.structured(TrainConfig), composed)
@@ -36,13 +30,3 @@ def typed_config(composed: DictConfig) -> TrainConfig:
         raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
     assert isinstance(cfg, TrainConfig)
     return cfg
-
-
-def recorded(composed: DictConfig, cfg: TrainConfig) -> DictConfig:
-    """What the run records as its config (the manifest, the trackers): the composed config as given, with
-    the values `prepare` derived (`DERIVED_KEYS`) taken from the typed `cfg`. A copy: `composed` itself
-    stays as composed (the resume hash is taken of it)."""
-    out = copy.deepcopy(composed)
-    for key in DERIVED_KEYS:
-        OmegaConf.update(out, key, attrgetter(key)(cfg), merge=False)
-    return out

@@ -1,8 +1,10 @@
 """Generator replicas resized between steps, from a number written into the run folder.
 
-Why a module of its own: resizing is a control loop over a running graph (read the file, add or retire
-replicas at a step boundary), not part of spawning it; the launcher only checks it between steps.
+Why a module of its own: resizing is a control loop over a running graph (read the file, add or
+retire replicas at a step boundary), not part of spawning it; the launcher only checks it between
+steps.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -16,10 +18,10 @@ if TYPE_CHECKING:
 
 
 class Elastic:
-    """Generator replicas resized between steps: write a number to `<run dir>/generator_replicas` and the run
-    adds replicas (new processes, given the current weights first) or retires the newest ones, with a logged
-    reason, at the next step boundary. Samples do not change: they depend on `generator.shards`, not on the
-    replicas serving them."""
+    """Generator replicas resized between steps: write a number to `<run dir>/generator_replicas`
+    and the run adds replicas (new processes, given the current weights first) or retires the newest
+    ones, with a logged reason, at the next step boundary. Samples do not change: they depend on
+    `generator.shards`, not on the replicas serving them."""
 
     FILE = "generator_replicas"
 
@@ -34,7 +36,9 @@ class Elastic:
             return
         if not text.isdigit() or len(text) > 6:  # a count of replicas, nothing else
             if text != self._refused:
-                runlog.announce(f"[rlexp] {self.path}: {text[:40]!r} is not a number of replicas; ignored")
+                runlog.announce(
+                    f"[rlexp] {self.path}: {text[:40]!r} is not a number of replicas; ignored"
+                )
                 self._refused = text
             return
         want = int(text)
@@ -42,7 +46,9 @@ class Elastic:
         if svc is None or self.graph.add_generator is None:
             return
         if want < 1:
-            runlog.announce(f"[rlexp] {self.path}: {want} replicas would stop generation; keeping {len(svc)}")
+            runlog.announce(
+                f"[rlexp] {self.path}: {want} replicas would stop generation; keeping {len(svc)}"
+            )
             return
         while len(svc) < want:
             self.graph.add_generator()

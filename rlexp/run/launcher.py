@@ -23,10 +23,8 @@ from omegaconf import DictConfig
 from rlexp.actors.buffer import ReplayBuffer
 from rlexp.actors.probe import Probe
 from rlexp.cluster.hosts import LOCAL, ROLES, Host, Hosts
-from rlexp.cluster.layout import assign_gpus
 from rlexp.cluster.registry import job_backend
 from rlexp.config.schema import TrainConfig
-from rlexp.config.typed import recorded
 from rlexp.core import gpu_mask
 from rlexp.core.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.errors import RunStopped
@@ -35,7 +33,7 @@ from rlexp.run.controller import Controller
 from rlexp.run.elastic import Elastic
 from rlexp.run.interrupts import Interrupts, report_fault, stop_checkpoint, stop_message
 from rlexp.run.phases import Phases
-from rlexp.run.prepare import Prepared, prepare
+from rlexp.run.prepare import Prepared, prepare, recorded
 from rlexp.run.wiring import Role, generator_role, reward_in_controller, reward_role, wiring, with_master_port
 from rlexp.tracking import runlog
 from rlexp.tracking.files import atomic_write_text
@@ -61,7 +59,7 @@ class Graph:
         self.services: Services | None = None
         self.add_generator: Callable[[], None] | None = None  # set by build_graph
         self.transports: list[str] = []  # per generator replica: how its weights arrive
-        # mesh name -> each rank's GPUs (`assign_gpus`; empty on CPU)
+        # mesh name -> each rank's GPUs (`rlexp.run.wiring.Wiring.gpus`; empty on CPU)
         self.gpus: dict[str, list[str]] = {}
 
     def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, host: Host | None = None,
@@ -218,8 +216,8 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     the processes are up and as each role has loaded its weights: the long waits of start-up."""
     c = p.cfg
     g = g if g is not None else Graph(Hosts(c.cluster))
-    g.gpus = assign_gpus(c)
     w = wiring(p)
+    g.gpus = w.gpus
     pairs = WeightPairs(g, c, run_name)
     # The trainer's processes first: the machine they run on decides each generator's weight transport. The trainer
     # is one proc, or one per (FSDP x TP) rank (one GPU each on CUDA), `world / hosts` ranks on each host when it
@@ -332,7 +330,7 @@ def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: lis
     job = job_backend(c.cluster.job).describe(c.cluster)
     lines = [f"actor graph (cluster={c.cluster.name}: {job}, {c.cluster.device}, "
              f"{n_hosts} host{'s' if n_hosts > 1 else ''} with the controller's):"]
-    gpus = assign_gpus(c)
+    gpus = g.gpus
     par = c.model.parallelism
     for name, (mesh, host) in g.meshes.items():
         role = {"generator": f"{c.generator.backend} backend, engine ready in {{:.1f}}s",
@@ -387,15 +385,15 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
         phases = Phases(since_start=True)
         phases.done("started, config composed")
     p = prepare(cfg)  # refuses a bad value (an interpolation of the wrong type, say) naming the key
-    # the resume hash is of the config as composed (after `prepare`: a plug-in may add a resolver); `prepare`
-    # derives values in the typed config only
+    # the resume hash is of the config as composed (after `prepare`: a plug-in may add a resolver);
+    # `prepare` derives values in the typed config only
     cfg_hash = checkpoints.resume_hash(cfg)
-    record = recorded(cfg, p.cfg)  # what the manifest and the trackers record: with the derived values
+    record = recorded(cfg, p.cfg)  # what the manifest and the trackers record, derived values too
     phases.done("checks done (config, memory plan, data, reward, model files)")
     resume_from = checkpoints.resume_point(run_dir, p.cfg.resume, p.cfg.steps, p.cfg.force_resume, cfg_hash,
                                            checkpoints.resume_hash(record), say=runlog.announce)
-    manifest = write_start_manifest(run_dir, record, sys.argv, p.seeds,
-                                    {**p.extra, "resumed_from": str(resume_from) if resume_from else None})
+    resumed = {"resumed_from": str(resume_from) if resume_from else None}
+    manifest = write_start_manifest(run_dir, record, sys.argv, p.seeds, {**p.extra, **resumed})
     run_name = f"{run_dir.name}-{os.getpid()}"
     release_stale_weights(p.cfg)
     interrupts = Interrupts()
@@ -404,7 +402,8 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     previous_hook = monarch.actor.unhandled_fault_hook
     monarch.actor.unhandled_fault_hook = report_fault  # handled here: callers see the error, services recover
     try:
-        with build_trackers(p.cfg.logger, record, run_dir, manifest) as trackers, interrupts.record_on_exit():
+        trackers_of_run = build_trackers(p.cfg.logger, record, run_dir, manifest)
+        with trackers_of_run as trackers, interrupts.record_on_exit():
             graph = Graph(Hosts(p.cfg.cluster))
             phases.done(f"hosts up (cluster={p.cfg.cluster.name})")
             build_graph(p, run_name, graph, run_dir, phase=phases.done)

@@ -5,14 +5,16 @@ all checked here, so a bad input costs seconds, not an engine start. Nothing her
 """
 from __future__ import annotations
 
+import copy
 import os
 import random
 import sys
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlexp.algorithm.grpo import LOSSES
 from rlexp.cluster.cuda_env import check_driver
@@ -67,14 +69,32 @@ class Prepared:
     reward_pure: bool = False  # `rlexp.rewards.base.Reward.pure`
 
 
+# Values `prepare` derives when the composed config leaves them unset
+# (`trainer.micro_batch_size=0`, an unset `cluster.threads_per_proc`,
+# `generator.gpu_memory_utilization=0` on CUDA): decided once, in the typed config, and copied into
+# the record by `recorded`.
+DERIVED_KEYS = ("trainer.micro_batch_size", "generator.gpu_memory_utilization",
+                "cluster.threads_per_proc")
+
+
+def recorded(composed: DictConfig, cfg: TrainConfig) -> DictConfig:
+    """What the run records as its config (the manifest, the trackers): the composed config as
+    given, with the values `prepare` derived (`DERIVED_KEYS`) taken from the typed `cfg`. A copy:
+    `composed` itself stays as composed (the resume hash is taken of it)."""
+    out = copy.deepcopy(composed)
+    for key in DERIVED_KEYS:
+        OmegaConf.update(out, key, attrgetter(key)(cfg), merge=False)
+    return out
+
+
 def check_config(composed: DictConfig) -> TrainConfig:
     """The composed config as the typed schema (`rlexp.config.typed.typed_config`, the one
     conversion), every value checked (`rlexp.config.validate.validate`), the environment's options
     known (`rlexp.envs.base.Environment.Options`) and, for a real model, the memory plan (a
     `trainer.micro_batch_size` of 0 becomes the largest that fits) against this machine's devices:
     the cheap part of `prepare`, so a bad override is refused naming its key in well under a
-    second. Values derived here (`rlexp.config.typed.DERIVED_KEYS`) are decided once, in the typed
-    config; the run's record takes them from it (`rlexp.config.typed.recorded`)."""
+    second. Values derived here (`DERIVED_KEYS`) are decided once, in the typed
+    config; the run's record takes them from it (`recorded`)."""
     check_composed_keys(composed)
     cfg = typed_config(composed)
     # before any name is looked up; a bad one fails here

@@ -7,7 +7,7 @@ is passed by the launcher as keyword arguments; everything else an actor is buil
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlexp.actors.generator import Generator
@@ -53,6 +53,8 @@ class Wiring:
     rewards_in_controller: bool
     buffer: BufferSettings
     generator_seeds: tuple[int, ...]  # one per shard of a generate call, fixed for the run
+    # mesh name -> each rank's GPUs (`rlexp.cluster.layout.assign_gpus`; none on CPU or in-process)
+    gpus: dict[str, list[str]] = field(default_factory=dict)
 
     def roles(self) -> list[Role]:
         """The roles that get processes, in spawn order: the trainer first (the machine it lands on decides each
@@ -145,5 +147,5 @@ def wiring(p: Prepared, spawned: bool = True) -> Wiring:
                   # The replay buffer is light state saved in checkpoints, read and written every step: it lives in
                   # the controller (a `Local`), where a step's episodes cost no message each way.
                   buffer=BufferSettings(p.seeds["buffer"], c.sync.policy_age),
-                  generator_seeds=generator_seeds(p))
+                  generator_seeds=generator_seeds(p), gpus=gpus)
 
