@@ -57,7 +57,6 @@ parameters and
   they overlap. Decoding is memory-bound and usually runs below the training MFU: read the
   generation time as a lower bound.
 """
-
 from __future__ import annotations
 
 import math
@@ -135,11 +134,9 @@ class TrainerSetup:
     @property
     def accumulation(self) -> int:
         """Micro-batches per optimizer step on each rank."""
-        return (
-            max(1, math.ceil(self.rows_per_rank / self.micro_batch_size))
-            if self.rows_per_rank
-            else 1
-        )
+        if not self.rows_per_rank:
+            return 1
+        return max(1, math.ceil(self.rows_per_rank / self.micro_batch_size))
 
 
 @dataclass
@@ -178,60 +175,35 @@ class StepTime:
 
     @property
     def step_s(self) -> float:
-        g, t = (
-            self.seconds(self.gen_flops, self.gen_gpus),
-            self.seconds(self.train_flops, self.train_gpus),
-        )
+        g = self.seconds(self.gen_flops, self.gen_gpus)
+        t = self.seconds(self.train_flops, self.train_gpus)
         return max(g, t) if self.overlap else g + t
 
     def lines(self) -> list[str]:
         if not self.peak_tflops or self.mfu <= 0:
-            return [
-                f"time: unknown (set cluster.gpu_peak_tflops, the GPU's peak bf16 TFLOP/s, and "
-                f"cluster.mfu) for {self.gen_flops / 1e15:.1f} PFLOP of generation + "
-                f"{self.train_flops / 1e15:.1f} PFLOP of training per step"
-            ]
-        g, t = (
-            self.seconds(self.gen_flops, self.gen_gpus),
-            self.seconds(self.train_flops, self.train_gpus),
-        )
+            return [f"time: unknown (set cluster.gpu_peak_tflops, the GPU's peak bf16 TFLOP/s, and "
+                    f"cluster.mfu) for {self.gen_flops / 1e15:.1f} PFLOP of generation + "
+                    f"{self.train_flops / 1e15:.1f} PFLOP of training per step"]
+        g = self.seconds(self.gen_flops, self.gen_gpus)
+        t = self.seconds(self.train_flops, self.train_gpus)
         how = "max of the two (sync=async)" if self.overlap else "their sum (sync=on_policy)"
         run_h = self.step_s * self.steps / 3600
-        return [
-            f"time at MFU {self.mfu:g} of {self.peak_tflops:g} TFLOP/s bf16 per GPU (cluster.mfu, "
-            f"cluster.gpu_peak_tflops): generation {self.gen_flops / 1e15:.1f} PFLOP / "
-            f"{self.gen_gpus} GPU(s) = {g:.1f} s, training {self.train_flops / 1e15:.1f} PFLOP / "
-            f"{self.train_gpus} GPU(s) = {t:.1f} s",
-            f"  ~{self.step_s:.1f} s per step ({how}), ~{run_h:.1f} h for {self.steps} steps, plus "
-            f"start-up and evaluation; generation is a lower bound (decoding is memory-bound)",
-        ]
+        gen_pf, train_pf = self.gen_flops / 1e15, self.train_flops / 1e15
+        return [f"time at MFU {self.mfu:g} of {self.peak_tflops:g} TFLOP/s bf16 per GPU "
+                f"(cluster.mfu, cluster.gpu_peak_tflops): generation {gen_pf:.1f} PFLOP / "
+                f"{self.gen_gpus} GPU(s) = {g:.1f} s, training {train_pf:.1f} PFLOP / "
+                f"{self.train_gpus} GPU(s) = {t:.1f} s",
+                f"  ~{self.step_s:.1f} s per step ({how}), ~{run_h:.1f} h for {self.steps} steps, "
+                f"plus start-up and evaluation; generation is a lower bound (decoding is "
+                f"memory-bound)"]
 
 
-def step_time(
-    n_params: int,
-    t: TrainerSetup,
-    g: GeneratorSetup,
-    peak_tflops: float,
-    mfu: float,
-    steps: int,
-    overlap: bool,
-) -> StepTime:
+def step_time(n_params: int, t: TrainerSetup, g: GeneratorSetup, peak_tflops: float, mfu: float,
+              steps: int, overlap: bool) -> StepTime:
     tokens = g.seqs_per_step * g.seq_len
-    train = (
-        ((8 if t.activation_checkpointing else 6) + (2 if t.reference_model else 0))
-        * n_params
-        * tokens
-    )
-    return StepTime(
-        2 * n_params * tokens,
-        train,
-        g.tp * g.replicas,
-        t.fsdp * t.tp,
-        peak_tflops,
-        mfu,
-        steps,
-        overlap,
-    )
+    per_token = (8 if t.activation_checkpointing else 6) + (2 if t.reference_model else 0)
+    return StepTime(2 * n_params * tokens, per_token * n_params * tokens, g.tp * g.replicas,
+                    t.fsdp * t.tp, peak_tflops, mfu, steps, overlap)
 
 
 def fit_micro_batch(arch: ArchConfig, t: TrainerSetup, cap: float | None) -> int:
@@ -260,16 +232,12 @@ def master_weight_items(n: int, shards: int, mixed_precision: bool, dtype: str) 
     (fp32 master weights and AdamW state, bf16 compute), else parameters, gradients and both moments
     in `dtype`."""
     if mixed_precision:
-        return [
-            Item(name, n * b / shards, f"{n:,} x {b} B / {shards}")
-            for name, b in MASTER_BYTES.items()
-        ]
+        return [Item(name, n * b / shards, f"{n:,} x {b} B / {shards}")
+                for name, b in MASTER_BYTES.items()]
     b = _DTYPE_BYTES[dtype]
-    return [
-        Item(f"parameters ({dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
-        Item(f"gradients ({dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
-        Item(f"AdamW m+v ({dtype})", n * 2 * b / shards, f"{n:,} x 2x{b} B / {shards}"),
-    ]
+    return [Item(f"parameters ({dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
+            Item(f"gradients ({dtype})", n * b / shards, f"{n:,} x {b} B / {shards}"),
+            Item(f"AdamW m+v ({dtype})", n * 2 * b / shards, f"{n:,} x 2x{b} B / {shards}")]
 
 
 def largest_tensor(arch: ArchConfig) -> int:
@@ -279,9 +247,8 @@ def largest_tensor(arch: ArchConfig) -> int:
     return max(arch.vocab_size * arch.dim, arch.dim * arch.hidden_dim, (q + 2 * kv) * arch.dim)
 
 
-def trainer_plan(
-    arch: ArchConfig, s: TrainerSetup, capacity_bytes: float | None = None
-) -> RolePlan:
+def trainer_plan(arch: ArchConfig, s: TrainerSetup,
+                 capacity_bytes: float | None = None) -> RolePlan:
     n = param_count(arch)
     shards = s.fsdp * s.tp
     b = _DTYPE_BYTES[s.dtype]
@@ -291,29 +258,16 @@ def trainer_plan(
     unit = max(layer_param_count(arch), arch.vocab_size * arch.dim)
     grad_b = 4 if s.mixed_precision else b
     if s.fsdp > 1:
-        items.append(
-            Item(
-                "FSDP all-gather buffers",
-                2 * unit * (act_b + grad_b) / s.tp,
-                f"2 units x {unit:,} x ({act_b}+{grad_b}) B / tp {s.tp}",
-                FWD_BWD,
-            )
-        )
+        items.append(Item("FSDP all-gather buffers", 2 * unit * (act_b + grad_b) / s.tp,
+                          f"2 units x {unit:,} x ({act_b}+{grad_b}) B / tp {s.tp}", FWD_BWD))
     elif s.mixed_precision:
-        items.append(
-            Item(
-                "bf16 compute copy",
-                n * 2 / s.tp,
-                f"{n:,} x 2 B / tp {s.tp} (autocast's weight cache)",
-                FWD_BWD,
-            )
-        )
+        items.append(Item("bf16 compute copy", n * 2 / s.tp, f"{n:,} x 2 B / tp {s.tp} (autocast's "
+                                                             f"weight cache)",
+                          FWD_BWD))
     tokens = s.micro_batch_size * s.seq_len
     e = activation_elems_per_token_per_layer(arch)
-    whole, split = (
-        4 * arch.dim,
-        e - 4 * arch.dim,
-    )  # per token per layer: replicated over TP / sharded by it
+    # per token per layer: replicated over TP / sharded by it
+    whole, split = 4 * arch.dim, e - 4 * arch.dim
     per_layer = f"({whole} + {split} / tp {s.tp})"
     if s.activation_checkpointing:
         act = (arch.n_layers * arch.dim + whole + split / s.tp) * tokens * act_b
@@ -323,50 +277,31 @@ def trainer_plan(
         act = arch.n_layers * (whole + split / s.tp) * tokens * act_b
         how = f"{arch.n_layers} x {per_layer} x {tokens} tok x {act_b} B"
     items.append(Item("activations", act, how, FWD_BWD))
-    items.append(
-        Item(
-            "logits + logprob grads",
-            tokens * arch.vocab_size * LOGIT_PEAK_BYTES / s.tp,
-            f"{tokens} tok x {arch.vocab_size} x {LOGIT_PEAK_BYTES} B / tp {s.tp}",
-            FWD_BWD,
-        )
-    )
-    items.append(
-        Item(
-            "AdamW foreach temporaries",
-            n * ADAMW_TEMP_STATES * state_b / shards,
-            f"{n:,} x {ADAMW_TEMP_STATES} x {state_b} B / {shards} (sqrt of the second moment)",
-            OPTIM,
-        )
-    )
+    items.append(Item("logits + logprob grads", tokens * arch.vocab_size * LOGIT_PEAK_BYTES / s.tp,
+                      f"{tokens} tok x {arch.vocab_size} x {LOGIT_PEAK_BYTES} B / tp {s.tp}",
+                      FWD_BWD))
+    items.append(Item("AdamW foreach temporaries", n * ADAMW_TEMP_STATES * state_b / shards,
+                      f"{n:,} x {ADAMW_TEMP_STATES} x {state_b} B / {shards} (sqrt of the second "
+                      f"moment)", OPTIM))
     big = largest_tensor(arch)
-    items.append(
-        Item(
-            "weight push (streamed)",
-            big * state_b,
-            f"{big:,} x {state_b} B (the largest tensor, gathered whole, one at a time)",
-            PUSH,
-        )
-    )
+    items.append(Item("weight push (streamed)", big * state_b,
+                      f"{big:,} x {state_b} B (the largest tensor, gathered whole, one at a time)",
+                      PUSH))
     if s.reference_model:
-        items.append(
-            Item("reference model (bf16)", n * 2 / shards, f"{n:,} x 2 B / {shards} (kl_coef > 0)")
-        )
-    items.append(
-        Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, NCCL, fragmentation")
-    )
+        items.append(Item("reference model (bf16)", n * 2 / shards,
+                          f"{n:,} x 2 B / {shards} (kl_coef > 0)"))
+    items.append(Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB,
+                      "CUDA context, NCCL, fragmentation"))
     accum = f" (x{s.accumulation} accumulated)" if s.accumulation > 1 else ""
-    layout = (
-        f"FSDP {s.fsdp} x TP {s.tp}, micro-batch {s.micro_batch_size} x {s.seq_len} tokens{accum}, "
-        f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}, "
-        f"{'fp32 master weights, bf16 compute' if s.mixed_precision else s.dtype}"
-    )
+    layout = (f"FSDP {s.fsdp} x TP {s.tp}, micro-batch {s.micro_batch_size} x {s.seq_len} "
+              f"tokens{accum}, "
+              f"activation checkpointing {'on' if s.activation_checkpointing else 'off'}, "
+              f"{'fp32 master weights, bf16 compute' if s.mixed_precision else s.dtype}")
     return RolePlan("trainer", shards, layout, items, capacity_bytes)
 
 
-def generator_plan(
-    arch: ArchConfig, g: GeneratorSetup, capacity_bytes: float | None = None
-) -> RolePlan:
+def generator_plan(arch: ArchConfig, g: GeneratorSetup,
+                   capacity_bytes: float | None = None) -> RolePlan:
     n = param_count(arch)
     b = _DTYPE_BYTES[g.dtype]
     seqs = g.seqs_per_replica
@@ -374,25 +309,17 @@ def generator_plan(
     kv_heads = max(1, arch.n_kv_heads // g.tp)  # vLLM replicates KV heads when TP > n_kv_heads
     items = [
         Item(f"weights ({g.dtype})", n * b / g.tp, f"{n:,} x {b} B / tp {g.tp}"),
-        Item(
-            "KV cache",
-            2 * arch.n_layers * kv_heads * arch.head_dim * b * tokens,
-            f"2 x {arch.n_layers} x {kv_heads} kv heads x {arch.head_dim} x {b} B x {seqs} seqs x "
-            f"{g.seq_len} tok",
-        ),
-        Item(
-            "sampler logits (fp32)",
-            seqs * arch.vocab_size * 4 / g.tp,
-            f"{seqs} seqs x {arch.vocab_size} x 4 B / tp {g.tp}",
-        ),
+        Item("KV cache", 2 * arch.n_layers * kv_heads * arch.head_dim * b * tokens,
+             f"2 x {arch.n_layers} x {kv_heads} kv heads x {arch.head_dim} x {b} B x {seqs} seqs x "
+             f"{g.seq_len} tok"),
+        Item("sampler logits (fp32)", seqs * arch.vocab_size * 4 / g.tp,
+             f"{seqs} seqs x {arch.vocab_size} x 4 B / tp {g.tp}"),
         Item("runtime overhead", RUNTIME_OVERHEAD_GIB * GiB, "CUDA context, graphs, activations"),
     ]
     if g.batched_tokens:
         items += vllm_profile_items(arch, g, b)
-    layout = (
-        f"{g.replicas} replica(s) x TP {g.tp}, {seqs} sequences per replica "
-        f"(of {g.seqs_per_step} per step) x {g.seq_len} tokens, {g.dtype}"
-    )
+    layout = (f"{g.replicas} replica(s) x TP {g.tp}, {seqs} sequences per replica "
+              f"(of {g.seqs_per_step} per step) x {g.seq_len} tokens, {g.dtype}")
     return RolePlan("generator", g.tp * g.replicas, layout, items, capacity_bytes)
 
 
@@ -405,16 +332,8 @@ def vllm_profile_items(arch: ArchConfig, g: GeneratorSetup, b: int) -> list[Item
     it."""
     q, kv = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim
     per_tok = 2 * arch.dim + (2 * q + 2 * kv + 3 * arch.hidden_dim) / g.tp
-    return [
-        Item(
-            "vLLM profile activations",
-            g.batched_tokens * per_tok * b,
-            f"{g.batched_tokens} tok x (2 x {arch.dim} + (2 x {q} + 2 x {kv} + 3 x "
-            f"{arch.hidden_dim}) / tp {g.tp}) x {b} B",
-        ),
-        Item(
-            "vLLM profile sampler",
-            g.max_seqs * arch.vocab_size * 8,
-            f"{g.max_seqs} seqs x {arch.vocab_size} x 8 B (fp32 logits and probabilities)",
-        ),
-    ]
+    return [Item("vLLM profile activations", g.batched_tokens * per_tok * b,
+                 f"{g.batched_tokens} tok x (2 x {arch.dim} + (2 x {q} + 2 x {kv} + 3 x "
+                 f"{arch.hidden_dim}) / tp {g.tp}) x {b} B"),
+            Item("vLLM profile sampler", g.max_seqs * arch.vocab_size * 8,
+                 f"{g.max_seqs} seqs x {arch.vocab_size} x 8 B (fp32 logits and probabilities)")]

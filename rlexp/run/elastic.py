@@ -4,7 +4,6 @@ Why a module of its own: resizing is a control loop over a running graph (read t
 retire replicas at a step boundary), not part of spawning it; the launcher only checks it between
 steps.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -36,9 +35,8 @@ class Elastic:
             return
         if not text.isdigit() or len(text) > 6:  # a count of replicas, nothing else
             if text != self._refused:
-                runlog.announce(
-                    f"[rlexp] {self.path}: {text[:40]!r} is not a number of replicas; ignored"
-                )
+                runlog.announce(f"[rlexp] {self.path}: {text[:40]!r} is not a number of replicas; "
+                                f"ignored")
                 self._refused = text
             return
         want = int(text)
@@ -46,9 +44,8 @@ class Elastic:
         if svc is None or self.graph.add_generator is None:
             return
         if want < 1:
-            runlog.announce(
-                f"[rlexp] {self.path}: {want} replicas would stop generation; keeping {len(svc)}"
-            )
+            runlog.announce(f"[rlexp] {self.path}: {want} replicas would stop generation; keeping "
+                            f"{len(svc)}")
             return
         while len(svc) < want:
             self.graph.add_generator()

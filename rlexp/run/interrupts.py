@@ -5,7 +5,6 @@ Why a module of its own: the launcher spawns and wires the actor graph; when and
 (Ctrl-C, SIGTERM/SIGUSR1 from a scheduler, a trainer rank that died) is a separate question with its
 own state (`Interrupts`) and its own tests (tests/test_interrupts.py, tests/test_resume_sigterm.py).
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -36,10 +35,8 @@ class Interrupts:
     then is only announced; another stops at once (a hung upload)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-    CHECKPOINT = (
-        signal.SIGTERM,
-        signal.SIGUSR1,
-    )  # the step done is checkpointed before the run stops
+    # the step done is checkpointed before the run stops
+    CHECKPOINT = (signal.SIGTERM, signal.SIGUSR1)
 
     def __init__(self) -> None:
         self.deferred = False
@@ -69,23 +66,17 @@ class Interrupts:
     def handler(self, signum: int, frame: Any) -> None:
         if self.recording:
             self.recording = False
-            print(
-                f"\n[rlexp] {signal.Signals(signum).name}: {self.busy} first "
-                f"(send it again to stop now)",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"\n[rlexp] {signal.Signals(signum).name}: {self.busy} first "
+                  f"(send it again to stop now)",
+                  file=sys.stderr, flush=True)
             return
         if not self.deferred or self.pending is not None:
             raise self._exception(signum)
         self.pending = signum
         then = "checkpointing and stopping" if signum in self.CHECKPOINT else "stopping"
-        print(
-            f"\n[rlexp] {signal.Signals(signum).name}: {then} after this step "
-            f"(send it again to stop now)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"\n[rlexp] {signal.Signals(signum).name}: {then} after this step "
+              f"(send it again to stop now)",
+              file=sys.stderr, flush=True)
 
     def check(self, final: bool = False) -> None:
         if final:
@@ -110,34 +101,21 @@ def stop_checkpoint(ctl: Controller, interrupts: Interrupts, run_dir: Path) -> N
     with interrupts.shielded(f"writing the checkpoint of step {ctl.state.step}"):
         ckpt = ctl.checkpoint_now()
         command = checkpoints.resume_command(read_manifest(run_dir).command, run_dir)
-        update_manifest(
-            run_dir,
-            interrupted={
-                "signal": name,
-                "step": ctl.state.step,
-                "checkpoint": str(ckpt),
-                "resume": command,
-            },
-        )
-    runlog.announce(
-        f"[rlexp] {name}: checkpoint {ckpt} written at step {ctl.state.step}; stopping. Continue "
-        f"with: {command}"
-    )
+        update_manifest(run_dir, interrupted={"signal": name, "step": ctl.state.step,
+                                              "checkpoint": str(ckpt), "resume": command})
+    runlog.announce(f"[rlexp] {name}: checkpoint {ckpt} written at step {ctl.state.step}; "
+                    f"stopping. Continue with: {command}")
 
 
 def stop_message(e: BaseException, step: int, last: Path | None) -> str:
-    what = (
-        f"a trainer process died at step {step + 1} ({_last_line(e)}). Trainer ranks hold the only "
-        f"copy of the optimizer state, so the run cannot go on without them"
-        if is_process_failure(e)
-        else f"at step {step + 1}: {e}"
-    )
-    return what + (
-        f". The last checkpoint, {last}, is intact: continue with the same command plus resume=auto"
-        if last
-        else ". No checkpoint was written yet (checkpoint.every_n_steps): start again "
-        "with resume=restart"
-    )
+    what = (f"a trainer process died at step {step + 1} ({_last_line(e)}). Trainer ranks hold the "
+            f"only copy of the optimizer state, so the run cannot go on without them"
+            if is_process_failure(e) else f"at step {step + 1}: {e}")
+    if last:
+        return what + (f". The last checkpoint, {last}, is intact: continue with the same "
+                       f"command plus resume=auto")
+    return what + (". No checkpoint was written yet (checkpoint.every_n_steps): start again with "
+                   "resume=restart")
 
 
 def report_fault(failure: Any) -> None:

@@ -34,7 +34,15 @@ from rlexp.run.elastic import Elastic
 from rlexp.run.interrupts import Interrupts, report_fault, stop_checkpoint, stop_message
 from rlexp.run.phases import Phases
 from rlexp.run.prepare import Prepared, prepare, recorded
-from rlexp.run.wiring import Role, generator_role, reward_in_controller, reward_role, wiring, with_master_port
+from rlexp.run.wiring import (
+    Role,
+    Wiring,
+    generator_role,
+    reward_in_controller,
+    reward_role,
+    wiring,
+    with_master_port,
+)
 from rlexp.tracking import runlog
 from rlexp.tracking.files import atomic_write_text
 from rlexp.tracking.manifest import read_manifest, write_start_manifest
@@ -241,21 +249,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     if phase is not None:
         procs = sum(len(where) for where in g.where.values())
         phase(f"processes spawned ({procs} in {len(g.meshes)} meshes: {', '.join(g.meshes)})")
-    verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}  # load while the policy loads
-    setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
-    times: list[Any] = []
-    for name, f in zip([*(r.name for r in w.generators), "trainer"], setup):
-        times.append(f.get())
-        if phase is not None:  # each role as it is ready: many verifiers can take minutes on a loaded CPU
-            phase(f"{name} ready")
-    n_params = next(iter(times[-1].values()))  # rank 0's answer
-    verifier_s: dict[str, float] = {}
-    for name, f in verifier_setup.items():
-        verifier_s[name] = max(f.get().values())
-        if phase is not None:
-            phase(f"verifier_{name} ready")
-    if reference is not None:  # after the trainer: it joins the trainer's process group
-        reference.setup.call().get()
+    n_params, gen_times, verifier_s = set_up(w, gens, trainer, verifiers, reference, phase)
     replicas = {r.settings.verifier.name: [verifiers[r.settings.verifier.name].slice(procs=j) for j in range(r.procs)]
                 for r in w.verifiers}
 
@@ -292,8 +286,35 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
         generator_seeds=w.generator_seeds)
     if placement is not None:
         g.write_placement(placement)
-    g.placement = describe_placement(g, c, n_params, times[:-1], p, verifier_s)
+    g.placement = describe_placement(g, c, n_params, gen_times, p, verifier_s)
     return g
+
+
+def set_up(wired: Wiring, gens: list[Any], trainer: Any, verifiers: dict[str, Any], reference: Any,
+           phase: Callable[[str], object] | None) -> tuple[int, list[float], dict[str, float]]:
+    """Every spawned role loads its weights: the verifiers while the policy loads, the reference
+    model after the trainer (it joins the trainer's process group). `phase` is told as each role is
+    ready: many verifiers can take minutes on a loaded CPU. Returns the trainer's parameter count,
+    each generator's set-up seconds and each verifier's. A function of its own: the long waits of
+    start-up, apart from the spawning and wiring in `build_graph`."""
+    # the verifiers load while the policy loads
+    verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}
+    # every trainer rank sets up
+    setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]
+    times: list[Any] = []
+    for name, f in zip([*(r.name for r in wired.generators), "trainer"], setup):
+        times.append(f.get())
+        if phase is not None:
+            phase(f"{name} ready")
+    n_params = next(iter(times[-1].values()))  # rank 0's answer
+    verifier_s: dict[str, float] = {}
+    for name, f in verifier_setup.items():
+        verifier_s[name] = max(f.get().values())
+        if phase is not None:
+            phase(f"verifier_{name} ready")
+    if reference is not None:  # after the trainer: it joins the trainer's process group
+        reference.setup.call().get()
+    return n_params, times[:-1], verifier_s
 
 
 def spawn_masks(gpus: list[str]) -> Callable[[Any], Any]:
