@@ -35,6 +35,10 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from omegaconf import DictConfig
+
+from rlexp.config.schema import TrainConfig
+from rlexp.config.typed import typed_config
 from rlexp.config.validate import ConfigError
 
 MIB = 2**20
@@ -86,8 +90,8 @@ def param_count(arch: Any) -> int:
     return int(emb + arch.n_layers * (attn + ffn))
 
 
-def sizes_of(t: Any, one_machine: bool) -> Sizes:
-    """The estimate's numbers from a run config, typed (`rlexp.config.schema.TrainConfig`) or composed."""
+def sizes_of(t: TrainConfig, one_machine: bool) -> Sizes:
+    """The estimate's numbers from the typed run config."""
     a, arch, g, par = t.algorithm, t.model.arch, t.generator, t.model.parallelism
     vllm = str(getattr(g.backend, "value", g.backend)) == "vllm"
     return Sizes(
@@ -202,7 +206,7 @@ def check_host(s: Sizes, have: tuple[float, float, int] | None = None) -> HostPl
     raise HostPlanError(f"this run {' and '.join(why)}: {plan.line()}. {fix}")
 
 
-def check_context(t: Any) -> None:
+def check_context(t: TrainConfig) -> None:
     """Token budgets beyond the model's context, refused naming both values (a response can never be longer
     than the context: the generator would cut every one, the planner would size for tokens that never exist)."""
     limit = int(t.model.arch.max_seq_len)
@@ -214,7 +218,7 @@ def check_context(t: Any) -> None:
                                 f"{limit} tokens (prompt and response together); set {key} below {limit}")
 
 
-def host_line(cfg: Any) -> str:
+def host_line(cfg: TrainConfig) -> str:
     """`rlexp plan`'s line for this host: the estimate, or why it does not fit ("" when it cannot be read)."""
     from rlexp.cluster.registry import JOBS
 
@@ -228,19 +232,20 @@ def host_line(cfg: Any) -> str:
     return plan.line()
 
 
-def check_sizes(cfg: Any) -> None:
+def check_sizes(composed: DictConfig) -> None:
     """`check_context` and `check_host` on the composed config, before torch and Monarch load (`rlexp train`
     calls it first, so a size this machine cannot hold is refused in a second or two, not after the imports).
     A config these numbers cannot be read from (an unresolved interpolation, a value not yet validated, a job
-    kind from a plug-in) is left to `rlexp.run.prepare.check_config`, which checks the same after validation."""
-    from omegaconf.errors import OmegaConfBaseException
-
+    kind from a plug-in) is left to `rlexp.run.prepare.check_config`, which checks the same after validation.
+    The composed config is made typed here by the same conversion `prepare` runs
+    (`rlexp.config.typed.typed_config`): this check is the one that cannot wait for `prepare`."""
     from rlexp.cluster.registry import JOBS
 
     try:
+        cfg = typed_config(composed)
         job = JOBS.get(str(cfg.cluster.job))
         s = sizes_of(cfg, bool(job and job.one_machine))
-    except (OmegaConfBaseException, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):  # ConfigError is a ValueError
         return
     if job is None or min(s.group_size, s.prompts_per_step, s.max_tokens, s.replicas, s.generator_tp,
                           s.trainer_world, s.reward_replicas, s.micro_batch_size, s.max_seq_len) < 1:

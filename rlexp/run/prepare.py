@@ -23,6 +23,7 @@ from rlexp.cluster.hosts import check_cluster, weight_hosts
 from rlexp.cluster.layout import auto_threads, check_hosts_fit, controller_gpus
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
 from rlexp.cluster.registry import job_backend
+from rlexp.config.model import ModelConfig
 from rlexp.config.overrides import check_composed_keys
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
@@ -336,7 +337,7 @@ def check_verifier_kinds(t: TrainConfig, env: Environment) -> None:
                 f"exists) or list verifiers of those kinds")
 
 
-def resolve_model(model_cfg: Any) -> Path:
+def resolve_model(model_cfg: ModelConfig) -> Path:
     if model_cfg.flavor == "tiny" and not model_cfg.path:
         return ensure_tiny_checkpoint(model_cfg)
     return Path(check_model_files(model_cfg).path)
