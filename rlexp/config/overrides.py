@@ -323,4 +323,6 @@ def check_composed_keys(composed: DictConfig) -> None:
             for i, v in enumerate(node):
                 walk(v, [*parts, str(i)])
 
-    walk(OmegaConf.to_container(composed, resolve=False) if OmegaConf.is_config(composed) else composed, [])
+    is_config = OmegaConf.is_config(composed)
+    plain = OmegaConf.to_container(composed, resolve=False) if is_config else composed
+    walk(plain, [])

@@ -130,8 +130,8 @@ class WeightPairs:
     """Which weight transport each trainer->generator pair uses, decided by the machines the two processes turned
     out to run on (`pair_transports`: shm on one machine, tcp across), and the transports' server actors."""
 
-    def __init__(self, g: Graph, c: TrainConfig, run_name: str) -> None:
-        self.g, self.c, self.run_name = g, c, run_name
+    def __init__(self, g: Graph, cfg: TrainConfig, run_name: str) -> None:
+        self.g, self.c, self.run_name = g, cfg, run_name
         self.trainer_machine = ""
         self.servers: dict[str, Any] = {}  # transport -> its server actor (monarch's), on the trainer's first process
 
@@ -207,11 +207,11 @@ class Recovery:
         self.respawned(gen)
 
 
-def rendezvous_port(g: Graph, c: TrainConfig, trainer_mesh: Any, world: int) -> int | str:
+def rendezvous_port(g: Graph, cfg: TrainConfig, trainer_mesh: Any, world: int) -> int | str:
     """The trainer's process-group port: none on one rank; on rank 0's host when the trainer spans hosts."""
     if world == 1:
         return 0
-    if job_backend(c.cluster.job).remote_rendezvous and c.cluster.role_hosts.get("trainer"):
+    if job_backend(cfg.cluster.job).remote_rendezvous and cfg.cluster.role_hosts.get("trainer"):
         rank0 = first_proc(trainer_mesh).spawn("port_probe", Probe)
         return f"{g.where['trainer'][0]['hostname']}:{rank0.free_port.call_one().get()}"
     return free_port()
@@ -222,11 +222,11 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     """Spawn the roles of `rlexp.run.wiring.wiring` on their hosts (into `g`, so a failure half-way still stops what
     started), set them up and wire them into `Services`, with a `Recovery` for each replica. `phase` is told when
     the processes are up and as each role has loaded its weights: the long waits of start-up."""
-    c = p.cfg
-    g = g if g is not None else Graph(Hosts(c.cluster))
+    cfg = p.cfg
+    g = g if g is not None else Graph(Hosts(cfg.cluster))
     w = wiring(p)
     g.gpus = w.gpus
-    pairs = WeightPairs(g, c, run_name)
+    pairs = WeightPairs(g, cfg, run_name)
     # The trainer's processes first: the machine they run on decides each generator's weight transport. The trainer
     # is one proc, or one per (FSDP x TP) rank (one GPU each on CUDA), `world / hosts` ranks on each host when it
     # spans hosts. See rlexp/actors/trainer.py.
@@ -236,7 +236,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
         g.procs(role.name, 1, g.hosts.host(role.hosts, role.index))
     g.transports = [pairs.transport_for(role.name) for role in w.generators]
     gens = [pairs.spawn_generator(role) for role in w.generators]
-    port = rendezvous_port(g, c, trainer_mesh, w.trainer.procs)
+    port = rendezvous_port(g, cfg, trainer_mesh, w.trainer.procs)
     trainer = g.spawn_role(with_master_port(w.trainer, port),
                            transports=[pairs.spec(t) for t in dict.fromkeys(g.transports)])
     pairs.start_servers(trainer_mesh)
@@ -263,7 +263,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     placement = (run_dir / "placement.json") if run_dir is not None else None
     recovery = Recovery(g, p, pairs, attach, placement)
     g.add_generator = recovery.add_generator
-    fault = c.cluster.fault
+    fault = cfg.cluster.fault
 
     def log(msg: str) -> None:
         runlog.announce(f"[rlexp] {msg}")
@@ -286,7 +286,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
         generator_seeds=w.generator_seeds)
     if placement is not None:
         g.write_placement(placement)
-    g.placement = describe_placement(g, c, n_params, gen_times, p, verifier_s)
+    g.placement = describe_placement(g, cfg, n_params, gen_times, p, verifier_s)
     return g
 
 
@@ -345,25 +345,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: list[float], p: Prepared,
+def describe_placement(g: Graph, cfg: TrainConfig, n_params: int, gen_setup_s: list[float], p: Prepared,
                        verifier_s: dict[str, float]) -> list[str]:
     n_hosts = len({h.label for hosts in g.hosts.roles.values() for h in hosts} | {LOCAL})
-    job = job_backend(c.cluster.job).describe(c.cluster)
-    lines = [f"actor graph (cluster={c.cluster.name}: {job}, {c.cluster.device}, "
+    job = job_backend(cfg.cluster.job).describe(cfg.cluster)
+    lines = [f"actor graph (cluster={cfg.cluster.name}: {job}, {cfg.cluster.device}, "
              f"{n_hosts} host{'s' if n_hosts > 1 else ''} with the controller's):"]
     gpus = g.gpus
-    par = c.model.parallelism
+    par = cfg.model.parallelism
     for name, (mesh, host) in g.meshes.items():
-        role = {"generator": f"{c.generator.backend} backend, engine ready in {{:.1f}}s",
-                "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={c.trainer.lr}"
+        role = {"generator": f"{cfg.generator.backend} backend, engine ready in {{:.1f}}s",
+                "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={cfg.trainer.lr}"
                            + (f", {par.trainer_world} ranks (FSDP2 {par.trainer_fsdp} x TP {par.trainer_tp})"
                               if par.trainer_world > 1 else "")
-                           + (", activation checkpointing" if c.trainer.activation_checkpointing else "")
-                           + (", bf16 mixed precision" if c.trainer.mixed_precision else "")
+                           + (", activation checkpointing" if cfg.trainer.activation_checkpointing else "")
+                           + (", bf16 mixed precision" if cfg.trainer.mixed_precision else "")
                            + ("; reference model (frozen initial policy, KL) on the same procs"
-                              if c.algorithm.kl_coef > 0 else ""),
-                "reward": f"reward={c.reward.name}"
-                          + (f" over {len(c.reward.verifiers)} verifiers" if c.reward.verifiers else ""),
+                              if cfg.algorithm.kl_coef > 0 else ""),
+                "reward": f"reward={cfg.reward.name}"
+                          + (f" over {len(cfg.reward.verifiers)} verifiers" if cfg.reward.verifiers else ""),
                 "verifier": "",
                 }
         key = role_of(name)
@@ -381,13 +381,13 @@ def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: lis
             on += f", GPUs {'|'.join(gpus[name])}"
         lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
     if reward_in_controller(p):
-        lines.append(f"  reward      this process: reward={c.reward.name}, a pure function, scored by the controller "
+        lines.append(f"  reward      this process: reward={cfg.reward.name}, a pure function, scored by the controller "
                      f"(rlexp.run.wiring.reward_in_controller)")
     lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
-                 f"{c.cluster.transport})")
+                 f"{cfg.cluster.transport})")
     lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/algorithm/loop.py), data order, "
-                 f"replay buffer (max_policy_age={c.sync.policy_age}), evaluation, checkpoints; replica faults: "
-                 f"respawn up to {c.cluster.fault.max_restarts}x, then retire")
+                 f"replay buffer (max_policy_age={cfg.sync.policy_age}), evaluation, checkpoints; replica faults: "
+                 f"respawn up to {cfg.cluster.fault.max_restarts}x, then retire")
     return lines
 
 
