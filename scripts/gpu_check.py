@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:  # run as a file: `python scripts/gpu_check.py`
     sys.path.insert(0, str(ROOT))
 
 from rlexp.cluster.cuda_env import describe, query_cuda  # noqa: E402
-from rlexp.cluster.planner import RUNTIME_OVERHEAD_GIB, GiB, TrainerSetup, trainer_plan  # noqa: E402
+from rlexp.cluster.memory import RUNTIME_OVERHEAD_GIB, GiB, TrainerSetup, trainer_plan  # noqa: E402
 from rlexp.config.model import ArchConfig, ModelConfig  # noqa: E402
 from rlexp.models.catalog import QWEN3_SIZES, param_count  # noqa: E402
 

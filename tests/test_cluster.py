@@ -43,14 +43,16 @@ def test_unset_threads_share_this_machines_cores_among_processes_computing_at_on
 
 
 def test_the_derived_thread_count_is_written_into_the_run_config_and_a_set_one_is_kept() -> None:
-    from rlexp.run.prepare import check_config
+    from rlexp.run.prepare import check_config, recorded
     expected = auto_threads(cfg("sync=async"))
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         raw = compose("train", overrides=["sync=async"])
         kept = compose("train", overrides=["cluster.threads_per_proc=3"])
     assert raw.cluster.threads_per_proc is None
-    assert check_config(raw).cluster.threads_per_proc == expected >= 1
-    assert raw.cluster.threads_per_proc == expected  # the manifest's config records what ran
+    typed = check_config(raw)
+    assert typed.cluster.threads_per_proc == expected >= 1
+    assert raw.cluster.threads_per_proc is None  # decided once, in the typed config
+    assert recorded(raw, typed).cluster.threads_per_proc == expected  # the manifest's config records what ran
     assert check_config(kept).cluster.threads_per_proc == 3
 
 

@@ -37,7 +37,7 @@ def test_every_group_option_composes_into_the_schema(group: str, option: str) ->
     if typed.trainer.micro_batch_size == 0:  # trainer=large: derived from the memory plan, as prepare does first
         from rlexp.cluster.planner import plan_memory
 
-        typed.trainer.micro_batch_size = plan_memory(cfg).micro_batch_size
+        typed.trainer.micro_batch_size = plan_memory(typed).micro_batch_size
     validate(typed)
 
 

@@ -93,7 +93,7 @@ def test_checkpoint_meta_is_checked_for_shape(tmp_path: Path) -> None:
 def test_generator_replicas_file_takes_only_a_count(tmp_path: Path, capsys) -> None:
     from types import SimpleNamespace
 
-    from rlexp.run.launcher import Elastic
+    from rlexp.run.elastic import Elastic
 
     added = []
     graph = SimpleNamespace(services=None, add_generator=lambda: added.append(1))  # no actors: nothing to resize

@@ -33,6 +33,7 @@ from rlexp.cluster.host_plan import (
 from rlexp.config.model import ArchConfig
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
+from rlexp.config.typed import typed_config
 
 REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
@@ -131,8 +132,9 @@ def test_shipped_configs_fit(this_machine: None, overrides: list[str]) -> None:
 
 
 def test_context_check_names_both_values() -> None:
-    t = OmegaConf.create({"model": {"name": "tiny", "arch": {"max_seq_len": 1024}},
-                          "algorithm": {"max_tokens": 1023, "max_prompt_tokens": 64}, "eval": {"max_tokens": None}})
+    t = typed_config(OmegaConf.create({"model": {"name": "tiny", "arch": {"max_seq_len": 1024}},
+                                       "algorithm": {"max_tokens": 1023, "max_prompt_tokens": 64},
+                                       "eval": {"max_tokens": 64}}))
     check_context(t)
     t.eval.max_tokens = 4096
     with pytest.raises(HostPlanError, match=r"eval.max_tokens=4096 is beyond model=tiny's context, "

@@ -1,4 +1,4 @@
-"""`launcher.Interrupts`: a signal during the step loop waits for the step boundary; a second one, or one
+"""`rlexp.run.interrupts.Interrupts`: a signal during the step loop waits for the step boundary; a second one, or one
 outside the loop, acts at once. (End to end through real runs: tests/test_train_e2e.py.)"""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from rlexp.errors import friendly_errors
-from rlexp.run.launcher import Interrupts
+from rlexp.run.interrupts import Interrupts
 
 
 def test_first_signal_in_the_loop_is_raised_at_the_next_check() -> None:

@@ -11,15 +11,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from rlexp.cluster import plan_cli
-from rlexp.cluster.planner import (
-    ADAMW_TEMP_STATES,
-    LOGIT_PEAK_BYTES,
-    GiB,
-    PlanError,
-    check_plan,
-    plan_memory,
-)
+from rlexp.cluster.memory import ADAMW_TEMP_STATES, LOGIT_PEAK_BYTES, GiB
+from rlexp.cluster.planner import PlanError, check_plan, plan_memory
 from rlexp.config.model import ModelConfig
+from rlexp.config.reward import RewardConfig, VerifierConfig, VerifierSetConfig
+from rlexp.config.schema import Backend
+from rlexp.config.typed import typed_config
 from rlexp.models.policy import token_logprobs
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -37,12 +34,12 @@ def run_cfg(model: str, *, hosts: int = 1, gpu_gb: float = 80, ac: bool = True, 
     m = OmegaConf.merge(OmegaConf.structured(ModelConfig), raw)
     for k, v in model_par.items():
         m.parallelism[k] = v
-    return OmegaConf.create({
+    return typed_config(OmegaConf.create({  # the rest of the run: the schema's defaults
         "model": m,
         "cluster": {"gpu_memory_gb": gpu_gb, "gpus_per_host": 8, "hosts": hosts},
         "trainer": {"micro_batch_size": mb, "activation_checkpointing": ac, "mixed_precision": True},
         "algorithm": {**WORKLOAD, "prompts_per_step": prompts},
-    })
+    }))
 
 
 # The trainer's peak is what it holds throughout plus the largest of its phases, which never overlap
@@ -193,7 +190,7 @@ def test_tp_must_divide_heads():
 
 def test_no_gpu_limit_only_reports():
     cfg = run_cfg("qwen3_8b", **FSDP4)
-    cfg.cluster.gpu_memory_gb = None
+    cfg.cluster.gpu_memory_gb = 0.0  # the schema's "not configured"
     r = check_plan(cfg)
     assert r.ok and "no GPU memory limit" in r.table()
 
@@ -207,7 +204,7 @@ def _mini_conf(tmp_path: Path) -> Path:
         raw.pop("defaults", None)
         OmegaConf.save(raw, tmp_path / "model" / f.name)
     (tmp_path / "cluster").mkdir()
-    (tmp_path / "cluster" / "h100.yaml").write_text("gpu_memory_gb: 80\ngpus_per_host: 8\nhosts: 1\n")
+    (tmp_path / "cluster" / "h100.yaml").write_text("device: cuda\ngpu_memory_gb: 80\ngpus_per_host: 8\nhosts: 1\n")
     (tmp_path / "train.yaml").write_text(
         "defaults:\n  - model: qwen3_8b\n  - cluster: h100\n  - _self_\n"
         "model: {parallelism: {trainer_fsdp: 4, generator_replicas: 4}}\n"
@@ -246,8 +243,8 @@ MAJORITY = {"name": "majority", "kind": "majority"}
 
 
 def with_verifiers(cfg, *members, reward: str = "weaver", **options):
-    cfg.reward = {"name": reward, "verifiers": [], "options": options}
-    cfg.verifier_set = {"name": "test", "members": list(members)}
+    cfg.reward = RewardConfig(name=reward, options=options)
+    cfg.verifier_set = VerifierSetConfig(name="test", members=[VerifierConfig(**m) for m in members])
     return cfg
 
 
@@ -352,7 +349,8 @@ def test_vllm_generator_counts_its_profile_run_by_hand():
     """generator=vllm keeps, beside weights and KV cache, the peak of its profile run; the derived
     gpu_memory_utilization includes it, so vLLM's KV cache is the one the plan counted."""
     cfg = run_cfg("qwen3_8b", **FSDP4)
-    cfg.generator = {"backend": "vllm", "max_num_batched_tokens": 65536, "max_num_seqs": 1024}
+    cfg.generator.backend = Backend.vllm
+    cfg.generator.max_num_batched_tokens, cfg.generator.max_num_seqs = 65536, 1024
     r = check_plan(cfg)
     g = r.generator
     # per token: residual + norm output 2 x 4096, q 4096 + attention out 4096, k and v 2 x 1024,

@@ -15,7 +15,15 @@ from omegaconf import OmegaConf
 from rlexp.cluster import plan_cli
 from rlexp.cluster.plan_cli import compose_run_config
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
+from rlexp.config.schema import TrainConfig
+from rlexp.config.typed import typed_config
 from rlexp.run.phases import Phases
+
+
+def typed(overrides: list[str]) -> TrainConfig:
+    """The run config as `rlexp plan` and `prepare` read it: composed, then made typed once."""
+    return typed_config(compose_run_config(overrides))
+
 
 SIZES = ["qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "qwen3_14b", "qwen3_32b"]
 NODES = {"qwen3_14b": 3, "qwen3_32b": 4}  # documented in model/*.yaml; the others one node
@@ -31,7 +39,7 @@ def test_tiny_default_is_the_cpu_demo():
 
 @pytest.mark.parametrize("model", SIZES)
 def test_every_size_with_weaver_fits_its_documented_nodes(model):
-    c = compose_run_config([f"model={model}", "reward=weaver"])
+    c = typed([f"model={model}", "reward=weaver"])
     assert c.environment.name == "math" and c.verifier_set.name == "math" and c.generator.backend == "vllm"
     assert c.cluster.hosts == NODES.get(model, 1) and c.algorithm.max_tokens == 3072
     r = plan_memory(c)
@@ -42,7 +50,7 @@ def test_every_size_with_weaver_fits_its_documented_nodes(model):
 
 @pytest.mark.parametrize("preset", ["qwen3_8b_math", "qwen3_14b_math", "qwen3_32b_math", "weaver_cpu"])
 def test_each_experiment_preset_fits(preset):
-    assert plan_memory(compose_run_config([f"experiment={preset}", "reward=weaver"])).ok
+    assert plan_memory(typed([f"experiment={preset}", "reward=weaver"])).ok
 
 
 def test_command_line_wins_over_what_the_model_brings():
@@ -53,7 +61,7 @@ def test_command_line_wins_over_what_the_model_brings():
 
 
 def test_derived_micro_batch_is_the_largest_that_fits():
-    c = compose_run_config(["model=qwen3_8b", "reward=weaver"])
+    c = typed(["model=qwen3_8b", "reward=weaver"])
     r = plan_memory(c)
     mb = r.micro_batch_size
     c.trainer.micro_batch_size = mb
@@ -79,7 +87,7 @@ def test_plan_refuses_a_real_model_on_a_cpu_cluster(capsys):
 
 
 def test_time_estimate_follows_mfu_and_peak():
-    c = compose_run_config(["model=qwen3_8b", "cluster.mfu=0.4"])
+    c = typed(["model=qwen3_8b", "cluster.mfu=0.4"])
     t1 = plan_memory(c).time.step_s
     c.cluster.mfu = 0.2
     assert plan_memory(c).time.step_s == pytest.approx(2 * t1)
@@ -88,7 +96,7 @@ def test_time_estimate_follows_mfu_and_peak():
 
 
 def test_refused_on_a_machine_without_the_gpus():
-    c = compose_run_config(["model=qwen3_8b", "reward=weaver"])
+    c = typed(["model=qwen3_8b", "reward=weaver"])
     r = plan_memory(c)
     with pytest.raises(PlanError) as e:
         check_devices(r, c.cluster, have=(0, 0.0), argv=["train", "model=qwen3_8b", "reward=weaver"])

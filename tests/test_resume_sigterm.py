@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from rlexp.run import checkpoints
 from rlexp.run.checkpoints import ResumeError
-from rlexp.run.launcher import Interrupts
+from rlexp.run.interrupts import Interrupts
 from rlexp.tracking import files
 from rlexp.tracking.base import status_from_exception
 from rlexp.tracking.manifest import write_start_manifest

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 from rlexp.cluster.layout import assign_gpus, gpus_needed, reward_verifiers
 from rlexp.cluster.planner import plan_memory
-from rlexp.config.schema import register_configs
+from rlexp.config.schema import TrainConfig, register_configs
+from rlexp.config.typed import typed_config
 from tests.conftest import REPO, kill_tagged, tagged_env
 
 CONF = REPO / "conf"
@@ -32,6 +33,10 @@ register_configs()
 def composed(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("train", overrides=list(overrides))
+
+
+def typed(*overrides: str) -> TrainConfig:
+    return typed_config(composed(*overrides))
 
 
 def served(members) -> list:
@@ -131,14 +136,16 @@ def test_multiple_choice_judges_get_the_multiple_choice_template(name: str) -> N
 def test_served_verifiers_follow_the_reward() -> None:
     members = served(OmegaConf.to_object(composed("verifier_set=math")).verifier_set.members)
     for reward in ("weaver", "verifier_mean", "verifier_vote"):
-        cfg = composed("experiment=qwen3_8b_math", f"reward={reward}")
-        assert [v.name for v in reward_verifiers(cfg)] == [m.name for m in members]
+        cfg = typed("experiment=qwen3_8b_math", f"reward={reward}")
+        assert [v.name for v in reward_verifiers(cfg.reward, cfg.verifier_set)] == [m.name for m in members]
     first_rm = next(m.name for m in members if str(m.kind) == "reward_model")
-    assert [v.name for v in reward_verifiers(composed("experiment=qwen3_8b_math", "reward=single_rm"))] == [first_rm]
-    picked = composed("experiment=qwen3_8b_math", "reward=single_rm", "+reward.options.verifier=judge_qwen3_8b")
-    assert [v.name for v in reward_verifiers(picked)] == ["judge_qwen3_8b"]
+    single = typed("experiment=qwen3_8b_math", "reward=single_rm")
+    assert [v.name for v in reward_verifiers(single.reward, single.verifier_set)] == [first_rm]
+    picked = typed("experiment=qwen3_8b_math", "reward=single_rm", "+reward.options.verifier=judge_qwen3_8b")
+    assert [v.name for v in reward_verifiers(picked.reward, picked.verifier_set)] == ["judge_qwen3_8b"]
     for reward in ("rule", "annotated", "single_judge"):  # single_judge: the policy itself judges, no service
-        assert reward_verifiers(composed("experiment=qwen3_8b_math", f"reward={reward}")) == []
+        none = typed("experiment=qwen3_8b_math", f"reward={reward}")
+        assert reward_verifiers(none.reward, none.verifier_set) == []
 
 
 def test_verifier_replicas_take_the_gpus_after_the_generators() -> None:
@@ -162,8 +169,8 @@ def test_verifier_replicas_take_the_gpus_after_the_generators() -> None:
 
 
 def test_plan_counts_a_single_rm_and_nothing_for_rule() -> None:
-    single = plan_memory(composed("experiment=qwen3_8b_math", "reward=single_rm"))
-    rule = plan_memory(composed("experiment=qwen3_8b_math", "reward=rule"))
+    single = plan_memory(typed("experiment=qwen3_8b_math", "reward=single_rm"))
+    rule = plan_memory(typed("experiment=qwen3_8b_math", "reward=rule"))
     assert [v.name for v in single.verifiers] == ["rm_skywork_llama8b"] and rule.verifiers == []
     assert single.gpus_needed == rule.gpus_needed + 1
     assert "verifiers:" not in rule.table()

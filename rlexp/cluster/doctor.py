@@ -10,28 +10,31 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlexp.config.paths import CONF_DIR
 from rlexp.core.plugins import with_config_path
+
+if TYPE_CHECKING:  # imported by `rlexp doctor` before anything heavy
+    from rlexp.config.schema import TrainConfig
 
 
 def _physical(mask: list[str], index: str) -> str:
     return mask[int(index)] if int(index) < len(mask) else "?"
 
 
-def role_lines(typed: Any, visible: str | None) -> list[str]:
+def role_lines(cfg: TrainConfig, visible: str | None) -> list[str]:
     """Each role's GPUs, as `rlexp train` will mask them (indices within CUDA_VISIBLE_DEVICES when one is set)."""
     from rlexp.cluster.layout import gpu_layout
 
-    layout, used = gpu_layout(typed)
+    layout, used = gpu_layout(cfg)
     mask = visible.split(",") if visible else None
     lines = []
     for role, per_rank in layout.items():
         shown = [f"{g} (physical {','.join(_physical(mask, i) for i in g.split(','))})" if mask else g
                  for g in per_rank]
         lines.append(f"  {role}: " + ", ".join(f"rank {r} -> GPU {g}" for r, g in enumerate(shown)))
-    if typed.algorithm.kl_coef > 0:
+    if cfg.algorithm.kl_coef > 0:
         lines.append("  reference: on the trainer's GPUs (algorithm.kl_coef > 0)")
     lines.append("hosts: " + ", ".join(f"{h} {n} GPUs" for h, n in used.items()))
     return lines
@@ -43,28 +46,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config-dir", type=Path, default=CONF_DIR)
     p.add_argument("--config-name", default="train")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    from omegaconf import OmegaConf
-
     from rlexp.cluster.cuda_env import check_cuda, describe, query_cuda
     from rlexp.cluster.layout import gpus_needed
     from rlexp.cluster.plan_cli import compose_run_config
+    from rlexp.config.typed import typed_config
     from rlexp.config.validate import ConfigError
 
     facts = query_cuda()
     print("\n".join(describe(facts)))
     try:
-        typed = OmegaConf.to_object(compose_run_config(with_config_path(args.overrides), args.config_dir,
-                                                       args.config_name))
+        cfg = typed_config(compose_run_config(with_config_path(args.overrides), args.config_dir,
+                                              args.config_name))
     except Exception as e:  # Hydra composition errors name the bad override themselves
         print(f"rlexp doctor: cannot compose the run config: {e}", file=sys.stderr)
         return 2
-    if typed.cluster.device != "cuda":
-        print(f"cluster={typed.cluster.name}: no CUDA; CPU run")
+    if cfg.cluster.device != "cuda":
+        print(f"cluster={cfg.cluster.name}: no CUDA; CPU run")
         return 0
-    print(f"cluster={typed.cluster.name}, model={typed.model.name}: each role's GPUs")
-    print("\n".join(role_lines(typed, facts.visible_devices)))
+    print(f"cluster={cfg.cluster.name}, model={cfg.model.name}: each role's GPUs")
+    print("\n".join(role_lines(cfg, facts.visible_devices)))
     try:
-        check_cuda(facts, gpus_needed(typed))
+        check_cuda(facts, gpus_needed(cfg))
     except ConfigError as e:
         print(f"refused: {e}", file=sys.stderr)
         return 1

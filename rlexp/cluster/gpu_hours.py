@@ -18,11 +18,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
 from rlexp.config.paths import CONF_DIR
+
+if TYPE_CHECKING:
+    from rlexp.cluster.planner import PlanReport
+    from rlexp.config.schema import TrainConfig
 
 SWEEP_ARG = re.compile(r"^\+sweeps=([A-Za-z0-9_\-]+)$")
 
@@ -44,18 +48,17 @@ class RunCost:
         return None if self.hours is None else self.gpus_held * self.hours
 
 
-def run_cost(cfg: Any, report: Any, label: str = "") -> RunCost:
-    """One composed run config and its `PlanReport` -> its GPUs and hours."""
+def run_cost(cfg: TrainConfig, report: PlanReport, label: str = "") -> RunCost:
+    """One run's typed config and its `PlanReport` -> its GPUs and hours."""
     from rlexp.cluster.layout import check_hosts_fit, gpu_layout
     from rlexp.config.validate import ConfigError
 
-    typed = OmegaConf.to_object(cfg)
-    _, used = gpu_layout(typed)
-    per_host = int(typed.cluster.gpus_per_host or 0)
+    _, used = gpu_layout(cfg)
+    per_host = int(cfg.cluster.gpus_per_host or 0)
     held = sum(per_host or n for n in used.values())
     fits = bool(report.ok)
     try:
-        check_hosts_fit(typed)
+        check_hosts_fit(cfg)
     except ConfigError:
         fits = False
     t = report.time

@@ -35,6 +35,10 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from omegaconf import DictConfig
+
+from rlexp.config.schema import TrainConfig
+from rlexp.config.typed import typed_config
 from rlexp.config.validate import ConfigError
 
 MIB = 2**20
@@ -86,17 +90,17 @@ def param_count(arch: Any) -> int:
     return int(emb + arch.n_layers * (attn + ffn))
 
 
-def sizes_of(t: Any, one_machine: bool) -> Sizes:
-    """The estimate's numbers from a run config, typed (`rlexp.config.schema.TrainConfig`) or composed."""
-    a, arch, g, par = t.algorithm, t.model.arch, t.generator, t.model.parallelism
+def sizes_of(cfg: TrainConfig, one_machine: bool) -> Sizes:
+    """The estimate's numbers from the typed run config."""
+    a, arch, g, par = cfg.algorithm, cfg.model.arch, cfg.generator, cfg.model.parallelism
     vllm = str(getattr(g.backend, "value", g.backend)) == "vllm"
     return Sizes(
         group_size=a.group_size, prompts_per_step=a.prompts_per_step, max_tokens=a.max_tokens,
         max_prompt_tokens=a.max_prompt_tokens, max_seq_len=arch.max_seq_len, replicas=g.replicas,
         generator_tp=g.tp if vllm else 1, trainer_world=par.trainer_fsdp * par.trainer_tp,
-        reward_replicas=t.reward.replicas, micro_batch_size=t.trainer.micro_batch_size, vocab=arch.vocab_size,
+        reward_replicas=cfg.reward.replicas, micro_batch_size=cfg.trainer.micro_batch_size, vocab=arch.vocab_size,
         params=param_count(arch), layers=arch.n_layers, kv_dim=arch.n_kv_heads * arch.head_dim,
-        kl=a.kl_coef > 0, cpu=str(getattr(t.cluster.device, "value", t.cluster.device)) == "cpu",
+        kl=a.kl_coef > 0, cpu=str(getattr(cfg.cluster.device, "value", cfg.cluster.device)) == "cpu",
         local_actors=one_machine, vllm_kv_gb=float(g.kv_cache_gb) if vllm else None)
 
 
@@ -202,19 +206,19 @@ def check_host(s: Sizes, have: tuple[float, float, int] | None = None) -> HostPl
     raise HostPlanError(f"this run {' and '.join(why)}: {plan.line()}. {fix}")
 
 
-def check_context(t: Any) -> None:
+def check_context(cfg: TrainConfig) -> None:
     """Token budgets beyond the model's context, refused naming both values (a response can never be longer
     than the context: the generator would cut every one, the planner would size for tokens that never exist)."""
-    limit = int(t.model.arch.max_seq_len)
-    for key, v in (("algorithm.max_tokens", t.algorithm.max_tokens),
-                   ("algorithm.max_prompt_tokens", t.algorithm.max_prompt_tokens),
-                   ("eval.max_tokens", t.eval.max_tokens)):
+    limit = int(cfg.model.arch.max_seq_len)
+    for key, v in (("algorithm.max_tokens", cfg.algorithm.max_tokens),
+                   ("algorithm.max_prompt_tokens", cfg.algorithm.max_prompt_tokens),
+                   ("eval.max_tokens", cfg.eval.max_tokens)):
         if v is not None and int(v) >= limit:
-            raise HostPlanError(f"{key}={v} is beyond model={t.model.name}'s context, model.arch.max_seq_len="
+            raise HostPlanError(f"{key}={v} is beyond model={cfg.model.name}'s context, model.arch.max_seq_len="
                                 f"{limit} tokens (prompt and response together); set {key} below {limit}")
 
 
-def host_line(cfg: Any) -> str:
+def host_line(cfg: TrainConfig) -> str:
     """`rlexp plan`'s line for this host: the estimate, or why it does not fit ("" when it cannot be read)."""
     from rlexp.cluster.registry import JOBS
 
@@ -228,19 +232,21 @@ def host_line(cfg: Any) -> str:
     return plan.line()
 
 
-def check_sizes(cfg: Any) -> None:
-    """`check_context` and `check_host` on the composed config, before torch and Monarch load (`rlexp train`
-    calls it first, so a size this machine cannot hold is refused in a second or two, not after the imports).
-    A config these numbers cannot be read from (an unresolved interpolation, a value not yet validated, a job
-    kind from a plug-in) is left to `rlexp.run.prepare.check_config`, which checks the same after validation."""
-    from omegaconf.errors import OmegaConfBaseException
-
+def check_sizes(composed: DictConfig) -> None:
+    """`check_context` and `check_host` on the composed config, before torch and Monarch load
+    (`rlexp train` calls it first, so a size this machine cannot hold is refused in a second or two,
+    not after the imports). A config these numbers cannot be read from (an unresolved interpolation,
+    a value not yet validated, a job kind from a plug-in) is left to
+    `rlexp.run.prepare.check_config`, which checks the same after validation. The composed config is
+    made typed here by the same conversion `prepare` runs (`rlexp.config.typed.typed_config`): this
+    check is the one that cannot wait for `prepare`."""
     from rlexp.cluster.registry import JOBS
 
     try:
+        cfg = typed_config(composed)
         job = JOBS.find(str(cfg.cluster.job))
         s = sizes_of(cfg, bool(job and job.one_machine))
-    except (OmegaConfBaseException, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):  # ConfigError is a ValueError
         return
     if job is None or min(s.group_size, s.prompts_per_step, s.max_tokens, s.replicas, s.generator_tp,
                           s.trainer_world, s.reward_replicas, s.micro_batch_size, s.max_seq_len) < 1:

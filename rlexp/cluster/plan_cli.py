@@ -13,24 +13,27 @@ cluster), 2 config error.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig
 
 from rlexp.cluster import gpu_hours
 from rlexp.cluster.host_plan import host_line
 from rlexp.cluster.layout import check_hosts_fit, gpu_layout, gpu_placement
-from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, plan_memory
+from rlexp.cluster.planner import DEFAULT_HEADROOM, PlanError, PlanReport, plan_memory
 from rlexp.config.paths import CONF_DIR
+from rlexp.config.schema import TrainConfig
+from rlexp.config.typed import typed_config
 from rlexp.config.validate import ConfigError, too_big_for_cpu
 from rlexp.core.gpu_mask import MaskError, through_mask
 from rlexp.core.plugins import with_config_path  # `config_path=DIR`: a user's own config folders, as in `rlexp train`
 
 
-def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config_name: str = "train") -> Any:
+def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR,
+                       config_name: str = "train") -> DictConfig:
     """Compose `<config_dir>/<config_name>.yaml` (default conf/train.yaml) with Hydra's compose API
     (no working-dir change, no logging)."""
     from hydra import compose, initialize_config_dir
@@ -44,33 +47,32 @@ def compose_run_config(overrides: list[str], config_dir: Path = CONF_DIR, config
         return compose(config_name=config_name, overrides=overrides)
 
 
-def print_hosts(cfg: Any) -> bool:
-    """GPUs per host (roles with hosts of their own number theirs from 0); False when a host cannot hold its roles
-    or a tensor-parallel group would span hosts."""
+def print_hosts(cfg: TrainConfig) -> bool:
+    """GPUs per host (roles with hosts of their own number theirs from 0); False when a host cannot
+    hold its roles or a tensor-parallel group would span hosts."""
     try:
-        typed = OmegaConf.to_object(cfg)
-        _, used = gpu_layout(typed)
-    except Exception:  # a config without the train schema's cluster: the memory plan above is all there is
+        _, used = gpu_layout(cfg)
+    except ValueError:  # a job kind rlexp cannot find: `rlexp train` refuses it, listing the kinds
         return True
     if not used:
         return True
-    per_host = typed.cluster.gpus_per_host
+    per_host = cfg.cluster.gpus_per_host
     print("\nhosts: " + ", ".join(f"{h} {n}/{per_host or '?'} GPUs" for h, n in used.items()))
-    print(role_devices(typed))
+    print(role_devices(cfg))
     try:
-        check_hosts_fit(typed)
+        check_hosts_fit(cfg)
     except ConfigError as e:
         print(f"problem: {e}")
         return False
     return True
 
 
-def role_devices(typed: Any, mask: str | None = None) -> str:
+def role_devices(cfg: TrainConfig, mask: str | None = None) -> str:
     """Each mesh's GPUs per rank as `host:GPUs` (rlexp's indices, counted from 0 on each host); on
     this machine's host through its `CUDA_VISIBLE_DEVICES` (`mask`, default this process's), as each
     process will get them at spawn (`rlexp.core.gpu_mask`)."""
     mask = os.environ.get("CUDA_VISIBLE_DEVICES") if mask is None else mask
-    place, _ = gpu_placement(typed)
+    place, _ = gpu_placement(cfg)
 
     def where(host: str, gpus: str) -> str:
         if host != "local" or mask is None:
@@ -84,17 +86,15 @@ def role_devices(typed: Any, mask: str | None = None) -> str:
                                    for mesh, ranks in place.items())
 
 
-def print_checkpoint_limits(cfg: Any) -> bool:
+def print_checkpoint_limits(cfg: TrainConfig) -> bool:
     """The checkpoint's own limits when it is on this machine (`rlexp.models.limits`), what
-    `rlexp train` checks before spawning; False when they refuse the run."""
-    if cfg.model.get("flavor") == "tiny" and not cfg.model.get("path"):
+    `rlexp train` checks before spawning; False when they refuse the run. The limits may lower
+    `model.arch.max_seq_len` in a copy: the plan printed above is of the config as given."""
+    if cfg.model.flavor == "tiny" and not cfg.model.path:
         return True
-    from rlexp.config.model import ModelConfig
     from rlexp.models.limits import LimitError, apply_limits, cached_limits
 
-    model = OmegaConf.to_object(cfg.model)
-    if not isinstance(model, ModelConfig):  # no train schema: the plan above is all there is
-        return True
+    model = copy.deepcopy(cfg.model)
     limits = cached_limits(model)
     if limits is None:
         print(f"\ncheckpoint: {model.hf_repo or model.path} is not on this machine; `rlexp train` "
@@ -113,27 +113,27 @@ def print_checkpoint_limits(cfg: Any) -> bool:
     return True
 
 
-def print_weight_sync(cfg: Any) -> None:
+def print_weight_sync(cfg: TrainConfig) -> None:
     """The time of one weight sync, trainer to generators (`rlexp.cluster.weight_sync`)."""
     from rlexp.cluster.hosts import weight_hosts
     from rlexp.cluster.planner import setups_from_cfg
     from rlexp.cluster.weight_sync import weight_sync
     from rlexp.models.catalog import param_count
 
+    arch, _, generator = setups_from_cfg(cfg)
     try:
-        typed = OmegaConf.to_object(cfg)
-        arch, _, g = setups_from_cfg(cfg)
-        est = weight_sync(param_count(arch), {"float32": 4}.get(g.dtype, 2), g.replicas,
-                          weight_hosts(typed.cluster) > 1, typed.cluster.network_gbps)
-    except Exception:  # a config without the train schema's cluster: the memory plan above is all there is
+        hosts = weight_hosts(cfg.cluster)
+    except ValueError:  # a job kind rlexp cannot find: `rlexp train` refuses it, listing the kinds
         return
-    print("\n" + est.line(g.dtype))
+    est = weight_sync(param_count(arch), {"float32": 4}.get(generator.dtype, 2), generator.replicas,
+                      hosts > 1, cfg.cluster.network_gbps)
+    print("\n" + est.line(generator.dtype))
 
 
 def plan_sweep(name: str, overrides: list[str], args: argparse.Namespace) -> int:
     """`rlexp plan ... +sweeps=NAME`: one line per run (GPUs, hours, whether it fits) and the total GPU-hours."""
-    def plan(run: list[str]) -> tuple[Any, Any]:
-        cfg = compose_run_config(run, args.config_dir, args.config_name)
+    def plan(run: list[str]) -> tuple[TrainConfig, PlanReport]:
+        cfg = typed_config(compose_run_config(run, args.config_dir, args.config_name))
         return cfg, plan_memory(cfg, args.headroom)
 
     lines, ok = gpu_hours.plan_sweep(name, overrides, plan)
@@ -152,12 +152,13 @@ def main(argv: list[str] | None = None) -> int:
         overrides, sweep = gpu_hours.take_sweep(with_config_path(args.overrides))
         if sweep is not None:  # `+sweeps=NAME`: every run of the preset, and the sweep's GPU-hours
             return plan_sweep(sweep, overrides, args)
-        cfg = compose_run_config(overrides, args.config_dir, args.config_name)
+        composed = compose_run_config(overrides, args.config_dir, args.config_name)
+        cfg = typed_config(composed)  # the one conversion: everything below reads the typed config
         report = plan_memory(cfg, args.headroom)
     except gpu_hours.SweepError as e:
         print(e, file=sys.stderr)
         return 2
-    except PlanError as e:
+    except (PlanError, ConfigError) as e:
         print(f"rlexp plan: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # Hydra composition errors name the bad override themselves

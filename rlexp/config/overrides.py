@@ -31,6 +31,9 @@ from rlexp.config.schema import TrainConfig
 from rlexp.config.trust import TRUST, Trust, option_kind, passes
 from rlexp.config.validate import ConfigError
 
+if typing.TYPE_CHECKING:
+    from omegaconf import DictConfig
+
 # The only Hydra keys a recorded run may carry: where its folder goes (reproduce replaces them anyway).
 RUN_DIR_KEYS = frozenset({"hydra.run.dir", "hydra.sweep.dir", "hydra.sweep.subdir"})
 # Keys Hydra's `instantiate` (and the config loader) give meaning to; never data in rlexp's config.
@@ -298,7 +301,7 @@ def _untrusted_error(source: str, untrusted: list[tuple[str, str, Trust]], most:
                          f"yourself on your own command line (rlexp reproduce RUN_DIR -- {keys})")
 
 
-def check_composed_keys(cfg: Any) -> None:
+def check_composed_keys(composed: DictConfig) -> None:
     """A composed config holds only keys of the schema, and no `_target_`-like key anywhere (free-form option
     dicts included): Hydra's `+key=...` adds keys even to a structured config, so a typo or an instantiation
     key typed on the command line would otherwise ride along unnoticed. `ConfigError` names the key."""
@@ -320,4 +323,6 @@ def check_composed_keys(cfg: Any) -> None:
             for i, v in enumerate(node):
                 walk(v, [*parts, str(i)])
 
-    walk(OmegaConf.to_container(cfg, resolve=False) if OmegaConf.is_config(cfg) else cfg, [])
+    is_config = OmegaConf.is_config(composed)
+    plain = OmegaConf.to_container(composed, resolve=False) if is_config else composed
+    walk(plain, [])

@@ -81,7 +81,7 @@ class GeneratorConfig:
     tp: int = II("model.parallelism.generator_tp")  # vLLM tensor parallelism per replica
     # Slices of each step's prompts, each with a seed of its own. Samples depend on the shards, never on how many
     # replicas serve them: with shards above replicas, replicas can be added mid-run (elastic, see
-    # rlexp/run/launcher.py Elastic) or lost to faults without changing a sample.
+    # rlexp/run/elastic.py) or lost to faults without changing a sample.
     shards: int = II("generator.replicas")
     kv_cache_gb: float = 0.25  # vLLM on CPU reserves this much for the KV cache
     # vLLM's share of each generator GPU; 0: derived from the memory plan (`rlexp plan` prints it),

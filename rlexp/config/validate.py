@@ -10,6 +10,9 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 from typing import Any, TypeVar
 
+if typing.TYPE_CHECKING:
+    from rlexp.config.schema import TrainConfig
+
 
 class ConfigError(ValueError):
     pass
@@ -61,7 +64,7 @@ def check_types(node: Any, tp: Any, key: str = "") -> None:
             check_types(v, typing.get_args(tp)[0], f"{key}.{i}")
 
 
-def check_numbers(c: Any) -> None:
+def check_numbers(c: TrainConfig) -> None:
     """Every float in the config (schema fields and free-form options alike) is finite, and every int of the
     schema is a count, size or seed in [0, INT_MAX]: `nan` or `inf` would otherwise reach an actor and fail
     there a minute later without naming the key."""
@@ -122,7 +125,7 @@ def _positive(key: str, value: float, zero_ok: bool = False) -> None:
         raise ConfigError(f"{key}={value} must be {'>= 0' if zero_ok else '> 0'}")
 
 
-def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> None:
+def validate(c: TrainConfig, check_weights: Callable[[Any], object] | None = None) -> None:
     """`check_weights(model_cfg)` raises when the model's files are missing; given, its message joins the
     report for a model that cannot train here, so a user learns every blocker at once."""
     check_numbers(c)
@@ -183,7 +186,7 @@ def validate(c: Any, check_weights: Callable[[Any], object] | None = None) -> No
 _WANDB_NAME_BAD = "/\\#?%:"  # what W&B refuses in a project name (after start-up, as a traceback)
 
 
-def _check_outputs(c: Any) -> None:
+def _check_outputs(c: TrainConfig) -> None:
     """Where a run's outputs go, refused before anything starts: a checkpoint count that would delete every
     checkpoint it writes, and W&B names that W&B itself refuses or that read as a path."""
     if c.checkpoint.keep < 1:
@@ -202,7 +205,7 @@ def _check_outputs(c: Any) -> None:
                               f"(e.g. {key}=rlexp)")
 
 
-def _check_warmup(c: Any) -> None:
+def _check_warmup(c: TrainConfig) -> None:
     w = c.model.warmup
     _positive("model.warmup.steps", w.steps, zero_ok=True)
     if not w.steps:
@@ -215,7 +218,7 @@ def _check_warmup(c: Any) -> None:
                           f"checkpoint. Set model.warmup.steps=0")
 
 
-def too_big_for_cpu(c: Any) -> bool:
+def too_big_for_cpu(c: TrainConfig) -> bool:
     """A billion-parameter model on a CPU-only cluster: `rlexp train` refuses it, and `rlexp plan` says so too
     (a GPU memory plan for a cluster without GPUs would read as a plan that fits)."""
     # a user's own cluster file may leave `device` out; only a cluster that says cpu is refused here
@@ -223,7 +226,7 @@ def too_big_for_cpu(c: Any) -> bool:
     return bool(c.model.flavor != "tiny" and device == "cpu" and c.model.arch.dim >= 1024)
 
 
-def _check_trainer_layout(c: Any) -> None:
+def _check_trainer_layout(c: TrainConfig) -> None:
     par = c.model.parallelism
     _positive("model.parallelism.trainer_fsdp", par.trainer_fsdp)
     _positive("model.parallelism.trainer_tp", par.trainer_tp)

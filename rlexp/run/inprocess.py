@@ -23,18 +23,18 @@ from rlexp.transport.registry import AUTO, pair_transport, transport_spec
 
 def check_inprocess(p: Prepared) -> None:
     """What cannot run in one process, refused before anything loads."""
-    c = p.cfg
+    cfg = p.cfg
     reasons = []
-    if c.model.parallelism.trainer_world > 1:
-        reasons.append(f"a sharded trainer (trainer_world={c.model.parallelism.trainer_world}) needs one process "
+    if cfg.model.parallelism.trainer_world > 1:
+        reasons.append(f"a sharded trainer (trainer_world={cfg.model.parallelism.trainer_world}) needs one process "
                        f"per rank; set model.parallelism.trainer_fsdp=1 trainer_tp=1")
     if p.served_verifiers:
         reasons.append(f"model verifiers ({', '.join(v.name for v in p.served_verifiers)}) are served by actors of "
                        f"their own; use a reward without them (reward=rule or annotated)")
-    if c.generator.backend != "titan":
-        reasons.append(f"generator.backend={c.generator.backend} runs an engine process of its own; use "
+    if cfg.generator.backend != "titan":
+        reasons.append(f"generator.backend={cfg.generator.backend} runs an engine process of its own; use "
                        f"generator=titan")
-    if c.sync.mode != "on_policy":
+    if cfg.sync.mode != "on_policy":
         reasons.append("calls complete when made here, so nothing overlaps; use sync=on_policy")
     if reasons:
         raise ValueError("in-process run: " + "; ".join(reasons))

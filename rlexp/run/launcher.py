@@ -6,13 +6,12 @@ runs the loop, and teardown runs in `finally` and on SIGTERM, so no process outl
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from omegaconf import DictConfig
 from rlexp.actors.buffer import ReplayBuffer
 from rlexp.actors.probe import Probe
 from rlexp.cluster.hosts import LOCAL, ROLES, Host, Hosts
-from rlexp.cluster.layout import assign_gpus
 from rlexp.cluster.registry import job_backend
 from rlexp.config.schema import TrainConfig
 from rlexp.core import gpu_mask
@@ -32,12 +30,22 @@ from rlexp.core.services import Collective, Local, Service, ServiceDown, Service
 from rlexp.errors import RunStopped
 from rlexp.run import checkpoints
 from rlexp.run.controller import Controller
+from rlexp.run.elastic import Elastic
+from rlexp.run.interrupts import Interrupts, report_fault, stop_checkpoint, stop_message
 from rlexp.run.phases import Phases
-from rlexp.run.prepare import Prepared, prepare
-from rlexp.run.wiring import Role, generator_role, reward_in_controller, reward_role, wiring, with_master_port
+from rlexp.run.prepare import Prepared, prepare, recorded
+from rlexp.run.wiring import (
+    Role,
+    Wiring,
+    generator_role,
+    reward_in_controller,
+    reward_role,
+    wiring,
+    with_master_port,
+)
 from rlexp.tracking import runlog
 from rlexp.tracking.files import atomic_write_text
-from rlexp.tracking.manifest import read_manifest, update_manifest, write_start_manifest
+from rlexp.tracking.manifest import read_manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
 from rlexp.transport import TransportSpec, registry as transports
 from rlexp.transport.registry import pair_transports, resolve, transport_spec
@@ -59,7 +67,7 @@ class Graph:
         self.services: Services | None = None
         self.add_generator: Callable[[], None] | None = None  # set by build_graph
         self.transports: list[str] = []  # per generator replica: how its weights arrive
-        # mesh name -> each rank's GPUs (`assign_gpus`; empty on CPU)
+        # mesh name -> each rank's GPUs (`rlexp.run.wiring.Wiring.gpus`; empty on CPU)
         self.gpus: dict[str, list[str]] = {}
 
     def spawn(self, name: str, cls: type, *args: Any, procs: int = 1, host: Host | None = None,
@@ -122,8 +130,8 @@ class WeightPairs:
     """Which weight transport each trainer->generator pair uses, decided by the machines the two processes turned
     out to run on (`pair_transports`: shm on one machine, tcp across), and the transports' server actors."""
 
-    def __init__(self, g: Graph, c: TrainConfig, run_name: str) -> None:
-        self.g, self.c, self.run_name = g, c, run_name
+    def __init__(self, g: Graph, cfg: TrainConfig, run_name: str) -> None:
+        self.g, self.c, self.run_name = g, cfg, run_name
         self.trainer_machine = ""
         self.servers: dict[str, Any] = {}  # transport -> its server actor (monarch's), on the trainer's first process
 
@@ -199,11 +207,11 @@ class Recovery:
         self.respawned(gen)
 
 
-def rendezvous_port(g: Graph, c: TrainConfig, trainer_mesh: Any, world: int) -> int | str:
+def rendezvous_port(g: Graph, cfg: TrainConfig, trainer_mesh: Any, world: int) -> int | str:
     """The trainer's process-group port: none on one rank; on rank 0's host when the trainer spans hosts."""
     if world == 1:
         return 0
-    if job_backend(c.cluster.job).remote_rendezvous and c.cluster.role_hosts.get("trainer"):
+    if job_backend(cfg.cluster.job).remote_rendezvous and cfg.cluster.role_hosts.get("trainer"):
         rank0 = first_proc(trainer_mesh).spawn("port_probe", Probe)
         return f"{g.where['trainer'][0]['hostname']}:{rank0.free_port.call_one().get()}"
     return free_port()
@@ -214,11 +222,11 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     """Spawn the roles of `rlexp.run.wiring.wiring` on their hosts (into `g`, so a failure half-way still stops what
     started), set them up and wire them into `Services`, with a `Recovery` for each replica. `phase` is told when
     the processes are up and as each role has loaded its weights: the long waits of start-up."""
-    c = p.cfg
-    g = g if g is not None else Graph(Hosts(c.cluster))
-    g.gpus = assign_gpus(c)
+    cfg = p.cfg
+    g = g if g is not None else Graph(Hosts(cfg.cluster))
     w = wiring(p)
-    pairs = WeightPairs(g, c, run_name)
+    g.gpus = w.gpus
+    pairs = WeightPairs(g, cfg, run_name)
     # The trainer's processes first: the machine they run on decides each generator's weight transport. The trainer
     # is one proc, or one per (FSDP x TP) rank (one GPU each on CUDA), `world / hosts` ranks on each host when it
     # spans hosts. See rlexp/actors/trainer.py.
@@ -228,7 +236,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
         g.procs(role.name, 1, g.hosts.host(role.hosts, role.index))
     g.transports = [pairs.transport_for(role.name) for role in w.generators]
     gens = [pairs.spawn_generator(role) for role in w.generators]
-    port = rendezvous_port(g, c, trainer_mesh, w.trainer.procs)
+    port = rendezvous_port(g, cfg, trainer_mesh, w.trainer.procs)
     trainer = g.spawn_role(with_master_port(w.trainer, port),
                            transports=[pairs.spec(t) for t in dict.fromkeys(g.transports)])
     pairs.start_servers(trainer_mesh)
@@ -241,21 +249,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     if phase is not None:
         procs = sum(len(where) for where in g.where.values())
         phase(f"processes spawned ({procs} in {len(g.meshes)} meshes: {', '.join(g.meshes)})")
-    verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}  # load while the policy loads
-    setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]  # every trainer rank sets up
-    times: list[Any] = []
-    for name, f in zip([*(r.name for r in w.generators), "trainer"], setup):
-        times.append(f.get())
-        if phase is not None:  # each role as it is ready: many verifiers can take minutes on a loaded CPU
-            phase(f"{name} ready")
-    n_params = next(iter(times[-1].values()))  # rank 0's answer
-    verifier_s: dict[str, float] = {}
-    for name, f in verifier_setup.items():
-        verifier_s[name] = max(f.get().values())
-        if phase is not None:
-            phase(f"verifier_{name} ready")
-    if reference is not None:  # after the trainer: it joins the trainer's process group
-        reference.setup.call().get()
+    n_params, gen_times, verifier_s = set_up(w, gens, trainer, verifiers, reference, phase)
     replicas = {r.settings.verifier.name: [verifiers[r.settings.verifier.name].slice(procs=j) for j in range(r.procs)]
                 for r in w.verifiers}
 
@@ -269,7 +263,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     placement = (run_dir / "placement.json") if run_dir is not None else None
     recovery = Recovery(g, p, pairs, attach, placement)
     g.add_generator = recovery.add_generator
-    fault = c.cluster.fault
+    fault = cfg.cluster.fault
 
     def log(msg: str) -> None:
         runlog.announce(f"[rlexp] {msg}")
@@ -292,8 +286,35 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
         generator_seeds=w.generator_seeds)
     if placement is not None:
         g.write_placement(placement)
-    g.placement = describe_placement(g, c, n_params, times[:-1], p, verifier_s)
+    g.placement = describe_placement(g, cfg, n_params, gen_times, p, verifier_s)
     return g
+
+
+def set_up(wired: Wiring, gens: list[Any], trainer: Any, verifiers: dict[str, Any], reference: Any,
+           phase: Callable[[str], object] | None) -> tuple[int, list[float], dict[str, float]]:
+    """Every spawned role loads its weights: the verifiers while the policy loads, the reference
+    model after the trainer (it joins the trainer's process group). `phase` is told as each role is
+    ready: many verifiers can take minutes on a loaded CPU. Returns the trainer's parameter count,
+    each generator's set-up seconds and each verifier's. A function of its own: the long waits of
+    start-up, apart from the spawning and wiring in `build_graph`."""
+    # the verifiers load while the policy loads
+    verifier_setup = {name: m.setup.call() for name, m in verifiers.items()}
+    # every trainer rank sets up
+    setup = [m.setup.call_one() for m in gens] + [trainer.setup.call()]
+    times: list[Any] = []
+    for name, f in zip([*(r.name for r in wired.generators), "trainer"], setup):
+        times.append(f.get())
+        if phase is not None:
+            phase(f"{name} ready")
+    n_params = next(iter(times[-1].values()))  # rank 0's answer
+    verifier_s: dict[str, float] = {}
+    for name, f in verifier_setup.items():
+        verifier_s[name] = max(f.get().values())
+        if phase is not None:
+            phase(f"verifier_{name} ready")
+    if reference is not None:  # after the trainer: it joins the trainer's process group
+        reference.setup.call().get()
+    return n_params, times[:-1], verifier_s
 
 
 def spawn_masks(gpus: list[str]) -> Callable[[Any], Any]:
@@ -324,25 +345,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: list[float], p: Prepared,
+def describe_placement(g: Graph, cfg: TrainConfig, n_params: int, gen_setup_s: list[float], p: Prepared,
                        verifier_s: dict[str, float]) -> list[str]:
     n_hosts = len({h.label for hosts in g.hosts.roles.values() for h in hosts} | {LOCAL})
-    job = job_backend(c.cluster.job).describe(c.cluster)
-    lines = [f"actor graph (cluster={c.cluster.name}: {job}, {c.cluster.device}, "
+    job = job_backend(cfg.cluster.job).describe(cfg.cluster)
+    lines = [f"actor graph (cluster={cfg.cluster.name}: {job}, {cfg.cluster.device}, "
              f"{n_hosts} host{'s' if n_hosts > 1 else ''} with the controller's):"]
-    gpus = assign_gpus(c)
-    par = c.model.parallelism
+    gpus = g.gpus
+    par = cfg.model.parallelism
     for name, (mesh, host) in g.meshes.items():
-        role = {"generator": f"{c.generator.backend} backend, engine ready in {{:.1f}}s",
-                "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={c.trainer.lr}"
+        role = {"generator": f"{cfg.generator.backend} backend, engine ready in {{:.1f}}s",
+                "trainer": f"TorchTitan Qwen3 {n_params/1e6:.2f}M params, AdamW lr={cfg.trainer.lr}"
                            + (f", {par.trainer_world} ranks (FSDP2 {par.trainer_fsdp} x TP {par.trainer_tp})"
                               if par.trainer_world > 1 else "")
-                           + (", activation checkpointing" if c.trainer.activation_checkpointing else "")
-                           + (", bf16 mixed precision" if c.trainer.mixed_precision else "")
+                           + (", activation checkpointing" if cfg.trainer.activation_checkpointing else "")
+                           + (", bf16 mixed precision" if cfg.trainer.mixed_precision else "")
                            + ("; reference model (frozen initial policy, KL) on the same procs"
-                              if c.algorithm.kl_coef > 0 else ""),
-                "reward": f"reward={c.reward.name}"
-                          + (f" over {len(c.reward.verifiers)} verifiers" if c.reward.verifiers else ""),
+                              if cfg.algorithm.kl_coef > 0 else ""),
+                "reward": f"reward={cfg.reward.name}"
+                          + (f" over {len(cfg.reward.verifiers)} verifiers" if cfg.reward.verifiers else ""),
                 "verifier": "",
                 }
         key = role_of(name)
@@ -360,13 +381,13 @@ def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: lis
             on += f", GPUs {'|'.join(gpus[name])}"
         lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
     if reward_in_controller(p):
-        lines.append(f"  reward      this process: reward={c.reward.name}, a pure function, scored by the controller "
+        lines.append(f"  reward      this process: reward={cfg.reward.name}, a pure function, scored by the controller "
                      f"(rlexp.run.wiring.reward_in_controller)")
     lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
-                 f"{c.cluster.transport})")
+                 f"{cfg.cluster.transport})")
     lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/algorithm/loop.py), data order, "
-                 f"replay buffer (max_policy_age={c.sync.policy_age}), evaluation, checkpoints; replica faults: "
-                 f"respawn up to {c.cluster.fault.max_restarts}x, then retire")
+                 f"replay buffer (max_policy_age={cfg.sync.policy_age}), evaluation, checkpoints; replica faults: "
+                 f"respawn up to {cfg.cluster.fault.max_restarts}x, then retire")
     return lines
 
 
@@ -384,14 +405,16 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     if phases is None:
         phases = Phases(since_start=True)
         phases.done("started, config composed")
-    composed = copy.deepcopy(cfg)  # the resume hash is of this: before `prepare` fills in derived values
     p = prepare(cfg)  # refuses a bad value (an interpolation of the wrong type, say) naming the key
-    cfg_hash = checkpoints.resume_hash(composed)
+    # the resume hash is of the config as composed (after `prepare`: a plug-in may add a resolver);
+    # `prepare` derives values in the typed config only
+    cfg_hash = checkpoints.resume_hash(cfg)
+    record = recorded(cfg, p.cfg)  # what the manifest and the trackers record, derived values too
     phases.done("checks done (config, memory plan, data, reward, model files)")
     resume_from = checkpoints.resume_point(run_dir, p.cfg.resume, p.cfg.steps, p.cfg.force_resume, cfg_hash,
-                                           checkpoints.resume_hash(cfg), say=runlog.announce)
-    manifest = write_start_manifest(run_dir, cfg, sys.argv, p.seeds,
-                                    {**p.extra, "resumed_from": str(resume_from) if resume_from else None})
+                                           checkpoints.resume_hash(record), say=runlog.announce)
+    resumed = {"resumed_from": str(resume_from) if resume_from else None}
+    manifest = write_start_manifest(run_dir, record, sys.argv, p.seeds, {**p.extra, **resumed})
     run_name = f"{run_dir.name}-{os.getpid()}"
     release_stale_weights(p.cfg)
     interrupts = Interrupts()
@@ -400,7 +423,8 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     previous_hook = monarch.actor.unhandled_fault_hook
     monarch.actor.unhandled_fault_hook = report_fault  # handled here: callers see the error, services recover
     try:
-        with build_trackers(cfg.logger, cfg, run_dir, manifest) as trackers, interrupts.record_on_exit():
+        trackers_of_run = build_trackers(p.cfg.logger, record, run_dir, manifest)
+        with trackers_of_run as trackers, interrupts.record_on_exit():
             graph = Graph(Hosts(p.cfg.cluster))
             phases.done(f"hosts up (cluster={p.cfg.cluster.name})")
             build_graph(p, run_name, graph, run_dir, phase=phases.done)
@@ -444,43 +468,6 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
             signal.signal(sig, handler)
 
 
-def stop_checkpoint(ctl: Controller, interrupts: Interrupts, run_dir: Path) -> None:
-    """SIGTERM or SIGUSR1 (a scheduler's notice before it kills): the step just done is checkpointed,
-    whatever `checkpoint.every_n_steps` says, and the manifest says why the run stopped and how to continue
-    it, before the run stops (`Interrupts.check`). A second signal while the checkpoint is written is only
-    announced (the write is atomic either way: a cut one leaves no folder behind); a third stops at once."""
-    assert interrupts.pending is not None
-    name = signal.Signals(interrupts.pending).name
-    with interrupts.shielded(f"writing the checkpoint of step {ctl.state.step}"):
-        ckpt = ctl.checkpoint_now()
-        command = checkpoints.resume_command(read_manifest(run_dir).command, run_dir)
-        update_manifest(run_dir, interrupted={"signal": name, "step": ctl.state.step, "checkpoint": str(ckpt),
-                                              "resume": command})
-    runlog.announce(f"[rlexp] {name}: checkpoint {ckpt} written at step {ctl.state.step}; stopping. Continue "
-                    f"with: {command}")
-
-
-def stop_message(e: BaseException, step: int, last: Path | None) -> str:
-    what = (f"a trainer process died at step {step + 1} ({_last_line(e)}). Trainer ranks hold the only copy of "
-            f"the optimizer state, so the run cannot go on without them"
-            if is_process_failure(e) else f"at step {step + 1}: {e}")
-    return what + (f". The last checkpoint, {last}, is intact: continue with the same command plus resume=auto"
-                   if last else ". No checkpoint was written yet (checkpoint.every_n_steps): start again "
-                                                     "with resume=restart")
-
-
-def report_fault(failure: Any) -> None:
-    """Monarch's hook for a process failure nobody supervises: by default it exits the controller. Here it
-    only reports; the call that was waiting on the process raises, and its service respawns or retires the
-    replica (rlexp/core/services.py), or, for a trainer rank, the run stops with its checkpoint intact."""
-    print(f"[rlexp] process failure: {_last_line(failure)}", file=sys.stderr, flush=True)
-
-
-def _last_line(e: Any) -> str:
-    text = str(e).strip()
-    return text.splitlines()[-1].strip()[:300] if text else type(e).__name__
-
-
 def release_stale_weights(c: TrainConfig) -> None:
     """Set-up: what runs that died without tearing down (kill -9, OOM) left, freed by each transport
     that leaves files (`WeightTransport.release_stale`: only what that transport made is touched).
@@ -493,104 +480,3 @@ def release_weights(c: TrainConfig, run_name: str) -> None:
     first."""
     transports.release(c, run_name)
 
-
-class Elastic:
-    """Generator replicas resized between steps: write a number to `<run dir>/generator_replicas` and the run
-    adds replicas (new processes, given the current weights first) or retires the newest ones, with a logged
-    reason, at the next step boundary. Samples do not change: they depend on `generator.shards`, not on the
-    replicas serving them."""
-
-    FILE = "generator_replicas"
-
-    def __init__(self, graph: Graph, run_dir: Path) -> None:
-        self.graph, self.path = graph, run_dir / self.FILE
-        self._refused: str | None = None  # the last unusable content, announced once
-
-    def check(self) -> None:
-        try:
-            text = self.path.read_text().strip()
-        except (FileNotFoundError, UnicodeDecodeError):
-            return
-        if not text.isdigit() or len(text) > 6:  # a count of replicas, nothing else
-            if text != self._refused:
-                runlog.announce(f"[rlexp] {self.path}: {text[:40]!r} is not a number of replicas; ignored")
-                self._refused = text
-            return
-        want = int(text)
-        svc = self.graph.services.generators if self.graph.services else None
-        if svc is None or self.graph.add_generator is None:
-            return
-        if want < 1:
-            runlog.announce(f"[rlexp] {self.path}: {want} replicas would stop generation; keeping {len(svc)}")
-            return
-        while len(svc) < want:
-            self.graph.add_generator()
-        while len(svc) > want:
-            i = svc.healthy()[-1]
-            svc.retire(i, f"scaled down to {want} ({self.path})")
-            with contextlib.suppress(Exception):
-                self.graph.mesh(f"generator{i}").stop().get(timeout=30)
-
-
-class Interrupts:
-    """Ctrl-C (SIGINT), SIGTERM and SIGUSR1. From the first evaluation to the last step, the first signal
-    stops the run at the end of the current step, where no actor call is half-done: an exception raised
-    inside Monarch's waiting code could leave teardown hanging. SIGTERM and SIGUSR1 (what a scheduler sends
-    before it kills: Slurm at a time limit or preemption, SIGUSR1 ahead of it with `--signal`) first write a
-    checkpoint of that step (`stop_checkpoint`). A second signal, or one during start-up or the final
-    evaluation and export, stops at once. SIGINT ends as KeyboardInterrupt, SIGTERM as exit code 143,
-    SIGUSR1 as 138 (128 + the signal, as a shell reports a process killed by it); all mark the run
-    interrupted. Except while the run's record or that checkpoint is written (`recording`): a signal
-    raised inside the trackers' finish would leave the manifest saying "running", and the run is stopping
-    anyway, so the first one arriving then is only announced; another stops at once (a hung upload)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-    CHECKPOINT = (signal.SIGTERM, signal.SIGUSR1)  # the step done is checkpointed before the run stops
-
-    def __init__(self) -> None:
-        self.deferred = False
-        self.pending: int | None = None
-        self.recording = False
-        self.busy = "writing the run's record"  # what `recording` protects, for the message
-
-    @contextlib.contextmanager
-    def shielded(self, busy: str) -> Iterator[None]:
-        """While the body runs, the first signal is only announced (`busy` says why); another acts at once."""
-        self.recording, self.busy = True, busy
-        try:
-            yield
-        finally:
-            self.recording, self.busy = False, "writing the run's record"
-
-    @contextlib.contextmanager
-    def record_on_exit(self) -> Iterator[None]:
-        """Entered just inside the trackers' `with`: from its exit (the run ending, however) until
-        `recording` is cleared, signals no longer interrupt the trackers' finish."""
-        try:
-            yield
-        finally:
-            self.recording = True
-
-    def handler(self, signum: int, frame: Any) -> None:
-        if self.recording:
-            self.recording = False
-            print(f"\n[rlexp] {signal.Signals(signum).name}: {self.busy} first (send it again to stop now)",
-                  file=sys.stderr, flush=True)
-            return
-        if not self.deferred or self.pending is not None:
-            raise self._exception(signum)
-        self.pending = signum
-        then = "checkpointing and stopping" if signum in self.CHECKPOINT else "stopping"
-        print(f"\n[rlexp] {signal.Signals(signum).name}: {then} after this step (send it again to stop now)",
-              file=sys.stderr, flush=True)
-
-    def check(self, final: bool = False) -> None:
-        if final:
-            self.deferred = False
-        if self.pending is not None:
-            signum, self.pending, self.deferred = self.pending, None, False
-            raise self._exception(signum)
-
-    @staticmethod
-    def _exception(signum: int) -> BaseException:
-        return KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)

@@ -5,15 +5,16 @@ all checked here, so a bad input costs seconds, not an engine start. Nothing her
 """
 from __future__ import annotations
 
+import copy
 import os
 import random
 import sys
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from rlexp.algorithm.grpo import LOSSES
 from rlexp.cluster.cuda_env import check_driver
@@ -22,9 +23,11 @@ from rlexp.cluster.hosts import check_cluster, weight_hosts
 from rlexp.cluster.layout import auto_threads, check_hosts_fit, controller_gpus
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
 from rlexp.cluster.registry import job_backend
+from rlexp.config.model import ModelConfig
 from rlexp.config.overrides import check_composed_keys
 from rlexp.config.reward import VerifierConfig
 from rlexp.config.schema import TrainConfig
+from rlexp.config.typed import typed_config
 from rlexp.config.validate import ConfigError, validate
 from rlexp.core.plugins import (
     activate,
@@ -69,74 +72,95 @@ class Prepared:
     reward_pure: bool = False  # `rlexp.rewards.base.Reward.pure`
 
 
-def check_config(cfg: DictConfig) -> TrainConfig:
-    """The composed config as the typed schema, every value checked (`rlexp.config.validate.validate`), the
-    environment's options known (`rlexp.envs.base.Environment.Options`) and, for a real model, the memory plan
-    (a `trainer.micro_batch_size` of 0 becomes the largest that fits) against this machine's devices: the cheap
-    part of `prepare`, so a bad override is refused naming its key in well under a second. Resolving an
-    interpolation that fails (an unset `${oc.env:...}`, a string where a number belongs) is a `ConfigError`
-    too, not a traceback."""
-    check_composed_keys(cfg)
+# Values `prepare` derives when the composed config leaves them unset
+# (`trainer.micro_batch_size=0`, an unset `cluster.threads_per_proc`,
+# `generator.gpu_memory_utilization=0` on CUDA): decided once, in the typed config, and copied into
+# the record by `recorded`.
+DERIVED_KEYS = ("trainer.micro_batch_size", "generator.gpu_memory_utilization",
+                "cluster.threads_per_proc")
+
+
+def recorded(composed: DictConfig, cfg: TrainConfig) -> DictConfig:
+    """What the run records as its config (the manifest, the trackers): the composed config as
+    given, with the values `prepare` derived (`DERIVED_KEYS`) taken from the typed `cfg`. A copy:
+    `composed` itself stays as composed (the resume hash is taken of it)."""
+    out = copy.deepcopy(composed)
+    for key in DERIVED_KEYS:
+        OmegaConf.update(out, key, attrgetter(key)(cfg), merge=False)
+    return out
+
+
+def check_config(composed: DictConfig) -> TrainConfig:
+    """The composed config as the typed schema (`rlexp.config.typed.typed_config`, the one
+    conversion), every value checked (`rlexp.config.validate.validate`), the environment's options
+    known (`rlexp.envs.base.Environment.Options`) and, for a real model, the memory plan (a
+    `trainer.micro_batch_size` of 0 becomes the largest that fits) against this machine's devices:
+    the cheap part of `prepare`, so a bad override is refused naming its key in well under a
+    second. Values derived here (`DERIVED_KEYS`) are decided once, in the typed
+    config; the run's record takes them from it (`recorded`)."""
+    check_composed_keys(composed)
+    cfg = typed_config(composed)
+    # before any name is looked up; a bad one fails here
+    activate(list(cfg.plugins), search_paths(cfg.config_path))
     try:
-        t: TrainConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(f"{key}: {str(e).splitlines()[0]}") from None
-    activate(list(t.plugins), search_paths(t.config_path))  # before any name is looked up; a bad one fails here
-    try:
-        job_backend(t.cluster.job)  # the planner and the layout ask the job kind: an unknown one stops here
+        # the planner and the layout ask the job kind: an unknown one stops here
+        job_backend(cfg.cluster.job)
     except ValueError as e:
-        raise ConfigError(f"cluster={t.cluster.name}: {e}") from None
-    real, cuda = t.model.flavor != "tiny", t.cluster.device == "cuda"
-    report = plan_memory(cfg) if real or cuda or t.trainer.micro_batch_size == 0 else None
-    if report is not None and t.trainer.micro_batch_size == 0:  # derived: the largest the plan fits
-        t.trainer.micro_batch_size = cfg.trainer.micro_batch_size = report.micro_batch_size
+        raise ConfigError(f"cluster={cfg.cluster.name}: {e}") from None
+    real, cuda = cfg.model.flavor != "tiny", cfg.cluster.device == "cuda"
+    trainer, generator = cfg.trainer, cfg.generator
+    report = plan_memory(cfg) if real or cuda or trainer.micro_batch_size == 0 else None
+    if report is not None and trainer.micro_batch_size == 0:  # derived: the largest the plan fits
+        trainer.micro_batch_size = report.micro_batch_size
     # derived: vLLM holds the plan
-    if report is not None and cuda and not t.generator.gpu_memory_utilization:
-        t.generator.gpu_memory_utilization = report.gpu_memory_utilization
-        cfg.generator.gpu_memory_utilization = report.gpu_memory_utilization
+    if report is not None and cuda and not generator.gpu_memory_utilization:
+        generator.gpu_memory_utilization = report.gpu_memory_utilization
     # every CUDA run, the tiny model too: the GPUs of the roles this machine hosts, before spawning
-    if cuda and (here := controller_gpus(t)):
-        check_devices(report, t.cluster, needed=here)
-        check_driver()  # this machine's driver runs torch's CUDA build (rlexp doctor prints the details)
-    validate(t, check_weights=check_model_files)
-    check_context(t)
-    check_host(sizes_of(t, job_backend(t.cluster.job).one_machine))  # RAM and processes, before any spawn
-    if t.cluster.threads_per_proc is None:  # derived, and recorded: the thread count changes float reductions
-        t.cluster.threads_per_proc = cfg.cluster.threads_per_proc = auto_threads(t)
-    if t.cluster.device == "cuda" and t.cluster.gpus_per_host:
-        check_hosts_fit(t)  # every host's roles fit its GPUs
-    check_env_options(t.environment)
-    LOSSES.get(t.algorithm.loss)  # a user's loss: imported and kind-checked here, not in the trainer process
-    configured_trackers(t.logger)  # trackers' names and options checked, their modules recorded
+    if cuda and (here := controller_gpus(cfg)):
+        check_devices(report, cfg.cluster, needed=here)
+        # this machine's driver runs torch's CUDA build (rlexp doctor prints the details)
+        check_driver()
+    validate(cfg, check_weights=check_model_files)
+    check_context(cfg)
+    # RAM and processes, before any spawn
+    check_host(sizes_of(cfg, job_backend(cfg.cluster.job).one_machine))
+    # derived, and recorded: the thread count changes float reductions
+    if cfg.cluster.threads_per_proc is None:
+        cfg.cluster.threads_per_proc = auto_threads(cfg)
+    if cfg.cluster.device == "cuda" and cfg.cluster.gpus_per_host:
+        check_hosts_fit(cfg)  # every host's roles fit its GPUs
+    check_env_options(cfg.environment)
+    # a user's loss: imported and kind-checked here, not in the trainer process
+    LOSSES.get(cfg.algorithm.loss)
+    configured_trackers(cfg.logger)  # trackers' names and options checked, their modules recorded
     if report is not None and real and not report.ok:
         raise PlanError("the configured layout does not fit:\n" + report.table(), report)
-    return t
+    return cfg
 
 
-def prepare(cfg: DictConfig) -> Prepared:
+def prepare(composed: DictConfig) -> Prepared:
     """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
-    t = check_config(cfg)
+    cfg = check_config(composed)
     try:
-        check_cluster(t.cluster)
+        check_cluster(cfg.cluster)
     except ValueError as e:
-        raise ConfigError(f"cluster={t.cluster.name}: {e}") from None
-    check_transport(t.cluster.transport, hosts=weight_hosts(t.cluster), cfg=t)
-    processes = {"generator": t.generator.replicas, "trainer": t.model.parallelism.trainer_world,
-                 "reward": t.reward.replicas}
-    idle = {r: (n, processes[r]) for r, n in t.cluster.role_hosts.items() if r in processes and n > processes[r]}
+        raise ConfigError(f"cluster={cfg.cluster.name}: {e}") from None
+    check_transport(cfg.cluster.transport, hosts=weight_hosts(cfg.cluster), cfg=cfg)
+    processes = {"generator": cfg.generator.replicas, "trainer": cfg.model.parallelism.trainer_world,
+                 "reward": cfg.reward.replicas}
+    idle = {r: (n, processes[r]) for r, n in cfg.cluster.role_hosts.items() if r in processes and n > processes[r]}
     if idle:
         raise ConfigError("; ".join(f"cluster.hosts_per_role.{r}={n} hosts for {k} process(es) would leave hosts idle: "
                                     f"lower it, or raise the role's replicas" for r, (n, k) in idle.items()))
     try:
-        env = build_env(t.environment)
+        env = build_env(cfg.environment)
         train, held = env.train_samples(), env.eval_samples()
-        benchmarks = load_benchmarks(list(t.eval.benchmarks))
-        t.reward.verifiers = list(t.reward.verifiers) or list(t.verifier_set.members)
-        reward = build_reward(t.reward, env)  # unknown verifiers, bad options: fail now, not in an actor
+        benchmarks = load_benchmarks(list(cfg.eval.benchmarks))
+        cfg.reward.verifiers = list(cfg.reward.verifiers) or list(cfg.verifier_set.members)
+        reward = build_reward(cfg.reward, env)  # unknown verifiers, bad options: fail now, not in an actor
         used = {v.name for v in reward.verifiers}
-        t.reward.verifiers = [v for v in t.reward.verifiers if v.name in used]
-        check_verifier_kinds(t, env)
+        cfg.reward.verifiers = [v for v in cfg.reward.verifiers if v.name in used]
+        check_verifier_kinds(cfg, env)
         # Every model the reward scores with, its own list's or one given inline (single_rm options.kind).
         served, missing = [], []
         for v in reward.verifiers:
@@ -148,52 +172,52 @@ def prepare(cfg: DictConfig) -> Prepared:
         if missing:  # every missing checkpoint at once, each with its download command
             raise CheckpointError("\n  - ".join(["missing verifier checkpoints:", *missing]))
     except (ValueError, FileNotFoundError) as e:  # bad environment/reward/benchmark input: one clear line
-        raise ConfigError(f"environment={t.environment.name} reward={t.reward.name}: {e}") from e
-    check_multi_turn(t, env)
-    model_dir = str(resolve_model(t.model))
-    extra_limits = check_checkpoint_limits(t, model_dir)
+        raise ConfigError(f"environment={cfg.environment.name} reward={cfg.reward.name}: {e}") from e
+    check_multi_turn(cfg, env)
+    model_dir = str(resolve_model(cfg.model))
+    extra_limits = check_checkpoint_limits(cfg, model_dir)
     # both before the warm-up, which trains the same tokenizer's model: the longer-prompt refusal first, as it
     # names the context to fit
-    check_prompt_lengths(t, env.name, {"train": train, "eval": held}, model_dir)
-    vocabulary = check_vocabulary(t, train, held, model_dir)
+    check_prompt_lengths(cfg, env.name, {"train": train, "eval": held}, model_dir)
+    vocabulary = check_vocabulary(cfg, train, held, model_dir)
     warm = None
-    if t.model.warmup.steps:
-        warm_dir, warm = ensure_warm_checkpoint(Path(model_dir), t, env)
+    if cfg.model.warmup.steps:
+        warm_dir, warm = ensure_warm_checkpoint(Path(model_dir), cfg, env)
         model_dir = str(warm_dir)
-    seeds = component_seeds(t.seed, t.generator.shards)
+    seeds = component_seeds(cfg.seed, cfg.generator.shards)
     extra = {
-        "determinism": apply_determinism(t.determinism, t.seed),
-        "datasets": {f"{t.environment.name}/train": {"n": len(train), "sha256": fingerprint_examples(
+        "determinism": apply_determinism(cfg.determinism, cfg.seed),
+        "datasets": {f"{cfg.environment.name}/train": {"n": len(train), "sha256": fingerprint_examples(
             [(s.id, s.problem.prompt, s.answer) for s in train])},
-            f"{t.environment.name}/eval": {"n": len(held), "sha256": fingerprint_examples(
+            f"{cfg.environment.name}/eval": {"n": len(held), "sha256": fingerprint_examples(
                 [(s.id, s.problem.prompt, s.answer) for s in held])}},
-        "model": {"name": t.model.name, "hf_repo": t.model.hf_repo, "revision": t.model.revision,
+        "model": {"name": cfg.model.name, "hf_repo": cfg.model.hf_repo, "revision": cfg.model.revision,
                   "path": model_dir, "sha256": hash_files(model_dir), "warmup": warm,
                   "limits": extra_limits, "vocabulary": vocabulary},
     }
     extra["verifiers"] = {v.name: {"kind": str(v.kind), "path": v.options["path"],
                                    "sha256": hash_files(v.options["path"])} for v in served}
-    export_used(t.plugins, t.config_path)  # the actors import what the lookups above used
-    extra["plugins"] = describe_plugins(used_modules(t.plugins))  # what `rlexp reproduce` checks before a re-run
-    extra["config_path"] = describe_config_dirs(t.config_path)
+    export_used(cfg.plugins, cfg.config_path)  # the actors import what the lookups above used
+    extra["plugins"] = describe_plugins(used_modules(cfg.plugins))  # what `rlexp reproduce` checks before a re-run
+    extra["config_path"] = describe_config_dirs(cfg.config_path)
     stateful = type(reward).state_dict is not Reward.state_dict
     # A subclass of a pure reward that keeps state or scores with verifiers is not pure, whatever it inherits.
     pure = type(reward).pure and not stateful and not reward.verifiers
-    return Prepared(t, env, model_dir, seeds, extra, benchmarks, served, stateful, pure)
+    return Prepared(cfg, env, model_dir, seeds, extra, benchmarks, served, stateful, pure)
 
 
-def check_checkpoint_limits(t: TrainConfig, model_dir: str) -> list[str]:
+def check_checkpoint_limits(cfg: TrainConfig, model_dir: str) -> list[str]:
     """The checkpoint's own config.json against the run (`rlexp.models.limits`): vocabulary and RoPE
     must match, `model.arch.max_seq_len` (vLLM's max_model_len) is lowered to the checkpoint's
     positions and said. The tiny model's checkpoint is written from `model.arch`, so there is
     nothing to compare. Returns what was changed."""
-    if t.model.flavor == "tiny" and not t.model.path:
+    if cfg.model.flavor == "tiny" and not cfg.model.path:
         return []
     limits = read_limits(model_dir)
     if limits is None:
         return []
     try:
-        notes = apply_limits(t.model, limits, t.algorithm.max_prompt_tokens, t.algorithm.max_tokens)
+        notes = apply_limits(cfg.model, limits, cfg.algorithm.max_prompt_tokens, cfg.algorithm.max_tokens)
     except LimitError as e:
         raise ConfigError(str(e)) from None
     for note in notes:
@@ -201,28 +225,28 @@ def check_checkpoint_limits(t: TrainConfig, model_dir: str) -> list[str]:
     return notes
 
 
-def check_multi_turn(t: TrainConfig, env: Environment) -> None:
+def check_multi_turn(cfg: TrainConfig, env: Environment) -> None:
     """Multi-turn limits that cannot work, refused before anything spawns."""
-    e, name = t.environment, t.environment.name
+    e, name = cfg.environment, cfg.environment.name
     if e.max_turns < 1:
         raise ConfigError(f"environment.max_turns={e.max_turns}: need at least 1 (one policy response)")
     if e.max_turns > 1 and type(env).step is Environment.step:
         raise ConfigError(f"environment={name} is single-turn (it has no `step` to reply with), so "
                           f"environment.max_turns={e.max_turns} cannot apply; leave it at 1")
-    if env.max_response_tokens and t.algorithm.max_tokens > env.max_response_tokens:
+    if env.max_response_tokens and cfg.algorithm.max_tokens > env.max_response_tokens:
         raise ConfigError(f"environment={name} judges responses of at most {env.max_response_tokens} token(s); "
-                          f"algorithm.max_tokens={t.algorithm.max_tokens} is larger. Set algorithm.max_tokens="
+                          f"algorithm.max_tokens={cfg.algorithm.max_tokens} is larger. Set algorithm.max_tokens="
                           f"{env.max_response_tokens}")
-    if t.algorithm.max_tokens < env.min_response_tokens:
+    if cfg.algorithm.max_tokens < env.min_response_tokens:
         raise ConfigError(f"environment={name}: a right answer is {env.min_response_tokens} tokens long, but "
-                          f"algorithm.max_tokens={t.algorithm.max_tokens} cuts every response shorter. Set "
+                          f"algorithm.max_tokens={cfg.algorithm.max_tokens} cuts every response shorter. Set "
                           f"algorithm.max_tokens={env.min_response_tokens}")
     if env.multi_turn:
-        room = e.max_episode_tokens or (t.model.arch.max_seq_len - t.algorithm.max_prompt_tokens)
-        if e.max_episode_tokens < 0 or room < t.algorithm.max_tokens:
+        room = e.max_episode_tokens or (cfg.model.arch.max_seq_len - cfg.algorithm.max_prompt_tokens)
+        if e.max_episode_tokens < 0 or room < cfg.algorithm.max_tokens:
             raise ConfigError(f"environment.max_episode_tokens={e.max_episode_tokens} leaves {room} tokens per "
-                              f"episode, less than one turn (algorithm.max_tokens={t.algorithm.max_tokens}); raise "
-                              f"it (0: the model's context, model.arch.max_seq_len={t.model.arch.max_seq_len})")
+                              f"episode, less than one turn (algorithm.max_tokens={cfg.algorithm.max_tokens}); raise "
+                              f"it (0: the model's context, model.arch.max_seq_len={cfg.model.arch.max_seq_len})")
         if e.max_reply_tokens < 1 or e.step_timeout_s < 0:
             raise ConfigError(f"environment.max_reply_tokens={e.max_reply_tokens} must be >= 1 and "
                               f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
@@ -231,7 +255,7 @@ def check_multi_turn(t: TrainConfig, env: Environment) -> None:
 VOCAB_TRAIN_CHECKED = 2000  # training samples checked against the character vocabulary (seeded)
 
 
-def check_vocabulary(t: TrainConfig, train: list[Any], held: list[Any], model_dir: str
+def check_vocabulary(cfg: TrainConfig, train: list[Any], held: list[Any], model_dir: str
                      ) -> dict[str, Any] | None:
     """Prompts and answers against the CPU character tokenizer, which encodes a character it lacks
     as "?": a prompt with `→` would train on "?" without a word. The held-out set and up to
@@ -254,7 +278,7 @@ def check_vocabulary(t: TrainConfig, train: list[Any], held: list[Any], model_di
                 found.append((s, what, c))
                 break
     summary = {"checked": len(checked), "of": len(train) + len(held), "unknown": len(found),
-               "mode": str(t.model.unknown_chars)}
+               "mode": str(cfg.model.unknown_chars)}
     if not found:
         return summary
     s, what, c = found[0]
@@ -263,8 +287,8 @@ def check_vocabulary(t: TrainConfig, train: list[Any], held: list[Any], model_di
              f"cannot encode (it has printable ASCII, tab and newline; "
              f"rlexp/assets/rlexp_char_tokenizer.json); the first: {c!r} (U+{ord(c):04X}) in the "
              f"{what} of problem {s.problem.id!r}: {s.problem.prompt[:80]!r}")
-    env = f"environment={t.environment.name}"
-    if t.model.unknown_chars == "map":
+    env = f"environment={cfg.environment.name}"
+    if cfg.model.unknown_chars == "map":
         print(f"[rlexp] warning: {env}: {where}; each is encoded as '?' (model.unknown_chars=map)",
               file=sys.stderr, flush=True)
         return summary
@@ -273,12 +297,12 @@ def check_vocabulary(t: TrainConfig, train: list[Any], held: list[Any], model_di
                       f"or set model.unknown_chars=map to encode each as '?'")
 
 
-def check_prompt_lengths(t: TrainConfig, env_name: str, splits: dict[str, list[Any]], model_dir: str) -> None:
+def check_prompt_lengths(cfg: TrainConfig, env_name: str, splits: dict[str, list[Any]], model_dir: str) -> None:
     """Every prompt must leave the policy room for a token: a longer one is past the end of the model's RoPE
     table, which the trainer's forward meets only when that prompt is first drawn (GPQA's 1,669-token prompts
     against the tiny model's 1,024, minutes into a run). Only prompts whose UTF-8 length could reach the
     limit are tokenized (no tokenizer here makes more tokens than bytes, plus a few special ones)."""
-    limit = int(t.model.arch.max_seq_len)
+    limit = int(cfg.model.arch.max_seq_len)
     tok = None
     over: dict[str, tuple[int, int, int]] = {}
     for split, samples in splits.items():
@@ -301,24 +325,25 @@ def check_prompt_lengths(t: TrainConfig, env_name: str, splits: dict[str, list[A
         what = "; ".join(f"{k} of {n} {split} prompts (longest {m} tokens)" for split, (k, n, m) in over.items())
         raise ConfigError(f"environment={env_name}: {what} do not fit the policy's context, model.arch.max_seq_len="
                           f"{limit} tokens, with room for a response. Use a model with a longer context, or raise "
-                          f"model.arch.max_seq_len to at least {worst + t.algorithm.max_tokens} (the tiny model builds "
-                          f"its RoPE table from it), or point environment.dataset at shorter problems")
+                          f"model.arch.max_seq_len to at least {worst + cfg.algorithm.max_tokens} (the tiny "
+                          f"model builds its RoPE table from it), or point environment.dataset at shorter "
+                          f"problems")
 
 
-def check_verifier_kinds(t: TrainConfig, env: Environment) -> None:
+def check_verifier_kinds(cfg: TrainConfig, env: Environment) -> None:
     """Every verifier the reward uses must be of a kind the environment supports."""
     kinds = supported_kinds(env)
-    for v in t.reward.verifiers:
+    for v in cfg.reward.verifiers:
         if not supports(env, v):
             raise ConfigError(
-                f"verifier_set={t.verifier_set.name or '?'}: verifier {v.name!r} (kind {v.kind}) cannot score "
+                f"verifier_set={cfg.verifier_set.name or '?'}: verifier {v.name!r} (kind {v.kind}) cannot score "
                 f"environment={env.name}, which supports the kinds {sorted(kinds)}. Use the set "
                 f"made for it (verifier_set={env.name}, the default when the file "
                 f"conf/verifier_set/{env.name}.yaml "
                 f"exists) or list verifiers of those kinds")
 
 
-def resolve_model(model_cfg: Any) -> Path:
+def resolve_model(model_cfg: ModelConfig) -> Path:
     if model_cfg.flavor == "tiny" and not model_cfg.path:
         return ensure_tiny_checkpoint(model_cfg)
     return Path(check_model_files(model_cfg).path)

@@ -7,7 +7,7 @@ is passed by the launcher as keyword arguments; everything else an actor is buil
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlexp.actors.generator import Generator
@@ -53,6 +53,8 @@ class Wiring:
     rewards_in_controller: bool
     buffer: BufferSettings
     generator_seeds: tuple[int, ...]  # one per shard of a generate call, fixed for the run
+    # mesh name -> each rank's GPUs (`rlexp.cluster.layout.assign_gpus`; none on CPU or in-process)
+    gpus: dict[str, list[str]] = field(default_factory=dict)
 
     def roles(self) -> list[Role]:
         """The roles that get processes, in spawn order: the trainer first (the machine it lands on decides each
@@ -72,9 +74,9 @@ def with_master_port(role: Role, port: int | str) -> Role:
 
 def generator_options(p: Prepared) -> dict[str, Any]:
     """`rlexp.models.backends.build_backend`'s options for this run's backend."""
-    c = p.cfg
-    g = c.generator
-    opts: dict[str, Any] = {"device": c.cluster.device, "ignore_eos": g.ignore_eos}
+    cfg = p.cfg
+    g = cfg.generator
+    opts: dict[str, Any] = {"device": cfg.cluster.device, "ignore_eos": g.ignore_eos}
     if g.backend != "titan":
         opts.update(tp=g.tp, kv_cache_gb=g.kv_cache_gb, gpu_memory_utilization=g.gpu_memory_utilization,
                     enforce_eager=g.enforce_eager, max_num_seqs=g.max_num_seqs,
@@ -86,18 +88,18 @@ def generator_role(p: Prepared, i: int, spawned: bool = True) -> Role:
     """Generator replica `i`, also one added later (elastic) or respawned: it takes the seed of
     shard i mod shards. `spawned`: in a process of its own, whose GPUs were masked at spawn (see
     `wiring`)."""
-    c = p.cfg
+    cfg = p.cfg
     seeds = generator_seeds(p)
-    gpus = assign_gpus(c).get(f"generator{i}", [None])[0] if spawned else None
+    gpus = assign_gpus(cfg).get(f"generator{i}", [None])[0] if spawned else None
     return Role(f"generator{i}", Generator,
-                GeneratorSettings(c.model, p.model_dir, c.generator.backend, seeds[i % len(seeds)],
-                                  c.cluster.threads_per_proc, generator_options(p), gpus),
+                GeneratorSettings(cfg.model, p.model_dir, cfg.generator.backend, seeds[i % len(seeds)],
+                                  cfg.cluster.threads_per_proc, generator_options(p), gpus),
                 hosts="generator", index=i)
 
 
 def reward_role(p: Prepared, i: int) -> Role:
-    c = p.cfg
-    return Role(f"reward{i}", RewardService, RewardSettings(c.reward, c.environment), hosts="reward", index=i)
+    cfg = p.cfg
+    return Role(f"reward{i}", RewardService, RewardSettings(cfg.reward, cfg.environment), hosts="reward", index=i)
 
 
 def reward_in_controller(p: Prepared) -> bool:
@@ -105,8 +107,8 @@ def reward_in_controller(p: Prepared) -> bool:
     unless the run asks for it elsewhere (more than one replica, or hosts of its own in `cluster.hosts_per_role`):
     scoring 1,024 one-token answers takes less time than the message to another process and back (5 ms a step
     on two cores, studies/perf/results/perf_cpu.md), and a pure function has no state a process death could lose."""
-    c = p.cfg
-    return p.reward_pure and c.reward.replicas == 1 and not c.cluster.role_hosts.get("reward")
+    cfg = p.cfg
+    return p.reward_pure and cfg.reward.replicas == 1 and not cfg.cluster.role_hosts.get("reward")
 
 
 def generator_seeds(p: Prepared) -> tuple[int, ...]:
@@ -117,33 +119,34 @@ def wiring(p: Prepared, spawned: bool = True) -> Wiring:
     """The run's roles and their settings. `spawned` (the launcher): each role in processes of its
     own whose GPUs were masked at spawn (`rlexp.core.gpu_mask`), which the actors check; False
     (`rlexp.run.inprocess`): every role in this one process, on its device, no masks."""
-    c = p.cfg
-    gpus = assign_gpus(c) if spawned else {}
-    par = c.model.parallelism
-    ranks = Ranks(world=par.trainer_world, tp=par.trainer_tp, device=c.cluster.device, gpus=gpus.get("trainer"),
-                  threads=c.cluster.threads_per_proc)
-    policy = PolicySettings(c.model, p.model_dir, load_tokenizer(p.model_dir).pad_id, ranks,
-                            mixed_precision=c.trainer.mixed_precision,
-                            activation_checkpointing=c.trainer.activation_checkpointing)
-    trainer = Role("trainer", Trainer, TrainerSettings(policy, c.trainer, c.algorithm, c.steps, p.seeds["trainer"]),
+    cfg = p.cfg
+    gpus = assign_gpus(cfg) if spawned else {}
+    par = cfg.model.parallelism
+    ranks = Ranks(world=par.trainer_world, tp=par.trainer_tp, device=cfg.cluster.device, gpus=gpus.get("trainer"),
+                  threads=cfg.cluster.threads_per_proc)
+    policy = PolicySettings(cfg.model, p.model_dir, load_tokenizer(p.model_dir).pad_id, ranks,
+                            mixed_precision=cfg.trainer.mixed_precision,
+                            activation_checkpointing=cfg.trainer.activation_checkpointing)
+    trainer = Role("trainer", Trainer,
+                   TrainerSettings(policy, cfg.trainer, cfg.algorithm, cfg.steps, p.seeds["trainer"]),
                    hosts="trainer", procs=par.trainer_world)
     # The reference model shares the trainer's processes (and GPUs), sharded the same way; nothing to recompute.
-    reference = (Role("reference", Reference, PolicySettings(c.model, p.model_dir, policy.pad_id, ranks,
-                                                             mixed_precision=c.trainer.mixed_precision),
+    reference = (Role("reference", Reference, PolicySettings(cfg.model, p.model_dir, policy.pad_id, ranks,
+                                                             mixed_precision=cfg.trainer.mixed_precision),
                       hosts="trainer", procs=par.trainer_world, on="trainer")
-                 if c.algorithm.kl_coef > 0 else None)
+                 if cfg.algorithm.kl_coef > 0 else None)
     # Each model verifier gets processes of its own: scaled and placed apart from the policy and the reward.
     verifiers = [Role(f"verifier_{v.name}", VerifierService,
-                      VerifierSettings(v, c.environment, c.cluster.threads_per_proc, c.cluster.device,
+                      VerifierSettings(v, cfg.environment, cfg.cluster.threads_per_proc, cfg.cluster.device,
                                        gpus.get(f"verifier_{v.name}")),
                       hosts="verifier", index=k, procs=v.replicas)
                  for k, v in enumerate(p.served_verifiers)]
     return Wiring(trainer=trainer, reference=reference,
-                  generators=[generator_role(p, i, spawned) for i in range(c.generator.replicas)],
-                  verifiers=verifiers, rewards=[reward_role(p, i) for i in range(c.reward.replicas)],
+                  generators=[generator_role(p, i, spawned) for i in range(cfg.generator.replicas)],
+                  verifiers=verifiers, rewards=[reward_role(p, i) for i in range(cfg.reward.replicas)],
                   rewards_in_controller=reward_in_controller(p),
                   # The replay buffer is light state saved in checkpoints, read and written every step: it lives in
                   # the controller (a `Local`), where a step's episodes cost no message each way.
-                  buffer=BufferSettings(p.seeds["buffer"], c.sync.policy_age),
-                  generator_seeds=generator_seeds(p))
+                  buffer=BufferSettings(p.seeds["buffer"], cfg.sync.policy_age),
+                  generator_seeds=generator_seeds(p), gpus=gpus)
 

@@ -342,24 +342,58 @@ def _warn_code_drift(manifest: Manifest) -> None:
               f"now: {now.get('commit')} dirty={now.get('dirty')}); see git.diff in the run folder", file=sys.stderr)
 
 
+def parser() -> argparse.ArgumentParser:
+    """`rlexp reproduce`'s command line (apart from `main`, long enough with what it checks)."""
+    ap = argparse.ArgumentParser(
+        prog="rlexp reproduce", description="Re-run a run from its manifest and diff metrics.",
+        epilog="exit codes: 0 identical metrics, 1 metrics differ (first difference printed), "
+               "2 the re-run failed or could not be built")
+    ap.add_argument("run_dir", type=Path,
+                    help="a finished run folder (holds manifest.json and metrics.jsonl)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check the manifest (the trust gate included), print the command, run "
+                         "nothing")
+    ap.add_argument("--config-dir", type=Path, default=None,
+                    help="the config folder the run used (its manifest names it; never taken from "
+                         "the manifest)")
+    ap.add_argument("--trust-plugins", action="store_true",
+                    help="run the plug-in modules, class paths and config folders the manifest "
+                         "records (they run as your code: pass it only for a run folder whose "
+                         "author you trust; trust_plugins=true too). Places and endpoints are never"
+                         " taken from a manifest: give them after `--`")
+    ap.add_argument("--allow-changed-plugins", action="store_true",
+                    help="re-run even when a plug-in's source or a config folder changed since the "
+                         "run (warns)")
+    ap.add_argument("extra", nargs="*",
+                    help="overrides appended after `--` (replace same-key ones)")
+    return ap
+
+
+def verdict(run_dir: Path, new_dir: Path, differs: bool) -> int:
+    """The re-run's metrics against the run's: 0 bit for bit, else 1 with the first difference
+    and whether the curves agree within tolerance (`differs`: this machine is not the run's, said
+    again); 2 when the re-run wrote no metrics."""
+    a, b = run_dir / METRICS_FILE, new_dir / METRICS_FILE
+    if not b.exists():
+        print(f"rlexp reproduce: the re-run wrote no {b}", file=sys.stderr)
+        return 2
+    diff = compare_metrics(a, b)
+    if diff is None:
+        print(f"reproduced bit for bit: {b} matches {a} (timing keys ignored)")
+        return 0
+    print(f"NOT reproduced bit for bit ({new_dir}): {diff}")
+    agree = curve_agreement(a, b)
+    ok = bool(agree) and all(v <= CURVE_TOLERANCE for v in agree.values())
+    detail = ", ".join(f"{m} max |diff| {v:.4f}" for m, v in agree.items())
+    print(f"curves {'agree' if ok else 'do NOT agree'} within tolerance {CURVE_TOLERANCE} "
+          f"({CURVE_WINDOW}-step moving average for training metrics, every point for eval): "
+          f"{detail}" + (" (this machine differs from the run's, see above)" if differs else ""))
+    return 1
+
+
 def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None) -> int:
     """`runner(cmd, cwd=...) -> returncode` is injectable so the command logic is testable without training."""
-    ap = argparse.ArgumentParser(prog="rlexp reproduce", description="Re-run a run from its manifest and diff metrics.",
-                                 epilog="exit codes: 0 identical metrics, 1 metrics differ (first difference printed), "
-                                        "2 the re-run failed or could not be built")
-    ap.add_argument("run_dir", type=Path, help="a finished run folder (holds manifest.json and metrics.jsonl)")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="check the manifest (the trust gate included), print the command, run nothing")
-    ap.add_argument("--config-dir", type=Path, default=None,
-                    help="the config folder the run used (its manifest names it; never taken from the manifest)")
-    ap.add_argument("--trust-plugins", action="store_true",
-                    help="run the plug-in modules, class paths and config folders the manifest records (they run "
-                         "as your code: pass it only for a run folder whose author you trust; trust_plugins=true "
-                         "too). Places and endpoints are never taken from a manifest: give them after `--`")
-    ap.add_argument("--allow-changed-plugins", action="store_true",
-                    help="re-run even when a plug-in's source or a config folder changed since the run (warns)")
-    ap.add_argument("extra", nargs="*", help="overrides appended after `--` (replace same-key ones)")
-    args = ap.parse_args(argv)
+    args = parser().parse_args(argv)
     if any(e.lower() in ("trust_plugins=true", "+trust_plugins=true") for e in args.extra):  # `rlexp eval`'s spelling
         args.trust_plugins = True
         args.extra = [e for e in args.extra if e.lower() not in ("trust_plugins=true", "+trust_plugins=true")]
@@ -417,23 +451,7 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     if rc != 0:
         print(f"rlexp reproduce: the re-run failed with exit code {rc} ({new_dir})", file=sys.stderr)
         return 2
-    a, b = run_dir / METRICS_FILE, new_dir / METRICS_FILE
-    if not b.exists():
-        print(f"rlexp reproduce: the re-run wrote no {b}", file=sys.stderr)
-        return 2
-    diff = compare_metrics(a, b)
-    if diff is None:
-        print(f"reproduced bit for bit: {b} matches {a} (timing keys ignored)")
-        return 0
-    print(f"NOT reproduced bit for bit ({new_dir}): {diff}")
-    agree = curve_agreement(a, b)
-    ok = bool(agree) and all(v <= CURVE_TOLERANCE for v in agree.values())
-    detail = ", ".join(f"{m} max |diff| {v:.4f}" for m, v in agree.items())
-    print(f"curves {'agree' if ok else 'do NOT agree'} within tolerance {CURVE_TOLERANCE} "
-          f"({CURVE_WINDOW}-step moving average for training metrics, every point for eval): {detail}"
-          + (" (this machine differs from the run's, see above)" if differs else ""))
-    return 1
-
+    return verdict(run_dir, new_dir, bool(differs))
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
