@@ -10,6 +10,7 @@ import pytest
 from rlexp.cluster import gpu_hours
 from rlexp.cluster.plan_cli import compose_run_config
 from rlexp.cluster.planner import plan_memory
+from rlexp.config.typed import typed_config
 from tests.conftest import REPO
 
 
@@ -42,7 +43,7 @@ def test_a_sweeps_gpu_hours_are_the_planners_hours_times_the_gpus_held(tmp_path:
     planned = {}
 
     def plan(run: list[str]):
-        cfg = compose_run_config(run)
+        cfg = typed_config(compose_run_config(run))
         planned[next(o for o in run if o.startswith("reward="))] = report = plan_memory(cfg)
         return cfg, report
 
