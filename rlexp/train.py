@@ -100,7 +100,10 @@ def interrupted_hint() -> str:
 
 def main(argv: list[str]) -> int:
     from rlexp.core.plugins import with_config_path
+    from rlexp.run.preflight import preflight
 
-    sys.argv = ["rlexp train", *with_config_path(argv)]
+    # Every mistake that needs no torch is refused here, before Hydra creates the run folder; Hydra's flags go
+    # first so that `--cfg job` works wherever it was typed.
+    sys.argv = ["rlexp train", *preflight(with_config_path(argv))]
     train()
     return 0
