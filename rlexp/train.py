@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
 from rlexp.errors import friendly_errors
-from rlexp.run import runlock
+from rlexp.run import refused, runlock
 from rlexp.run.phases import Phases
 
 register_configs()
@@ -58,6 +58,7 @@ class RunFolderGuard(Callback):
                     check_finished_config(run_dir, config)
                 print(f"[rlexp] {done}", flush=True)
                 raise SystemExit(0)
+        refused.note_created(run_dir)
         with friendly_errors():
             self.stack.enter_context(runlock.hold(run_dir))
 
@@ -100,10 +101,18 @@ def interrupted_hint() -> str:
 
 def main(argv: list[str]) -> int:
     from rlexp.core.plugins import with_config_path
-    from rlexp.run.preflight import preflight
+    from rlexp.run.preflight import preflight, user_options_help
 
     # Every mistake that needs no torch is refused here, before Hydra creates the run folder; Hydra's flags go
     # first so that `--cfg job` works wherever it was typed.
     sys.argv = ["rlexp train", *preflight(with_config_path(argv))]
-    train()
+    try:
+        train()
+    except SystemExit as e:  # Hydra's --help ends with exit 0; its group list misses the user's folders
+        if e.code in (0, None) and (mine := user_options_help(sys.argv[1:])) is not None:
+            print(mine)
+        if e.code == 2 and (gone := refused.remove_refused()) is not None:  # a refusal after torch loaded
+            print(f"rlexp: nothing was run; the run folder {gone} this command had created is removed",
+                  file=sys.stderr)
+        raise
     return 0

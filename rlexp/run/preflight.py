@@ -254,3 +254,24 @@ def preflight(argv: Sequence[str]) -> list[str]:
         if cfg is not None:
             check_composed(cfg, dirs)
     return [*flags, *overrides]
+
+
+def user_options_help(argv: Sequence[str]) -> str | None:
+    """For `rlexp train --help config_path=DIR`: the options of the user's own config folders (Hydra's help lists
+    the groups of its primary search path only). None without such folders or without a help flag."""
+    flags, overrides = split_argv(argv)
+    if not any(f in ("--help", "-h") for f in flags):
+        return None
+    dirs = conf_dirs(flags, overrides)[1:]
+    if not dirs:
+        return None
+    from rlexp.config.suggest import group_options
+
+    lines = ["== Your config folders (config_path, --config-dir) =="]
+    for d in dirs:
+        lines.append(f"{d}:")
+        for group in sorted(p.name for p in Path(d).iterdir() if p.is_dir()):
+            options = group_options(group, [d])
+            if options:
+                lines.append(f"  {group}: {', '.join(options)}")
+    return "\n".join(lines)
