@@ -19,6 +19,7 @@ from rlexp.run import refused, runlock
 from rlexp.run.phases import Phases
 
 register_configs()
+_JOBS: list[None] = []  # one entry per task-function call in this process (a sweep runs several)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
@@ -27,8 +28,11 @@ def train(cfg: DictConfig) -> float:
     with friendly_errors(interrupted=interrupted_hint), runlock.hold(Path(HydraConfig.get().runtime.output_dir)):
         # Imported here, not at the top: `rlexp train --help`, composition errors and a busy run folder must
         # not wait for torch and Monarch to load (which takes tens of seconds on a loaded machine: said first).
-        phases = Phases(since_start=True)
-        phases.done("started, config composed")
+        # The first job of this process counts from its start (imports, composition); a sweep's later jobs from
+        # their own start, so their lines time that job alone.
+        phases = Phases(since_start=not _JOBS)
+        phases.done("started, config composed" if not _JOBS else f"job {len(_JOBS)} started, config composed")
+        _JOBS.append(None)
         from rlexp.cluster.host_plan import check_sizes
 
         check_sizes(cfg)  # sizes this machine cannot hold: refused before torch loads

@@ -160,7 +160,8 @@ def recorded_folders(plugins: Any) -> list[str]:
 
 def recorded_code(plugins: Any, config_dirs: Any) -> list[str]:
     """What a manifest says to import or read as config: one line per plug-in module and config folder. A run folder
-    is data from whoever wrote it, so a command that would run this code asks its user first (`--trust-plugins`): a recorded sha256 shows drift, not who wrote the file."""
+    is data from whoever wrote it, so a command that would run this code asks its user first (`--trust-plugins`):
+    a recorded sha256 shows drift, not who wrote the file."""
     out = [f"plug-in {p.get('module')} from {p.get('file')}" if isinstance(p, dict) else f"plug-in entry {p!r}"
            for p in plugins or []]
     out += [f"config folder {d.get('path')}" if isinstance(d, dict) else f"config_path entry {d!r}"

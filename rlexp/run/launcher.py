@@ -32,8 +32,9 @@ from rlexp.core.services import Collective, Local, Service, ServiceDown, Service
 from rlexp.errors import RunStopped
 from rlexp.run import checkpoints
 from rlexp.run.controller import Controller
+from rlexp.run.labels import reward_label
 from rlexp.run.phases import Phases
-from rlexp.run.prepare import Prepared, prepare
+from rlexp.run.prepare import CHECKS_DONE, Prepared, prepare
 from rlexp.run.wiring import Role, generator_role, reward_in_controller, reward_role, wiring, with_master_port
 from rlexp.tracking import runlog
 from rlexp.tracking.files import atomic_write_text
@@ -341,7 +342,7 @@ def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: lis
                            + (", bf16 mixed precision" if c.trainer.mixed_precision else "")
                            + ("; reference model (frozen initial policy, KL) on the same procs"
                               if c.algorithm.kl_coef > 0 else ""),
-                "reward": f"reward={c.reward.name}"
+                "reward": reward_label(c.reward)
                           + (f" over {len(c.reward.verifiers)} verifiers" if c.reward.verifiers else ""),
                 "verifier": "",
                 }
@@ -360,7 +361,7 @@ def describe_placement(g: Graph, c: TrainConfig, n_params: int, gen_setup_s: lis
             on += f", GPUs {'|'.join(gpus[name])}"
         lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
     if reward_in_controller(p):
-        lines.append(f"  reward      this process: reward={c.reward.name}, a pure function, scored by the controller "
+        lines.append(f"  reward      this process: {reward_label(c.reward)}, a pure function, scored by the controller "
                      f"(rlexp.run.wiring.reward_in_controller)")
     lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
                  f"{c.cluster.transport})")
@@ -385,9 +386,9 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
         phases = Phases(since_start=True)
         phases.done("started, config composed")
     composed = copy.deepcopy(cfg)  # the resume hash is of this: before `prepare` fills in derived values
-    p = prepare(cfg)  # refuses a bad value (an interpolation of the wrong type, say) naming the key
+    p = prepare(cfg, phase=phases.done)  # refuses a bad value (an interpolation of the wrong type, say) naming the key
     cfg_hash = checkpoints.resume_hash(composed)
-    phases.done("checks done (config, memory plan, data, reward, model files)")
+    phases.done("model.warmup done" if p.cfg.model.warmup.steps else CHECKS_DONE)
     resume_from = checkpoints.resume_point(run_dir, p.cfg.resume, p.cfg.steps, p.cfg.force_resume, cfg_hash,
                                            checkpoints.resume_hash(cfg), say=runlog.announce)
     manifest = write_start_manifest(run_dir, cfg, sys.argv, p.seeds,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ from rlexp.rewards.verifiers.registry import verifier_checkpoint
 from rlexp.run.warmup import ensure_warm_checkpoint
 from rlexp.tracking.files import fingerprint_examples, hash_files
 from rlexp.transport import check_transport
+
+CHECKS_DONE = "checks done (config, memory plan, data, reward, model files)"
 
 
 @dataclass
@@ -111,8 +114,9 @@ def check_config(cfg: DictConfig) -> TrainConfig:
     return t
 
 
-def prepare(cfg: DictConfig) -> Prepared:
-    """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
+def prepare(cfg: DictConfig, phase: Callable[[str], object] | None = None) -> Prepared:
+    """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`.
+    `phase` is told when the checks are done, before a `model.warmup` that trains (a phase of its own)."""
     t = check_config(cfg)
     try:
         check_cluster(t.cluster)
@@ -155,6 +159,8 @@ def prepare(cfg: DictConfig) -> Prepared:
     vocabulary = check_vocabulary(t, train, held, model_dir)
     warm = None
     if t.model.warmup.steps:
+        if phase is not None:
+            phase(CHECKS_DONE)
         warm_dir, warm = ensure_warm_checkpoint(Path(model_dir), t, env)
         model_dir = str(warm_dir)
     seeds = component_seeds(t.seed, t.generator.shards)

@@ -355,7 +355,8 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     ap.add_argument("--trust-plugins", action="store_true",
                     help="run the plug-in modules, class paths and config folders the manifest records (they run "
                          "as your code: pass it only for a run folder whose author you trust; the old spelling "
-                         "trust_plugins=true still works, with a note). Places and endpoints are never taken from a manifest: give them after `--`")
+                         "trust_plugins=true still works, with a note). Places and endpoints are never taken from "
+                         "a manifest: give them after `--`")
     ap.add_argument("--allow-changed-plugins", action="store_true",
                     help="re-run even when a plug-in's source or a config folder changed since the run (warns)")
     ap.add_argument("extra", nargs="*", help="overrides appended after `--` (replace same-key ones)")
