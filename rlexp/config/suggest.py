@@ -191,8 +191,11 @@ def class_path_error(key: str, value: str, paths: Sequence[str]) -> str | None:
     module, attr = m.group(1), m.group(2).split(".")[0]
     file = _module_file(module, paths)
     if file is None:
-        near = [f"{s}:{m.group(2)}" for s in close(module, _siblings(module, paths))]
-        return (f"{key}={value}: there is no module {module!r} on the module path{did_you_mean(near)} (searched "
+        parts = module.split(".")
+        i = next(i for i in range(1, len(parts) + 1) if _module_file(".".join(parts[:i]), paths) is None)
+        missing, rest = ".".join(parts[:i]), "".join(f".{p}" for p in parts[i:])
+        near = [f"{s}{rest}:{m.group(2)}" for s in close(missing, _siblings(missing, paths))]
+        return (f"{key}={value}: there is no module {missing!r} on the module path{did_you_mean(near)} (searched "
                 f"the working folder, each config_path folder's parent and sys.path; install it or run from the "
                 f"folder that holds it)")
     if not isinstance(file, Path):
