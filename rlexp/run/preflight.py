@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlexp.config.overrides import check_composed_keys, config_groups, refusals
+from rlexp.config.overrides import _SPECIAL_KEY, check_composed_keys, config_groups, refusals
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.suggest import (
     INTERNAL_KEYS,
@@ -110,6 +110,9 @@ def check_overrides(overrides: Sequence[str], dirs: Sequence[Path]) -> None:
                 if (why := unknown_option(key, value, dirs)) is not None:
                     raise ConfigError(why)
             continue
+        if special := [p for p in key.split(".") if _SPECIAL_KEY.match(p)]:
+            raise ConfigError(f"{key}: {special[0]!r} would make Hydra instantiate an object; rlexp's config holds "
+                              f"data only, remove the override")
         if (why := unknown_key(key, extra=groups)) is not None:
             raise ConfigError(why)
 
