@@ -139,9 +139,14 @@ def _translate(e: BaseException, dirs: Sequence[Path]) -> ConfigError:
         why = unknown_key(str(full_key))
         if why is not None:
             return ConfigError(source + why)
-    lines = [ln for ln in str(e).splitlines() if ln.strip() and "To append" not in ln and "HYDRA_FULL_ERROR" not in ln
-             and not ln.lstrip().startswith(("full_key:", "reference_type=", "object_type="))]
-    return ConfigError(source + " ".join(ln.strip() for ln in lines))
+    lines: list[str] = []
+    x: BaseException | None = e
+    while x is not None and len(lines) < 6:  # Hydra's message, then its cause's ("Invalid value ...")
+        lines += [ln.strip() for ln in str(x).splitlines() if ln.strip() and "To append" not in ln
+                  and "HYDRA_FULL_ERROR" not in ln and ln.strip() not in lines
+                  and not ln.lstrip().startswith(("full_key:", "reference_type=", "object_type="))]
+        x = x.__cause__
+    return ConfigError(source + ": ".join(lines))
 
 
 def _first_values(overrides: Sequence[str]) -> list[str]:
