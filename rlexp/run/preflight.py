@@ -207,7 +207,7 @@ def check_composed(cfg: Any, dirs: Sequence[Path]) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     from rlexp.cluster.host_plan import check_sizes
-    from rlexp.config.validate import validate
+    from rlexp.config.validate import too_big_for_cpu, validate
     from rlexp.core.plugins import activate, search_paths
     from rlexp.envs.registry import check_env_options
 
@@ -222,7 +222,10 @@ def check_composed(cfg: Any, dirs: Sequence[Path]) -> None:
         raise ConfigError(f"{getattr(e, 'full_key', None) or '?'}: {str(e).splitlines()[0]}") from None
     paths = search_paths(t.config_path)
     check_class_paths(OmegaConf.to_container(cfg, resolve=True), paths)
-    validate(t)
+    if t.trainer.micro_batch_size == 0:  # derived later from the memory plan (`check_config`)
+        t.trainer.micro_batch_size = 1
+    if not too_big_for_cpu(t):  # that refusal lists the missing weights too, which needs torch: left to prepare
+        validate(t)
     activate(list(t.plugins), paths)  # the user's own modules (their command line names them)
     check_env_options(t.environment)
     check_sizes(cfg)
