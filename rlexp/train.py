@@ -28,11 +28,7 @@ def train(cfg: DictConfig) -> float:
     with friendly_errors(interrupted=interrupted_hint), runlock.hold(Path(HydraConfig.get().runtime.output_dir)):
         # Imported here, not at the top: `rlexp train --help`, composition errors and a busy run folder must
         # not wait for torch and Monarch to load (which takes tens of seconds on a loaded machine: said first).
-        # The first job of this process counts from its start (imports, composition); a sweep's later jobs from
-        # their own start, so their lines time that job alone.
-        phases = Phases(since_start=not _JOBS)
-        phases.done("started, config composed" if not _JOBS else f"job {len(_JOBS)} started, config composed")
-        _JOBS.append(None)
+        phases = start_phases()
         from rlexp.cluster.host_plan import check_sizes
 
         check_sizes(cfg)  # sizes this machine cannot hold: refused before torch loads
@@ -41,6 +37,16 @@ def train(cfg: DictConfig) -> float:
         phases.done("torch and Monarch loaded")
         final = run(cfg, phases)
     return float(final.get("eval/accuracy", float("nan")))
+
+
+def start_phases() -> Phases:
+    """The start-up clock of one job. The first job of this process counts from the process's start (imports,
+    composition); a sweep's later jobs from their own start, so their lines time that job alone (they used to
+    show the whole sweep's time so far as "config composed")."""
+    phases = Phases(since_start=not _JOBS)
+    phases.done("started, config composed" if not _JOBS else f"job {len(_JOBS)} started, config composed")
+    _JOBS.append(None)
+    return phases
 
 
 class RunFolderGuard(Callback):

@@ -86,7 +86,7 @@ def _imported(stderr: str, name: str) -> bool:
 def test_every_mistake_is_named_before_torch_loads_and_leaves_nothing(project: Path) -> None:
     took = []
     for args, says in MISTAKES:
-        p, wall = _train(project, *args)
+        p, _ = _train(project, *args)
         # without -X importtime: the wall time of the error path as a user meets it, and its CPU time
         q, plain, cpu = _timed(project, *args, importtime=False)
         took.append((" ".join(args), plain, cpu))
@@ -138,8 +138,8 @@ def test_a_refusal_after_torch_loads_removes_the_run_folder_it_created(project: 
 
 
 def test_close_matches() -> None:
-    from rlexp.config.suggest import nearest_keys, unknown_key, unknown_option
     from rlexp.config.paths import CONF_DIR
+    from rlexp.config.suggest import nearest_keys, unknown_key, unknown_option
 
     assert nearest_keys("trainer.lrr") == ["trainer.lr"]
     assert nearest_keys("algorithm.lr")[0] == "trainer.lr"
