@@ -40,6 +40,7 @@ MISTAKES: list[tuple[list[str], list[str]]] = [
      ["hydra.sweeper.params: unknown key algorithm.lr; did you mean trainer.lr"]),
     (["trainer.lr=nan"], ["trainer.lr=nan is not a finite number"]),
     (["algorithm.group_size=1"], ["algorithm.group_size must be >= 2"]),
+    (["environment.max_turns=3"], ["environment=arithmetic is single-turn"]),  # was found after torch loaded
 ]
 
 

@@ -209,7 +209,7 @@ def check_composed(cfg: Any, dirs: Sequence[Path]) -> None:
     from rlexp.cluster.host_plan import check_sizes
     from rlexp.config.validate import too_big_for_cpu, validate
     from rlexp.core.plugins import activate, search_paths
-    from rlexp.envs.registry import check_env_options
+    from rlexp.envs.registry import build_env, check_env_options
 
     if "hydra" in cfg:
         check_sweep_params(cfg, dirs)
@@ -228,7 +228,38 @@ def check_composed(cfg: Any, dirs: Sequence[Path]) -> None:
         validate(t)
     activate(list(t.plugins), paths)  # the user's own modules (their command line names them)
     check_env_options(t.environment)
+    check_multi_turn(t, build_env(t.environment))  # building reads no data: only the options and the class
     check_sizes(cfg)
+
+
+def check_multi_turn(t: Any, env: Any) -> None:
+    """Multi-turn limits that cannot work, refused before anything spawns (and, from `rlexp train`, before torch
+    loads: it needs the environment's class and options only)."""
+    from rlexp.envs.base import Environment
+
+    e, name = t.environment, t.environment.name
+    if e.max_turns < 1:
+        raise ConfigError(f"environment.max_turns={e.max_turns}: need at least 1 (one policy response)")
+    if e.max_turns > 1 and type(env).step is Environment.step:
+        raise ConfigError(f"environment={name} is single-turn (it has no `step` to reply with), so "
+                          f"environment.max_turns={e.max_turns} cannot apply; leave it at 1")
+    if env.max_response_tokens and t.algorithm.max_tokens > env.max_response_tokens:
+        raise ConfigError(f"environment={name} judges responses of at most {env.max_response_tokens} token(s); "
+                          f"algorithm.max_tokens={t.algorithm.max_tokens} is larger. Set algorithm.max_tokens="
+                          f"{env.max_response_tokens}")
+    if t.algorithm.max_tokens < env.min_response_tokens:
+        raise ConfigError(f"environment={name}: a right answer is {env.min_response_tokens} tokens long, but "
+                          f"algorithm.max_tokens={t.algorithm.max_tokens} cuts every response shorter. Set "
+                          f"algorithm.max_tokens={env.min_response_tokens}")
+    if env.multi_turn:
+        room = e.max_episode_tokens or (t.model.arch.max_seq_len - t.algorithm.max_prompt_tokens)
+        if e.max_episode_tokens < 0 or room < t.algorithm.max_tokens:
+            raise ConfigError(f"environment.max_episode_tokens={e.max_episode_tokens} leaves {room} tokens per "
+                              f"episode, less than one turn (algorithm.max_tokens={t.algorithm.max_tokens}); raise "
+                              f"it (0: the model's context, model.arch.max_seq_len={t.model.arch.max_seq_len})")
+        if e.max_reply_tokens < 1 or e.step_timeout_s < 0:
+            raise ConfigError(f"environment.max_reply_tokens={e.max_reply_tokens} must be >= 1 and "
+                              f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
 
 
 def check_class_paths(node: dict[str, Any], paths: Sequence[str]) -> None:

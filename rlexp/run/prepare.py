@@ -46,6 +46,7 @@ from rlexp.rewards.base import Reward
 from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
+from rlexp.run.preflight import check_multi_turn  # torch-free: `rlexp train` runs it before torch loads
 from rlexp.run.warmup import ensure_warm_checkpoint
 from rlexp.tracking.files import fingerprint_examples, hash_files
 from rlexp.transport import check_transport
@@ -202,33 +203,6 @@ def check_checkpoint_limits(t: TrainConfig, model_dir: str) -> list[str]:
     for note in notes:
         print(f"[rlexp] {note}", file=sys.stderr, flush=True)
     return notes
-
-
-def check_multi_turn(t: TrainConfig, env: Environment) -> None:
-    """Multi-turn limits that cannot work, refused before anything spawns."""
-    e, name = t.environment, t.environment.name
-    if e.max_turns < 1:
-        raise ConfigError(f"environment.max_turns={e.max_turns}: need at least 1 (one policy response)")
-    if e.max_turns > 1 and type(env).step is Environment.step:
-        raise ConfigError(f"environment={name} is single-turn (it has no `step` to reply with), so "
-                          f"environment.max_turns={e.max_turns} cannot apply; leave it at 1")
-    if env.max_response_tokens and t.algorithm.max_tokens > env.max_response_tokens:
-        raise ConfigError(f"environment={name} judges responses of at most {env.max_response_tokens} token(s); "
-                          f"algorithm.max_tokens={t.algorithm.max_tokens} is larger. Set algorithm.max_tokens="
-                          f"{env.max_response_tokens}")
-    if t.algorithm.max_tokens < env.min_response_tokens:
-        raise ConfigError(f"environment={name}: a right answer is {env.min_response_tokens} tokens long, but "
-                          f"algorithm.max_tokens={t.algorithm.max_tokens} cuts every response shorter. Set "
-                          f"algorithm.max_tokens={env.min_response_tokens}")
-    if env.multi_turn:
-        room = e.max_episode_tokens or (t.model.arch.max_seq_len - t.algorithm.max_prompt_tokens)
-        if e.max_episode_tokens < 0 or room < t.algorithm.max_tokens:
-            raise ConfigError(f"environment.max_episode_tokens={e.max_episode_tokens} leaves {room} tokens per "
-                              f"episode, less than one turn (algorithm.max_tokens={t.algorithm.max_tokens}); raise "
-                              f"it (0: the model's context, model.arch.max_seq_len={t.model.arch.max_seq_len})")
-        if e.max_reply_tokens < 1 or e.step_timeout_s < 0:
-            raise ConfigError(f"environment.max_reply_tokens={e.max_reply_tokens} must be >= 1 and "
-                              f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
 
 
 VOCAB_TRAIN_CHECKED = 2000  # training samples checked against the character vocabulary (seeded)
