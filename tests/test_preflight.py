@@ -41,6 +41,10 @@ MISTAKES: list[tuple[list[str], list[str]]] = [
     (["trainer.lr=nan"], ["trainer.lr=nan is not a finite number"]),
     (["algorithm.group_size=1"], ["algorithm.group_size must be >= 2"]),
     (["environment.max_turns=3"], ["environment=arithmetic is single-turn"]),  # was found after torch loaded
+    (["eval.benchmarks=[gsm8kk]"], ["eval.benchmarks: benchmark=gsm8kk: no such option; did you mean "
+                                    "benchmark=gsm8k?"]),
+    (["benchmark=gsm8k"], ["a training run evaluates extra benchmarks with eval.benchmarks=[gsm8k]"]),
+    (["scale=one_node"], ["write +scale=one_node"]),
 ]
 
 

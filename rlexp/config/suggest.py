@@ -125,6 +125,8 @@ def _module_file(module: str, paths: Sequence[str]) -> Path | bool | None:
         if not spec.submodule_search_locations:
             return None if rest else (Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else True)
         root = Path(next(iter(spec.submodule_search_locations)))
+        if not root.is_dir():  # a zip, or a finder of its own: cannot be told without importing
+            return True
     for part in rest[:-1]:
         root = root / part
         if not root.is_dir():

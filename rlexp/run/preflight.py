@@ -130,6 +130,16 @@ def _hydra_source(e: BaseException, dirs: Sequence[Path]) -> str:
 
 def _translate(e: BaseException, dirs: Sequence[Path]) -> ConfigError:
     """Hydra's composition error as rlexp's: the file, the key and its close matches, no `+key` advice."""
+    import re
+
+    added = re.search(r"Could not override '([^']+)'\. No match in the defaults list\..*?(\+\S+=\S+)", str(e), re.S)
+    if added and added.group(1) == "benchmark":  # rlexp eval's group; a run names extra benchmarks in a list
+        value = added.group(2).split("=", 1)[1]
+        return ConfigError(f"benchmark={value}: benchmark is rlexp eval's group (rlexp eval benchmark={value}); a "
+                           f"training run evaluates extra benchmarks with eval.benchmarks=[{value}]")
+    if added:  # a group train.yaml does not select: Hydra's advice is right for groups, in rlexp's words
+        return ConfigError(f"{added.group(1)} is a group that rlexp train does not select by default, so an "
+                           f"option of it is added, not replaced: write {added.group(2)}")
     cause: BaseException | None = e
     while cause is not None and getattr(cause, "full_key", None) is None:
         cause = cause.__cause__ or cause.__context__
@@ -229,6 +239,9 @@ def check_composed(cfg: Any, dirs: Sequence[Path]) -> None:
     activate(list(t.plugins), paths)  # the user's own modules (their command line names them)
     check_env_options(t.environment)
     check_multi_turn(t, build_env(t.environment))  # building reads no data: only the options and the class
+    for name in t.eval.benchmarks:  # names of files in benchmark/ (rlexp.evals.benchmarks reads them later)
+        if (why := unknown_option("benchmark", str(name), dirs)) is not None:
+            raise ConfigError(f"eval.benchmarks: {why}")
     check_sizes(cfg)
 
 
