@@ -40,9 +40,11 @@ def test_warmup_has_its_own_progress_lines() -> None:
     p = WarmupProgress(30, every_s=1e9, stream=out)
     for i in range(30):
         p.step(3.0 - i / 10)
+    p.measuring(256)
     p.done([3.0, 0.1], 0.4, 256)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 11, lines  # every tenth of the steps, then the summary
+    assert len(lines) == 12, lines  # every tenth of the steps, the accuracy's start, then the summary
+    assert "greedy answers on 256 training problems" in lines[-2]
     assert lines[0].startswith("[rlexp] model.warmup: step 3/30, loss 2.800") and "ETA" in lines[0]
     assert re.match(r"\[rlexp\] model\.warmup: trained 30 steps in [\d.]+ s \(loss 3\.000 -> 0\.100, greedy "
                     r"accuracy 0\.400 on 256 training problems\)", lines[-1]), lines[-1]

@@ -101,6 +101,10 @@ class WarmupProgress:
         print(f"[rlexp] model.warmup: step {self.n}/{self.steps}, loss {loss:.3f}, {el:.1f} s, ETA "
               f"{el / self.n * (self.steps - self.n):.0f} s", file=self.stream or sys.stderr, flush=True)
 
+    def measuring(self, n: int) -> None:
+        print(f"[rlexp] model.warmup: greedy answers on {n} training problems (the record's accuracy)",
+              file=self.stream or sys.stderr, flush=True)
+
     def done(self, losses: list[float], accuracy: float, n: int) -> None:
         loss = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, " if losses else ""
         print(f"[rlexp] model.warmup: trained {self.steps} steps in {time.perf_counter() - self.t0:.1f} s ({loss}"
@@ -171,6 +175,7 @@ def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment, spec: di
                 progress.step(losses[-1])
             model.eval()
             train = env.train_samples()
+            progress.measuring(min(256, len(train)))
             acc = _greedy_accuracy(model, env, tok, random.Random(w.seed + 1).sample(train, min(256, len(train))),
                                    max_tokens)
             progress.done(losses, acc, min(256, len(train)))
