@@ -89,6 +89,7 @@ class Progress:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.every_s, self.after_s = every_s, after_s
         self.done_n, self.batch = 0, 0
+        self.shown = False
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
@@ -99,8 +100,9 @@ class Progress:
 
     def _print(self, working: str = "") -> None:
         el = time.perf_counter() - self.t0
-        if el < self.after_s and self.done_n < self.total:
+        if el < self.after_s and not self.shown:  # quiet while fast (the last line too, if nothing came before)
             return
+        self.shown = True
         width = 24
         bar = "#" * (width * self.done_n // max(1, self.total))
         line = (f"[rlexp eval] {self.name} [{bar:<{width}}] {self.done_n}/{self.total} problems  {el:.0f}s  "
