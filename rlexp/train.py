@@ -15,10 +15,11 @@ from omegaconf import DictConfig
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import register_configs
 from rlexp.errors import friendly_errors
-from rlexp.run import runlock
+from rlexp.run import refused, runlock
 from rlexp.run.phases import Phases
 
 register_configs()
+_JOBS: list[None] = []  # one entry per task-function call in this process (a sweep runs several)
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
@@ -27,8 +28,7 @@ def train(cfg: DictConfig) -> float:
     with friendly_errors(interrupted=interrupted_hint), runlock.hold(Path(HydraConfig.get().runtime.output_dir)):
         # Imported here, not at the top: `rlexp train --help`, composition errors and a busy run folder must
         # not wait for torch and Monarch to load (which takes tens of seconds on a loaded machine: said first).
-        phases = Phases(since_start=True)
-        phases.done("started, config composed")
+        phases = start_phases()
         from rlexp.cluster.host_plan import check_sizes
 
         check_sizes(cfg)  # sizes this machine cannot hold: refused before torch loads
@@ -37,6 +37,16 @@ def train(cfg: DictConfig) -> float:
         phases.done("torch and Monarch loaded")
         final = run(cfg, phases)
     return float(final.get("eval/accuracy", float("nan")))
+
+
+def start_phases() -> Phases:
+    """The start-up clock of one job. The first job of this process counts from the process's start (imports,
+    composition); a sweep's later jobs from their own start, so their lines time that job alone (they used to
+    show the whole sweep's time so far as "config composed")."""
+    phases = Phases(since_start=not _JOBS)
+    phases.done("started, config composed" if not _JOBS else f"job {len(_JOBS)} started, config composed")
+    _JOBS.append(None)
+    return phases
 
 
 class RunFolderGuard(Callback):
@@ -58,6 +68,7 @@ class RunFolderGuard(Callback):
                     check_finished_config(run_dir, config)
                 print(f"[rlexp] {done}", flush=True)
                 raise SystemExit(0)
+        refused.note_created(run_dir)
         with friendly_errors():
             self.stack.enter_context(runlock.hold(run_dir))
 
@@ -100,7 +111,18 @@ def interrupted_hint() -> str:
 
 def main(argv: list[str]) -> int:
     from rlexp.core.plugins import with_config_path
+    from rlexp.run.preflight import preflight, user_options_help
 
-    sys.argv = ["rlexp train", *with_config_path(argv)]
-    train()
+    # Every mistake that needs no torch is refused here, before Hydra creates the run folder; Hydra's flags go
+    # first so that `--cfg job` works wherever it was typed.
+    sys.argv = ["rlexp train", *preflight(with_config_path(argv))]
+    try:
+        train()
+    except SystemExit as e:  # Hydra's --help ends with exit 0; its group list misses the user's folders
+        if e.code in (0, None) and (mine := user_options_help(sys.argv[1:])) is not None:
+            print(mine)
+        if e.code == 2 and (gone := refused.remove_refused()) is not None:  # a refusal after torch loaded
+            print(f"rlexp: nothing was run; the run folder {gone} this command had created is removed",
+                  file=sys.stderr)
+        raise
     return 0

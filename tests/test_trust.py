@@ -158,8 +158,11 @@ def test_reproduce_starts_in_this_folder_without_trust(tmp_path: Path, monkeypat
     (run / "metrics.jsonl").write_text('{"step": 0}\n')
     seen: list[Any] = []
     reproduce.main([str(run)], runner=lambda c, cwd=None: seen.append(cwd) or 1)
+    capsys.readouterr()
     reproduce.main([str(run), "trust_plugins=true"], runner=lambda c, cwd=None: seen.append(cwd) or 1)
     assert seen == [None, str(run)]
+    # the old spelling (once `rlexp eval`'s) still works, and says which one to use
+    assert "trust_plugins=true is the old spelling; use --trust-plugins" in capsys.readouterr().err
 
 
 def test_weights_cleanup_deletes_only_folders_rlexp_made(tmp_path: Path) -> None:

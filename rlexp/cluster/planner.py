@@ -405,11 +405,20 @@ def nearest_command(argv: list[str] | None, gpus: int) -> str:
     with the rest of the choices (reward, algorithm, ...); with some, the same run planned for them."""
     import sys
 
-    args = list(sys.argv[1:] if argv is None else argv)
+    from rlexp.config.paths import CONF_DIR
+    from rlexp.config.suggest import user_args
+
+    args = user_args(sys.argv[1:] if argv is None else argv)  # never rlexp's own `hydra.searchpath`
     args = [a for a in args if a not in ("train", "plan")]
     if gpus == 0:
         drop = ("model", "cluster", "experiment", "environment", "generator", "trainer", "verifier_set")
-        keep = [a for a in args if a.split("=", 1)[0].split(".", 1)[0].lstrip("+~") not in drop]
+
+        # A group option of the user's own (a task in their config_path) is theirs to keep, with its keys.
+        mine = {k for k, _, v in (a.partition("=") for a in args) if k.lstrip("+~") in drop and "." not in k
+                and not (CONF_DIR / k.lstrip("+~") / f"{v}.yaml").is_file()}
+        mine = {k.lstrip("+~") for k in mine}
+        keep = [a for a in args if (group := a.split("=", 1)[0].split(".", 1)[0].lstrip("+~")) not in drop
+                or group in mine]
         return "rlexp train " + " ".join(keep) if keep else "rlexp train"
     return (f"rlexp plan {' '.join(args)} cluster.gpus_per_host={gpus} (then lower "
             f"model.parallelism.trainer_fsdp / generator_replicas, or a smaller model, until it fits)")

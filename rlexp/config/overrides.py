@@ -220,7 +220,7 @@ def check_config_name(name: Any, conf_dirs: Sequence[Path], source: str) -> str:
     return name
 
 
-CODE_FIX = "If you trust who wrote this run folder, pass --trust-plugins (or trust_plugins=true) for code; "
+CODE_FIX = "If you trust who wrote this run folder, pass --trust-plugins for code; "
 
 
 def check_overrides(overrides: Sequence[Any], source: str, conf_dirs: Sequence[Path] = (CONF_DIR,),

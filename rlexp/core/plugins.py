@@ -26,6 +26,10 @@ from typing import Any
 from rlexp.config.validate import ConfigError
 from rlexp.registry import BY_NAME, IMPORTED, PluginError, import_module
 
+# `rlexp eval` once took `trust_plugins=true` where `rlexp reproduce` took `--trust-plugins`: one spelling now,
+# the old one still taken (a script that used it keeps working) with this note.
+OLD_TRUST_SPELLING = ("rlexp: note: trust_plugins=true is the old spelling; use --trust-plugins (the same flag in "
+                      "rlexp eval and rlexp reproduce)")
 PLUGINS_ENV = "RLEXP_PLUGINS"  # JSON {"modules": [...], "paths": [...]}, set by the controller, read by actors
 
 
@@ -156,8 +160,8 @@ def recorded_folders(plugins: Any) -> list[str]:
 
 def recorded_code(plugins: Any, config_dirs: Any) -> list[str]:
     """What a manifest says to import or read as config: one line per plug-in module and config folder. A run folder
-    is data from whoever wrote it, so a command that would run this code asks its user first (`--trust-plugins`,
-    `trust_plugins=true`): a recorded sha256 shows drift, not who wrote the file."""
+    is data from whoever wrote it, so a command that would run this code asks its user first (`--trust-plugins`):
+    a recorded sha256 shows drift, not who wrote the file."""
     out = [f"plug-in {p.get('module')} from {p.get('file')}" if isinstance(p, dict) else f"plug-in entry {p!r}"
            for p in plugins or []]
     out += [f"config folder {d.get('path')}" if isinstance(d, dict) else f"config_path entry {d!r}"

@@ -55,6 +55,8 @@ class Environment:
 
     def __init__(self, cfg: EnvConfig) -> None:
         self.cfg = cfg
+        if not self.name:  # named by import path (`mytask.tasks:CountA`), not registered: its config name
+            self.name = cfg.name  # type: ignore[misc]
         self.opts: Any = check_options(self.Options, cfg.options, f"environment={self.name}")
         self._train: list[Sample] | None = None
         self._eval: list[Sample] | None = None

@@ -61,8 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PATH", help="results folder (same as out=PATH)")
     p.add_argument("--trust-plugins", action="store_true",
                    help="run=PATH: import the run's own code (its plug-ins, an import path in its environment) and "
-                        "read the files its manifest names; only for a folder whose author you trust (same as "
-                        "trust_plugins=true)")
+                        "read the files its manifest names; only for a folder whose author you trust (the one "
+                        "spelling in every command; the old trust_plugins=true still works, with a note)")
     p.add_argument("--config-dir", metavar="DIR", default=str(DEFAULT_CONF),
                    help="compose from this conf folder instead of the packaged one (default: %(default)s)")
     return p
@@ -191,7 +191,7 @@ def run_heldout(run_dir: Path, trust_plugins: bool = False) -> dict[str, Any]:
         raise FileNotFoundError(f"run={run_dir}: no manifest.json (not an rlexp run folder?); or name a benchmark, "
                                 f"e.g. benchmark=gsm8k")
     m = read_manifest(path.parent)
-    fix = ("If you trust who wrote this run folder, add --trust-plugins (or trust_plugins=true); or name a "
+    fix = ("If you trust who wrote this run folder, add --trust-plugins; or name a "
            "benchmark (benchmark=gsm8k)")
     code = recorded_code(m.extra.get("plugins"), m.extra.get("config_path"))
     if code and not trust_plugins:
@@ -402,6 +402,10 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.run_dir and not any(o.lstrip("+~").split("=")[0] == "benchmark" for o in overrides):
             # a run without benchmark=: its own task's held-out split
             trust = args.trust_plugins or bool(cfg.get("trust_plugins", False))
+            if cfg.get("trust_plugins", False):
+                from rlexp.core.plugins import OLD_TRUST_SPELLING
+
+                print(OLD_TRUST_SPELLING, file=sys.stderr)
             cfg.benchmark = run_heldout(Path(cfg.run_dir), trust)
         run(cfg, argv, args.config_dir)
     except Exception as e:

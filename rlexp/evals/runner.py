@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,21 +76,57 @@ def apply_stop(text: str, stops: tuple[str, ...]) -> str:
 
 class Progress:
     """One stderr line rewritten in place, `name  done/total problems  elapsed  ETA`, so a long evaluation is
-    never silent. Plain text (a newline per update when stderr is not a terminal, e.g. a log file)."""
+    never silent. Plain text (a newline per update when stderr is not a terminal, e.g. a log file). Updates come
+    per batch of problems (the generator's batch, which sets the results and cannot shrink), and a batch can take
+    minutes (GPQA's long prompts on a CPU): between them a line every `every_s` seconds says which problems are
+    being generated, with the ETA from the problems done so far. Nothing is printed before `after_s` seconds (an
+    evaluation inside a training run speaks only when it is slow)."""
 
-    def __init__(self, name: str, total: int, stream: Any = None) -> None:
+    def __init__(self, name: str, total: int, stream: Any = None, every_s: float = 15.0, after_s: float = 0.0
+                 ) -> None:
         self.name, self.total, self.t0 = name, total, time.perf_counter()
         self.stream = stream if stream is not None else sys.stderr
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.every_s, self.after_s = every_s, after_s
+        self.done_n, self.batch = 0, 0
+        self.shown = False
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
 
-    def update(self, done: int) -> None:
+    def _eta(self, el: float) -> str:
+        if not self.done_n:
+            return f"ETA after the first {self.batch} problems" if self.batch else "ETA ?"
+        return f"ETA {el / self.done_n * (self.total - self.done_n):.0f}s"
+
+    def _print(self, working: str = "") -> None:
         el = time.perf_counter() - self.t0
-        eta = f"ETA {el / done * (self.total - done):.0f}s" if done else "ETA ?"
+        if el < self.after_s and not self.shown:  # quiet while fast (the last line too, if nothing came before)
+            return
+        self.shown = True
         width = 24
-        bar = "#" * (width * done // max(1, self.total))
-        line = f"[rlexp eval] {self.name} [{bar:<{width}}] {done}/{self.total} problems  {el:.0f}s  {eta}"
-        end = "" if self.tty and done < self.total else "\n"
+        bar = "#" * (width * self.done_n // max(1, self.total))
+        line = (f"[rlexp eval] {self.name} [{bar:<{width}}] {self.done_n}/{self.total} problems  {el:.0f}s  "
+                f"{self._eta(el)}{working}")
+        end = "" if self.tty and self.done_n < self.total else "\n"
         print(("\r" if self.tty else "") + line, end=end, file=self.stream, flush=True)
+
+    def update(self, done: int, batch: int = 0) -> None:
+        """`done` problems finished; `batch`: how many the generator works on next (0: none)."""
+        self.done_n, self.batch = done, batch
+        self._print()
+        if batch and self._beat is None and self.every_s > 0:
+            self._beat = threading.Thread(target=self._heartbeat, name="rlexp-eval-progress", daemon=True)
+            self._beat.start()
+        if done >= self.total:
+            self.close()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            if self.batch:
+                self._print(f"  (generating problems {self.done_n + 1}-{self.done_n + self.batch})")
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def rollout(env: Environment, samples: list[Sample], generate_fn: GenerateFn, tokenizer: _Tokenizer, *, n: int,
@@ -98,7 +135,7 @@ def rollout(env: Environment, samples: list[Sample], generate_fn: GenerateFn, to
     """For each sample, `n` episodes as (transcript, turns, finish_reason)."""
     out: list[list[tuple[str, int, str]]] = []
     if progress is not None:
-        progress.update(0)
+        progress.update(0, min(batch_size, len(samples)))
     max_turns = max(1, int(getattr(env.cfg, "max_turns", 1)))
     for b0 in range(0, len(samples), batch_size):
         batch = samples[b0: b0 + batch_size]
@@ -130,7 +167,7 @@ def rollout(env: Environment, samples: list[Sample], generate_fn: GenerateFn, to
         for i in range(len(batch)):
             out.append([(ep.prior + ep.newest, ep.turns, ep.finish) for ep in eps[i * n: (i + 1) * n]])
         if progress is not None:
-            progress.update(len(out))
+            progress.update(len(out), min(batch_size, len(samples) - len(out)))
     return out
 
 
@@ -154,15 +191,22 @@ def check_all(env: Environment, samples: list[Sample], responses: list[str]) -> 
 
 def run_benchmark(name: str, env: Environment, generate_fn: GenerateFn, tokenizer: _Tokenizer, *, n: int = 1,
                   max_tokens: int = 256, temperature: float = 0.0, seed: int = 0, max_samples: int | None = None,
-                  batch_size: int = 64, progress: bool = False) -> BenchmarkResult:
-    """`progress`: a progress line with ETA on stderr (`rlexp eval`; evaluation inside a training run has its own
-    step lines)."""
+                  batch_size: int = 64, progress: bool | float = False) -> BenchmarkResult:
+    """`progress`: a progress line with ETA on stderr; True from the start (`rlexp eval`), a number of seconds
+    after which a slow evaluation starts to report (one inside a training run, which has its own step lines)."""
     t0 = time.perf_counter()
     samples = env.eval_samples()
     if max_samples:
         samples = samples[:max_samples]
-    episodes = rollout(env, samples, generate_fn, tokenizer, n=n, max_tokens=max_tokens, temperature=temperature,
-                       seed=seed, batch_size=batch_size, progress=Progress(name, len(samples)) if progress else None)
+    shown = None if progress is False else Progress(
+        name, len(samples), after_s=0.0 if progress is True else float(progress),
+        every_s=15.0 if progress is True else float(progress))
+    try:
+        episodes = rollout(env, samples, generate_fn, tokenizer, n=n, max_tokens=max_tokens,
+                           temperature=temperature, seed=seed, batch_size=batch_size, progress=shown)
+    finally:
+        if shown is not None:
+            shown.close()
     flat_s = [s for s, eps in zip(samples, episodes) for _ in eps]
     flat_e = [e for eps in episodes for e in eps]
     checks = check_all(env, flat_s, [e[0] for e in flat_e])
@@ -180,6 +224,9 @@ def run_benchmark(name: str, env: Environment, generate_fn: GenerateFn, tokenize
     return BenchmarkResult(name, metrics, records, time.perf_counter() - t0, problems=[s.problem for s in samples])
 
 
+SLOW_EVAL_S = 30.0  # an evaluation inside a training run reports its progress once it has taken this long
+
+
 def metric_names(result: BenchmarkResult, prefix: str) -> dict[str, float]:
     keep = ("accuracy", "unparseable", "ci_low", "ci_high")
     return {f"{prefix}/{k}": float(v) for k, v in result.metrics.items() if k in keep or "@" in k}
@@ -192,7 +239,8 @@ def evaluate(env: Environment, generate_fn: GenerateFn, tokenizer: _Tokenizer, e
     responses to `samples_dir/<benchmark or train>_step<step>.jsonl` for later inspection."""
     res = run_benchmark(benchmark or env.name, env, generate_fn, tokenizer, n=max(1, eval_cfg.k),
                         max_tokens=eval_cfg.max_tokens, temperature=eval_cfg.temperature, seed=eval_cfg.seed,
-                        max_samples=eval_cfg.max_samples, batch_size=eval_cfg.batch_size)
+                        max_samples=eval_cfg.max_samples, batch_size=eval_cfg.batch_size,
+                        progress=SLOW_EVAL_S)
     if samples_dir is not None:
         from rlexp.evals.results import write_samples
 

@@ -32,8 +32,9 @@ from rlexp.run import checkpoints
 from rlexp.run.controller import Controller
 from rlexp.run.elastic import Elastic
 from rlexp.run.interrupts import Interrupts, report_fault, stop_checkpoint, stop_message
+from rlexp.run.labels import reward_label
 from rlexp.run.phases import Phases
-from rlexp.run.prepare import Prepared, prepare, recorded
+from rlexp.run.prepare import CHECKS_DONE, Prepared, prepare, recorded
 from rlexp.run.wiring import (
     Role,
     Wiring,
@@ -362,7 +363,7 @@ def describe_placement(g: Graph, cfg: TrainConfig, n_params: int, gen_setup_s: l
                            + (", bf16 mixed precision" if cfg.trainer.mixed_precision else "")
                            + ("; reference model (frozen initial policy, KL) on the same procs"
                               if cfg.algorithm.kl_coef > 0 else ""),
-                "reward": f"reward={cfg.reward.name}"
+                "reward": reward_label(cfg.reward)
                           + (f" over {len(cfg.reward.verifiers)} verifiers" if cfg.reward.verifiers else ""),
                 "verifier": "",
                 }
@@ -381,8 +382,8 @@ def describe_placement(g: Graph, cfg: TrainConfig, n_params: int, gen_setup_s: l
             on += f", GPUs {'|'.join(gpus[name])}"
         lines.append(f"  {name:<11} {dict(mesh.extent)} on {on}: {desc}")
     if reward_in_controller(p):
-        lines.append(f"  reward      this process: reward={cfg.reward.name}, a pure function, scored by the controller "
-                     f"(rlexp.run.wiring.reward_in_controller)")
+        lines.append(f"  reward      this process: {reward_label(cfg.reward)}, a pure function, scored by "
+                     f"the controller (rlexp.run.wiring.reward_in_controller)")
     lines.append(f"  weights     trainer -> generators by {', '.join(g.transports)} (cluster.transport="
                  f"{cfg.cluster.transport})")
     lines.append(f"  controller  this process (pid {os.getpid()}): GRPO loop (rlexp/algorithm/loop.py), data order, "
@@ -405,12 +406,12 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     if phases is None:
         phases = Phases(since_start=True)
         phases.done("started, config composed")
-    p = prepare(cfg)  # refuses a bad value (an interpolation of the wrong type, say) naming the key
+    p = prepare(cfg, phase=phases.done)  # refuses a bad value (an interpolation of the wrong type, say) naming the key
     # the resume hash is of the config as composed (after `prepare`: a plug-in may add a resolver);
     # `prepare` derives values in the typed config only
     cfg_hash = checkpoints.resume_hash(cfg)
     record = recorded(cfg, p.cfg)  # what the manifest and the trackers record, derived values too
-    phases.done("checks done (config, memory plan, data, reward, model files)")
+    phases.done("model.warmup done" if p.cfg.model.warmup.steps else CHECKS_DONE)
     resume_from = checkpoints.resume_point(run_dir, p.cfg.resume, p.cfg.steps, p.cfg.force_resume, cfg_hash,
                                            checkpoints.resume_hash(record), say=runlog.announce)
     resumed = {"resumed_from": str(resume_from) if resume_from else None}

@@ -9,6 +9,7 @@ import copy
 import os
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -49,10 +50,13 @@ from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.kinds import supported_kinds, supports
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
+from rlexp.run.preflight import check_multi_turn  # torch-free: `rlexp train` runs it before torch loads
 from rlexp.run.warmup import ensure_warm_checkpoint
 from rlexp.tracking.files import fingerprint_examples, hash_files
 from rlexp.tracking.registry import configured_trackers
 from rlexp.transport import check_transport
+
+CHECKS_DONE = "checks done (config, memory plan, data, reward, model files)"
 
 
 @dataclass
@@ -138,8 +142,9 @@ def check_config(composed: DictConfig) -> TrainConfig:
     return cfg
 
 
-def prepare(composed: DictConfig) -> Prepared:
-    """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`."""
+def prepare(composed: DictConfig, phase: Callable[[str], object] | None = None) -> Prepared:
+    """Every check that needs no process. Raises `ConfigError`/`PlanError`/`TransportError`/`CheckpointError`.
+    `phase` is told when the checks are done, before a `model.warmup` that trains (a phase of its own)."""
     cfg = check_config(composed)
     try:
         check_cluster(cfg.cluster)
@@ -182,6 +187,8 @@ def prepare(composed: DictConfig) -> Prepared:
     vocabulary = check_vocabulary(cfg, train, held, model_dir)
     warm = None
     if cfg.model.warmup.steps:
+        if phase is not None:
+            phase(CHECKS_DONE)
         warm_dir, warm = ensure_warm_checkpoint(Path(model_dir), cfg, env)
         model_dir = str(warm_dir)
     seeds = component_seeds(cfg.seed, cfg.generator.shards)
@@ -223,33 +230,6 @@ def check_checkpoint_limits(cfg: TrainConfig, model_dir: str) -> list[str]:
     for note in notes:
         print(f"[rlexp] {note}", file=sys.stderr, flush=True)
     return notes
-
-
-def check_multi_turn(cfg: TrainConfig, env: Environment) -> None:
-    """Multi-turn limits that cannot work, refused before anything spawns."""
-    e, name = cfg.environment, cfg.environment.name
-    if e.max_turns < 1:
-        raise ConfigError(f"environment.max_turns={e.max_turns}: need at least 1 (one policy response)")
-    if e.max_turns > 1 and type(env).step is Environment.step:
-        raise ConfigError(f"environment={name} is single-turn (it has no `step` to reply with), so "
-                          f"environment.max_turns={e.max_turns} cannot apply; leave it at 1")
-    if env.max_response_tokens and cfg.algorithm.max_tokens > env.max_response_tokens:
-        raise ConfigError(f"environment={name} judges responses of at most {env.max_response_tokens} token(s); "
-                          f"algorithm.max_tokens={cfg.algorithm.max_tokens} is larger. Set algorithm.max_tokens="
-                          f"{env.max_response_tokens}")
-    if cfg.algorithm.max_tokens < env.min_response_tokens:
-        raise ConfigError(f"environment={name}: a right answer is {env.min_response_tokens} tokens long, but "
-                          f"algorithm.max_tokens={cfg.algorithm.max_tokens} cuts every response shorter. Set "
-                          f"algorithm.max_tokens={env.min_response_tokens}")
-    if env.multi_turn:
-        room = e.max_episode_tokens or (cfg.model.arch.max_seq_len - cfg.algorithm.max_prompt_tokens)
-        if e.max_episode_tokens < 0 or room < cfg.algorithm.max_tokens:
-            raise ConfigError(f"environment.max_episode_tokens={e.max_episode_tokens} leaves {room} tokens per "
-                              f"episode, less than one turn (algorithm.max_tokens={cfg.algorithm.max_tokens}); raise "
-                              f"it (0: the model's context, model.arch.max_seq_len={cfg.model.arch.max_seq_len})")
-        if e.max_reply_tokens < 1 or e.step_timeout_s < 0:
-            raise ConfigError(f"environment.max_reply_tokens={e.max_reply_tokens} must be >= 1 and "
-                              f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
 
 
 VOCAB_TRAIN_CHECKED = 2000  # training samples checked against the character vocabulary (seeded)

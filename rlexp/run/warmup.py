@@ -22,6 +22,7 @@ import random
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,36 @@ def ensure_warm_checkpoint(base_dir: Path, t: TrainConfig, env: Environment
     return out, json.loads((out / RECORD).read_text())
 
 
+class WarmupProgress:
+    """The warm-up's own progress lines on stderr (it can take minutes on a loaded CPU, before the first RL
+    step): a line about every tenth of the steps, or every `every_s` seconds, with the loss and an ETA."""
+
+    def __init__(self, steps: int, every_s: float = 10.0, stream: Any = None) -> None:
+        self.steps, self.every_s, self.stream = steps, every_s, stream
+        self.n, self.t0 = 0, time.perf_counter()
+        self.last = self.t0
+
+    def step(self, loss: float) -> None:
+        self.n += 1
+        now = time.perf_counter()
+        if self.n < self.steps and self.n % max(1, self.steps // 10) and now - self.last < self.every_s:
+            return
+        self.last = now
+        el = now - self.t0
+        print(f"[rlexp] model.warmup: step {self.n}/{self.steps}, loss {loss:.3f}, {el:.1f} s, ETA "
+              f"{el / self.n * (self.steps - self.n):.0f} s", file=self.stream or sys.stderr, flush=True)
+
+    def measuring(self, n: int) -> None:
+        print(f"[rlexp] model.warmup: greedy answers on {n} training problems (the record's accuracy)",
+              file=self.stream or sys.stderr, flush=True)
+
+    def done(self, losses: list[float], accuracy: float, n: int) -> None:
+        loss = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}, " if losses else ""
+        print(f"[rlexp] model.warmup: trained {self.steps} steps in {time.perf_counter() - self.t0:.1f} s ({loss}"
+              f"greedy accuracy {accuracy:.3f} on {n} training problems)", file=self.stream or sys.stderr,
+              flush=True)
+
+
 def _batch(env: Environment, tok: Any, n: int, rng: random.Random, max_tokens: int
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input ids, attention mask, labels): prompt then gold answer, loss on the answer tokens only. An answer
@@ -134,6 +165,7 @@ def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment, spec: di
             model.train()
             opt = torch.optim.AdamW(model.parameters(), lr=w.lr)
             losses = []
+            progress = WarmupProgress(w.steps)
             for _ in range(w.steps):
                 ids, mask, lab = _batch(env, tok, w.batch_size, rng, max_tokens)
                 loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
@@ -141,10 +173,13 @@ def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment, spec: di
                 loss.backward()
                 opt.step()
                 losses.append(float(loss.detach()))
+                progress.step(losses[-1])
             model.eval()
             train = env.train_samples()
+            progress.measuring(min(256, len(train)))
             acc = _greedy_accuracy(model, env, tok, random.Random(w.seed + 1).sample(train, min(256, len(train))),
                                    max_tokens)
+            progress.done(losses, acc, min(256, len(train)))
         for f in base_dir.iterdir():  # tokenizer, config.json, generation_config.json: unchanged
             if f.is_file() and f.name != "model.safetensors":
                 shutil.copy2(f, tmp / f.name)

@@ -147,13 +147,15 @@ def name_from_overrides(overrides: Sequence[str], swept: Iterable[str] = ()) -> 
 def shell_command(argv: Sequence[str], hyd: Mapping[str, Any]) -> str:
     """The command that runs this run again, pastable into a shell: `rlexp train` (the program name the CLI
     sets is two words) plus this run's own overrides; a multirun job gets its own overrides, not the sweep's."""
+    from rlexp.config.suggest import user_args
+
     prog = str(argv[0]) if argv else "rlexp train"
     head = prog.split() if re.fullmatch(r"rlexp \w+", prog) else [prog]
     args = [str(a) for a in argv[1:]]
     if hyd.get("mode") == "MULTIRUN":
         keep = [a for a in args if a.startswith("-") or "=" not in a]  # --config-dir DIR and friends
-        args = [a for a in keep if a != "-m" and a != "--multirun"] + list(hyd.get("overrides") or [])
-    return shlex.join([*head, *args])
+        args = [a for a in keep if a != "-m" and a != "--multirun"] + [str(o) for o in hyd.get("overrides") or []]
+    return shlex.join([*head, *user_args(args)])  # `hydra.searchpath` is rlexp's own, derived from config_path
 
 
 def run_identity(hyd: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from typing import Any
 from rlexp.config.overrides import RUN_DIR_KEYS, OverrideError, check_config_name, check_overrides, refusals
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.trust import IMPORT_PATH, Trust
-from rlexp.core.plugins import recorded_changes, recorded_code, recorded_folders
+from rlexp.core.plugins import OLD_TRUST_SPELLING, recorded_changes, recorded_code, recorded_folders
 
 from .base import METRICS_FILE
 from .manifest import Manifest, ManifestError, read_manifest
@@ -359,8 +359,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--trust-plugins", action="store_true",
                     help="run the plug-in modules, class paths and config folders the manifest "
                          "records (they run as your code: pass it only for a run folder whose "
-                         "author you trust; trust_plugins=true too). Places and endpoints are never"
-                         " taken from a manifest: give them after `--`")
+                         "author you trust; the old spelling trust_plugins=true still works, "
+                         "with a note). Places and endpoints are never taken from a manifest: "
+                         "give them after `--`")
     ap.add_argument("--allow-changed-plugins", action="store_true",
                     help="re-run even when a plug-in's source or a config folder changed since the "
                          "run (warns)")
@@ -396,6 +397,7 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     args = parser().parse_args(argv)
     if any(e.lower() in ("trust_plugins=true", "+trust_plugins=true") for e in args.extra):  # `rlexp eval`'s spelling
         args.trust_plugins = True
+        print(OLD_TRUST_SPELLING, file=sys.stderr)
         args.extra = [e for e in args.extra if e.lower() not in ("trust_plugins=true", "+trust_plugins=true")]
     run_dir: Path = args.run_dir
     try:

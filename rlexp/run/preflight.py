@@ -1,0 +1,332 @@
+"""`rlexp train`'s checks before Hydra writes anything and before torch loads: a mistake costs a second and
+leaves no run folder behind.
+
+`split_argv` puts Hydra's flags before the overrides (so `--cfg job` works in any position), `check_overrides`
+judges each override as typed (a key of the schema, a group option that exists, with the close matches), and
+`check_composed` composes the config with Hydra's compose API, as `@hydra.main` is about to, and runs the
+checks that need no torch: YAML keys of the user's presets, the sweep's parameters, class paths (found on disk,
+not imported), `rlexp.config.validate.validate`, the environment's options and this machine's sizes.
+`rlexp.run.prepare.check_config` runs the same checks again after torch loads (for callers other than the CLI).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlexp.config.overrides import _SPECIAL_KEY, check_composed_keys, config_groups, refusals
+from rlexp.config.paths import CONF_DIR
+from rlexp.config.suggest import (
+    INTERNAL_KEYS,
+    class_path_error,
+    is_class_path,
+    unknown_key,
+    unknown_option,
+    user_args,
+)
+from rlexp.config.trust import Trust
+from rlexp.config.validate import ConfigError
+
+# Hydra's flags that take a value (`--cfg job`); `--info` takes one only from its choices.
+WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+              "-cd", "--experimental-rerun"}
+INFO = {"--info", "-i"}
+INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+# With these Hydra prints something and runs nothing: only the overrides are checked.
+SHOW_ONLY = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc", "--cfg", "-c", "--info",
+             "-i", "--experimental-rerun", "--config-path", "-cp", "--config-name", "-cn"}
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, the overrides), each in the order typed."""
+    flags: list[str] = []
+    overrides: list[str] = []
+    it = iter(range(len(argv)))
+    for i in it:
+        a = argv[i]
+        if not a.startswith("-"):
+            overrides.append(a)
+            continue
+        flags.append(a)
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is not None and "=" not in a and (a in WITH_VALUE or (a in INFO and nxt in INFO_CHOICES)):
+            flags.append(nxt)
+            next(it, None)
+    return flags, overrides
+
+
+def flag_value(flags: Sequence[str], *names: str) -> str | None:
+    for i, f in enumerate(flags):
+        name, eq, value = f.partition("=")
+        if name in names:
+            return value if eq else (flags[i + 1] if i + 1 < len(flags) else None)
+    return None
+
+
+def conf_dirs(flags: Sequence[str], overrides: Sequence[str]) -> list[Path]:
+    """rlexp's configs, a `--config-dir`, and the folders of `config_path=[...]` (as `with_config_path` wrote)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    dirs = [CONF_DIR]
+    if (d := flag_value(flags, "--config-dir", "-cd")) is not None:
+        dirs.append(Path(d).expanduser().resolve())
+    for a in overrides:
+        if a.split("=", 1)[0] == "config_path":
+            value = OverridesParser.create().parse_override(a).value()
+            dirs += [Path(str(v)) for v in (value if isinstance(value, list) else [value])]
+    return dirs
+
+
+def _values(o: Any) -> list[str]:
+    """A group override's option names: one, or each of a sweep's choices."""
+    if o.is_sweep_override():
+        with contextlib.suppress(Exception):  # an interval or a tagged sweep names no options
+            return [str(v) for v in o.sweep_string_iterator()]
+        return []
+    value = o.value()
+    return [str(value)] if value is not None else []
+
+
+def check_overrides(overrides: Sequence[str], dirs: Sequence[Path]) -> None:
+    """Each override the user typed: a key of the schema or a group option that exists, else a `ConfigError`
+    with the close matches (Hydra's own advice, `+key=...`, would add a key the run then refuses)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    groups = config_groups(dirs)
+    for raw in user_args(overrides):
+        try:
+            o = parser.parse_override(raw)
+        except Exception:  # Hydra's grammar error says where the override is malformed: left to it
+            continue
+        key = o.key_or_group
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")) or key in INTERNAL_KEYS:
+            continue
+        if key in groups or "/" in key:
+            if o.is_delete():
+                continue
+            for value in _values(o):
+                if (why := unknown_option(key, value, dirs)) is not None:
+                    raise ConfigError(why)
+            continue
+        if special := [p for p in key.split(".") if _SPECIAL_KEY.match(p)]:
+            raise ConfigError(f"{key}: {special[0]!r} would make Hydra instantiate an object; rlexp's config holds "
+                              f"data only, remove the override")
+        if (why := unknown_key(key, extra=groups)) is not None:
+            raise ConfigError(why)
+
+
+def _hydra_source(e: BaseException, dirs: Sequence[Path]) -> str:
+    """'<file>: ' for a composition error that names the config it merged (`In 'experiment/bad': ...`)."""
+    import re
+
+    m = re.match(r"In '([^']+)'", str(e))
+    if not m:
+        return ""
+    files = [d / f"{m.group(1)}.yaml" for d in dirs if (d / f"{m.group(1)}.yaml").is_file()]
+    return f"{files[-1] if files else m.group(1)}: "
+
+
+def _translate(e: BaseException, dirs: Sequence[Path]) -> ConfigError:
+    """Hydra's composition error as rlexp's: the file, the key and its close matches, no `+key` advice."""
+    import re
+
+    added = re.search(r"Could not override '([^']+)'\. No match in the defaults list\..*?(\+\S+=\S+)", str(e), re.S)
+    if added and added.group(1) == "benchmark":  # rlexp eval's group; a run names extra benchmarks in a list
+        value = added.group(2).split("=", 1)[1]
+        return ConfigError(f"benchmark={value}: benchmark is rlexp eval's group (rlexp eval benchmark={value}); a "
+                           f"training run evaluates extra benchmarks with eval.benchmarks=[{value}]")
+    if added:  # a group train.yaml does not select: Hydra's advice is right for groups, in rlexp's words
+        return ConfigError(f"{added.group(1)} is a group that rlexp train does not select by default, so an "
+                           f"option of it is added, not replaced: write {added.group(2)}")
+    cause: BaseException | None = e
+    while cause is not None and getattr(cause, "full_key", None) is None:
+        cause = cause.__cause__ or cause.__context__
+    source = _hydra_source(e, dirs)
+    full_key = getattr(cause, "full_key", None)
+    if full_key and type(cause).__name__ in ("ConfigKeyError", "ConfigAttributeError"):
+        why = unknown_key(str(full_key))
+        if why is not None:
+            return ConfigError(source + why)
+    lines: list[str] = []
+    x: BaseException | None = e
+    while x is not None and len(lines) < 6:  # Hydra's message, then its cause's ("Invalid value ...")
+        lines += [ln.strip() for ln in str(x).splitlines() if ln.strip() and "To append" not in ln
+                  and "HYDRA_FULL_ERROR" not in ln and ln.strip() not in lines
+                  and not ln.lstrip().startswith(("full_key:", "reference_type=", "object_type="))]
+        x = x.__cause__
+    return ConfigError(source + ": ".join(lines))
+
+
+def _first_values(overrides: Sequence[str]) -> list[str]:
+    """The overrides with each sweep narrowed to its first value (what a single composition can check)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    out = []
+    for raw in overrides:
+        try:
+            o = parser.parse_override(raw)
+        except Exception:
+            out.append(raw)  # Hydra's own message names it
+            continue
+        if not o.is_sweep_override():
+            out.append(raw)
+            continue
+        with contextlib.suppress(Exception):
+            first = next(iter(o.sweep_string_iterator()))
+            out.append(f"{raw.split('=', 1)[0]}={first}")
+    return out
+
+
+@contextlib.contextmanager
+def _composer(dirs: Sequence[Path], config_name: str, with_hydra: bool) -> Iterator[Any]:
+    from hydra import compose, initialize_config_dir
+
+    from rlexp.config.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(Path(dirs[0]).resolve()), version_base="1.3"):
+        yield lambda overrides: compose(config_name=config_name, overrides=list(overrides),
+                                           return_hydra_config=with_hydra)
+
+
+def compose(flags: Sequence[str], overrides: Sequence[str], dirs: Sequence[Path], with_hydra: bool) -> Any | None:
+    """The config `@hydra.main` will compose (sweeps at their first value; `with_hydra`: its `hydra` node too), or
+    None when Hydra is in use already (a caller inside a Hydra app): then Hydra's own composition reports."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return None
+    search = ",".join(f"'file://{d}'" for d in dirs[1:])
+    given = [a for a in overrides if a.split("=", 1)[0].lstrip("+") not in INTERNAL_KEYS]
+    try:
+        with _composer(dirs, flag_value(flags, "--config-name", "-cn") or "train", with_hydra) as run:
+            return run([*_first_values(given), *([f"hydra.searchpath=[{search}]"] if search else [])])
+    except ConfigError:
+        raise
+    except Exception as e:  # Hydra's composition errors: the file and the key, in rlexp's words
+        raise _translate(e, dirs) from None
+
+
+def check_composed(cfg: Any, dirs: Sequence[Path]) -> None:
+    """The checks of `rlexp.run.prepare.check_config` that need neither torch nor a process, on the config
+    Hydra is about to run; `ConfigError` names the key, the file and the close matches."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rlexp.cluster.host_plan import check_sizes
+    from rlexp.config.validate import too_big_for_cpu, validate
+    from rlexp.core.plugins import activate, search_paths
+    from rlexp.envs.registry import build_env, check_env_options
+
+    if "hydra" in cfg:
+        check_sweep_params(cfg, dirs)
+        OmegaConf.set_struct(cfg, False)
+        cfg.pop("hydra")
+    check_composed_keys(cfg)
+    try:
+        t: Any = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{getattr(e, 'full_key', None) or '?'}: {str(e).splitlines()[0]}") from None
+    paths = search_paths(t.config_path)
+    check_class_paths(OmegaConf.to_container(cfg, resolve=True), paths)
+    if t.trainer.micro_batch_size == 0:  # derived later from the memory plan (`check_config`)
+        t.trainer.micro_batch_size = 1
+    if not too_big_for_cpu(t):  # that refusal lists the missing weights too, which needs torch: left to prepare
+        validate(t)
+    activate(list(t.plugins), paths)  # the user's own modules (their command line names them)
+    check_env_options(t.environment)
+    check_multi_turn(t, build_env(t.environment))  # building reads no data: only the options and the class
+    for name in t.eval.benchmarks:  # names of files in benchmark/ (rlexp.evals.benchmarks reads them later)
+        if (why := unknown_option("benchmark", str(name), dirs)) is not None:
+            raise ConfigError(f"eval.benchmarks: {why}")
+    check_sizes(cfg)
+
+
+def check_multi_turn(t: Any, env: Any) -> None:
+    """Multi-turn limits that cannot work, refused before anything spawns (and, from `rlexp train`, before torch
+    loads: it needs the environment's class and options only)."""
+    from rlexp.envs.base import Environment
+
+    e, name = t.environment, t.environment.name
+    if e.max_turns < 1:
+        raise ConfigError(f"environment.max_turns={e.max_turns}: need at least 1 (one policy response)")
+    if e.max_turns > 1 and type(env).step is Environment.step:
+        raise ConfigError(f"environment={name} is single-turn (it has no `step` to reply with), so "
+                          f"environment.max_turns={e.max_turns} cannot apply; leave it at 1")
+    if env.max_response_tokens and t.algorithm.max_tokens > env.max_response_tokens:
+        raise ConfigError(f"environment={name} judges responses of at most {env.max_response_tokens} token(s); "
+                          f"algorithm.max_tokens={t.algorithm.max_tokens} is larger. Set algorithm.max_tokens="
+                          f"{env.max_response_tokens}")
+    if t.algorithm.max_tokens < env.min_response_tokens:
+        raise ConfigError(f"environment={name}: a right answer is {env.min_response_tokens} tokens long, but "
+                          f"algorithm.max_tokens={t.algorithm.max_tokens} cuts every response shorter. Set "
+                          f"algorithm.max_tokens={env.min_response_tokens}")
+    if env.multi_turn:
+        room = e.max_episode_tokens or (t.model.arch.max_seq_len - t.algorithm.max_prompt_tokens)
+        if e.max_episode_tokens < 0 or room < t.algorithm.max_tokens:
+            raise ConfigError(f"environment.max_episode_tokens={e.max_episode_tokens} leaves {room} tokens per "
+                              f"episode, less than one turn (algorithm.max_tokens={t.algorithm.max_tokens}); raise "
+                              f"it (0: the model's context, model.arch.max_seq_len={t.model.arch.max_seq_len})")
+        if e.max_reply_tokens < 1 or e.step_timeout_s < 0:
+            raise ConfigError(f"environment.max_reply_tokens={e.max_reply_tokens} must be >= 1 and "
+                              f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
+
+
+def check_class_paths(node: dict[str, Any], paths: Sequence[str]) -> None:
+    """Every `module:Class` the config names as code, found on disk without importing it (`class_path_error`)."""
+    for key, kind, value in refusals([], node):
+        if kind == Trust.CODE and is_class_path(value):
+            why = class_path_error(key.lstrip("."), str(value), paths)
+            if why is not None:
+                raise ConfigError(why)
+
+
+def check_sweep_params(cfg: Any, dirs: Sequence[Path]) -> None:
+    """The keys a sweep preset varies (`hydra.sweeper.params`, Optuna's included) are keys of the config."""
+    params = cfg.get("hydra", {}).get("sweeper", {}).get("params") or {}
+    groups = config_groups(dirs)
+    for key in params:
+        key = str(key)
+        if key in groups or "/" in key or key.startswith("hydra"):
+            continue
+        if (why := unknown_key(key, extra=groups)) is not None:
+            raise ConfigError(f"hydra.sweeper.params: {why}")
+
+
+def preflight(argv: Sequence[str]) -> list[str]:
+    """`argv` (`rlexp train`'s, `config_path` already expanded) with Hydra's flags first; `ConfigError` for a
+    mistake found before anything is written (see the module docstring)."""
+    flags, overrides = split_argv(argv)
+    dirs = conf_dirs(flags, overrides)
+    check_overrides(overrides, dirs)
+    show_only = any(f.split("=", 1)[0] in SHOW_ONLY for f in flags)
+    if not show_only:
+        multirun = any(f in ("-m", "--multirun") for f in flags)
+        cfg = compose(flags, overrides, dirs, with_hydra=multirun)
+        if cfg is not None:
+            check_composed(cfg, dirs)
+    return [*flags, *overrides]
+
+
+def user_options_help(argv: Sequence[str]) -> str | None:
+    """For `rlexp train --help config_path=DIR`: the options of the user's own config folders (Hydra's help lists
+    the groups of its primary search path only). None without such folders or without a help flag."""
+    flags, overrides = split_argv(argv)
+    if not any(f in ("--help", "-h") for f in flags):
+        return None
+    dirs = conf_dirs(flags, overrides)[1:]
+    if not dirs:
+        return None
+    from rlexp.config.suggest import group_options
+
+    lines = ["== Your config folders (config_path, --config-dir) =="]
+    for d in dirs:
+        lines.append(f"{d}:")
+        for group in sorted(p.name for p in Path(d).iterdir() if p.is_dir()):
+            options = group_options(group, [d])
+            if options:
+                lines.append(f"  {group}: {', '.join(options)}")
+    return "\n".join(lines)

@@ -1,0 +1,199 @@
+"""Issue 45 item 5: every mistake named in under 2 seconds, before torch loads, with a close match, and nothing
+written. Each mistake runs through the real CLI (`python -m rlexp train ...`) in a copy of examples/my_task, a
+user's own project; `-X importtime` shows whether torch was imported at all (a load-independent check of "before
+torch"), and the wall time is asserted against 2 s, scaled by this machine's load (the team's machine runs
+many sessions on two cores; the numbers printed are what the report quotes)."""
+from __future__ import annotations
+
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "my_task"
+LIMIT_S = 2.0
+
+# (what the user typed, what the message must say). Each is refused with exit code 2.
+MISTAKES: list[tuple[list[str], list[str]]] = [
+    (["trainer.lrr=1e-3"], ["unknown key trainer.lrr; did you mean trainer.lr?"]),
+    (["+trainer.lrr=1e-3"], ["unknown key trainer.lrr; did you mean trainer.lr?"]),
+    (["algorithm.lr=1e-3"], ["unknown key algorithm.lr; did you mean trainer.lr"]),
+    (["reward=weavr"], ["reward=weavr: no such option; did you mean reward=weaver?"]),
+    (["config_path=conf", "environment=count_aa"], ["environment=count_aa: no such option; did you mean "
+                                                    "environment=count_a?"]),
+    (["config_path=conf", "environment=count_a", "experiment=typo"],
+     ["conf/experiment/typo.yaml: unknown key algorithm.max_tokenz; did you mean algorithm.max_tokens"]),
+    (["config_path=conf", "environment=count_a", "+environment.options.lenght=3"],
+     ["unknown option 'lenght'; did you mean length?"]),
+    (["config_path=conf", "environment=count_a", "environment.name=mytask.tasks:CountAA"],
+     ["mytask/tasks.py defines no 'CountAA'; did you mean mytask.tasks:CountA"]),
+    (["config_path=conf", "environment=count_a", "environment.name=mytask.task:CountA"],
+     ["no module 'mytask.task' on the module path; did you mean mytask.tasks:CountA?"]),
+    (["-m", "config_path=conf", "environment=count_a", "+sweeps=typo"],
+     ["hydra.sweeper.params: unknown key algorithm.lr; did you mean trainer.lr"]),
+    (["trainer.lr=nan"], ["trainer.lr=nan is not a finite number"]),
+    (["algorithm.group_size=1"], ["algorithm.group_size must be >= 2"]),
+    (["environment.max_turns=3"], ["environment=arithmetic is single-turn"]),  # was found after torch loaded
+    (["eval.benchmarks=[gsm8kk]"], ["eval.benchmarks: benchmark=gsm8kk: no such option; did you mean "
+                                    "benchmark=gsm8k?"]),
+    (["benchmark=gsm8k"], ["a training run evaluates extra benchmarks with eval.benchmarks=[gsm8k]"]),
+    (["scale=one_node"], ["write +scale=one_node"]),
+]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """examples/my_task copied elsewhere, plus two presets of the user's with a mistake in them."""
+    dst = tmp_path / "my_task"
+    shutil.copytree(EXAMPLE, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    (dst / "conf" / "experiment").mkdir()
+    (dst / "conf" / "experiment" / "typo.yaml").write_text("# @package _global_\nalgorithm:\n  max_tokenz: 3\n")
+    (dst / "conf" / "sweeps" / "typo.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /hydra/sweeper: optuna\nhydra:\n  sweeper:\n    params:\n"
+        "      algorithm.lr: tag(log, interval(1e-6, 1e-4))\n")
+    return dst
+
+
+def _train(project: Path, *args: str, importtime: bool = True) -> tuple[subprocess.CompletedProcess, float]:
+    p, wall, _ = _timed(project, *args, importtime=importtime)
+    return p, wall
+
+
+def _timed(project: Path, *args: str, importtime: bool = True) -> tuple[subprocess.CompletedProcess, float, float]:
+    """The process, its wall time and its CPU time (user + system: what it costs on a quiet machine)."""
+    cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "rlexp", "train", *args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    p = subprocess.run(cmd, cwd=project, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return p, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _limit() -> float:
+    """2 s on a quiet machine; scaled by the load per core when others' work shares the CPUs."""
+    load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return LIMIT_S * max(1.0, load)
+
+
+def _imported(stderr: str, name: str) -> bool:
+    return re.search(rf"\|\s+{re.escape(name)}$", stderr, re.M) is not None
+
+
+def test_every_mistake_is_named_before_torch_loads_and_leaves_nothing(project: Path) -> None:
+    took = []
+    for args, says in MISTAKES:
+        p, _ = _train(project, *args)
+        # without -X importtime: the wall time of the error path as a user meets it, and its CPU time
+        q, plain, cpu = _timed(project, *args, importtime=False)
+        took.append((" ".join(args), plain, cpu))
+        msg = q.stderr
+        assert q.returncode == 2 and p.returncode == 2, (args, q.stdout + q.stderr)
+        for s in says:
+            assert s in msg, (args, msg)
+        assert "Traceback" not in msg and "To append" not in msg and "+trainer" not in msg, msg
+        assert "searchpath" not in msg and "HYDRA_FULL_ERROR" not in msg, msg  # nothing of Hydra's internals
+        assert not _imported(p.stderr, "torch"), f"{args}: torch was imported before the refusal"
+        assert not (project / "runs").exists() and not (project / "outputs").exists(), args  # nothing written
+        assert plain < _limit() and cpu < LIMIT_S, (args, plain, cpu)
+    print(f"\nerror path (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores), wall / CPU s: "
+          + "; ".join(f"{a}: {t:.2f} / {c:.2f}" for a, t, c in took))
+
+
+def test_cfg_job_works_anywhere_with_a_users_config_folder(project: Path) -> None:
+    """`--cfg job` after the overrides used to fail with "unrecognized arguments: ... hydra.searchpath=..."."""
+    for args in (["config_path=conf", "environment=count_a", "--cfg", "job"],
+                 ["config_path=conf", "--cfg", "job", "environment=count_a", "reward=near_miss"],
+                 ["--cfg", "job", "config_path=conf", "environment=count_a"]):
+        p, _ = _train(project, *args, importtime=False)
+        assert p.returncode == 0, (args, p.stderr)
+        assert "name: mytask.tasks:CountA" in p.stdout, p.stdout
+    assert not (project / "runs").exists()
+
+
+def test_help_lists_the_users_own_options(project: Path) -> None:
+    p, _ = _train(project, "--help", "config_path=conf", importtime=False)
+    assert p.returncode == 0, p.stderr
+    assert "algorithm:" in p.stdout  # Hydra's own help is still there
+    mine = p.stdout.split("== Your config folders")[1]
+    assert "environment: count_a" in mine and "reward: near_miss" in mine and "sweeps: two_seeds, typo" in mine
+
+
+def test_a_refusal_after_torch_loads_removes_the_run_folder_it_created(project: Path) -> None:
+    """A loss name is looked up after torch loads (`rlexp.run.prepare.check_config`): the refusal names it, and
+    the run folder Hydra and the lock had created (`.hydra/`, `train.log`, `.lock`) is gone again. A folder
+    that existed before is left as it was."""
+    p, _ = _train(project, "algorithm.loss=grpoo", importtime=False)
+    assert p.returncode == 2 and "unknown loss 'grpoo'" in p.stderr, p.stdout + p.stderr
+    assert "the run folder" in p.stderr and "is removed" in p.stderr
+    assert not (project / "runs").exists()
+    mine = project / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    p, _ = _train(project, "algorithm.loss=grpoo", f"hydra.run.dir={mine}", importtime=False)
+    assert p.returncode == 2 and (mine / "notes.txt").read_text() == "mine" and "is removed" not in p.stderr
+
+
+def test_close_matches() -> None:
+    from rlexp.config.paths import CONF_DIR
+    from rlexp.config.suggest import nearest_keys, unknown_key, unknown_option
+
+    assert nearest_keys("trainer.lrr") == ["trainer.lr"]
+    assert nearest_keys("algorithm.lr")[0] == "trainer.lr"
+    assert nearest_keys("algoritm.max_tokens")[0] == "algorithm.max_tokens"
+    assert unknown_key("trainer.lr") is None and unknown_key("environment.options.anything") is None
+    assert "did you mean reward=weaver?" in (unknown_option("reward", "weavr", [CONF_DIR]) or "")
+    assert unknown_option("reward", "weaver", [CONF_DIR]) is None
+
+
+def test_class_paths_are_judged_without_importing_user_code(tmp_path: Path) -> None:
+    """A suggestion for a mistyped class path reads the module's file; it never runs it (a module's import can do
+    anything: the file below would write a marker)."""
+    from rlexp.config.suggest import class_path_error, top_level_names
+
+    pkg = tmp_path / "userpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    marker = tmp_path / "ran"
+    (pkg / "tasks.py").write_text(f"open({str(marker)!r}, 'w').write('x')\nclass CountA:\n    pass\n")
+    paths = [str(tmp_path)]
+    assert class_path_error("environment.name", "userpkg.tasks:CountA", paths) is None
+    why = class_path_error("environment.name", "userpkg.tasks:CountAA", paths) or ""
+    assert "defines no 'CountAA'; did you mean userpkg.tasks:CountA?" in why
+    why = class_path_error("environment.name", "userpkg.taks:CountA", paths) or ""
+    assert "no module 'userpkg.taks'" in why and "did you mean userpkg.tasks:CountA?" in why
+    assert "no module 'nosuchpkg_x'" in (class_path_error("k", "nosuchpkg_x.m:C", paths) or "")
+    assert not marker.exists() and "userpkg" not in sys.modules
+    # a module whose names cannot be read without running it is given the benefit of the doubt
+    (pkg / "star.py").write_text("from os.path import *\n")
+    assert top_level_names(pkg / "star.py") is None
+    assert class_path_error("k", "userpkg.star:Anything", paths) is None
+
+
+def test_hydra_flags_go_first_whatever_their_position() -> None:
+    from rlexp.run.preflight import split_argv
+
+    assert split_argv(["a=1", "--cfg", "job", "b=2", "-m", "--info", "defaults", "c=3", "-cd", "x"]) == (
+        ["--cfg", "job", "-m", "--info", "defaults", "-cd", "x"], ["a=1", "b=2", "c=3"])
+    assert split_argv(["--info", "a=1"]) == (["--info"], ["a=1"])  # --info takes a value only from its choices
+
+
+def test_internal_overrides_never_reach_a_suggested_command() -> None:
+    from rlexp.cluster.planner import nearest_command
+    from rlexp.tracking.hydra_run import shell_command
+
+    argv = ["config_path=['/p/conf']", "environment=count_a", "environment.options.length=3", "reward=near_miss",
+            "model=qwen3_8b", "cluster=gpu_node", "hydra.searchpath=['file:///p/conf']"]
+    cmd = nearest_command(argv, 0)
+    assert "searchpath" not in cmd and "environment=count_a" in cmd and "environment.options.length=3" in cmd
+    assert "model=" not in cmd and "cluster=" not in cmd
+    assert nearest_command(["model=qwen3_8b", "reward=weaver", "environment=gsm8k"], 0) == "rlexp train reward=weaver"
+    assert "searchpath" not in shell_command(["rlexp train", *argv], {"mode": "RUN"})
