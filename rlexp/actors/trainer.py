@@ -122,18 +122,23 @@ class Trainer(Actor):
         # whatever the model's dtype: at decay 0.99 a step moves it by 1% of the gap, below bf16's rounding.
         self.ema: list[torch.Tensor] | None = [p.detach().to(torch.float32, copy=True)
                                                for p in self.model.parameters()] if t.ema_decay > 0 else None
+        # The step-0 weights, for `policy/kl_to_start` when no reference model brings its logprobs (see _start_logprobs).
+        self.start: list[torch.Tensor] | None = [p.detach().clone() for p in self.model.parameters()] \
+            if t.kl_to_start_every > 0 and self.acfg.kl_coef <= 0 else None
         return sum(p.numel() for p in self.model.parameters())
 
     @contextmanager
-    def _weights(self, ema: bool) -> Iterator[None]:
-        """The model holds the weight average inside (when asked for and kept), the live weights again after."""
-        if not ema or self.ema is None:
+    def _weights(self, ema: bool, other: list[torch.Tensor] | None = None) -> Iterator[None]:
+        """The model holds the weight average inside (when asked for and kept), or `other` (the step-0 weights), the
+        live weights again after."""
+        inside = other if other is not None else self.ema if ema else None
+        if inside is None:
             yield
             return
         params = _local(self.model.parameters())  # copied in place: FSDP keeps its own views of them
         with torch.no_grad():
             live = [p.clone() for p in params]
-            for p, e in zip(params, _local(self.ema)):
+            for p, e in zip(params, _local(inside)):
                 p.copy_(e)  # cast to the model's dtype
         try:
             yield
@@ -160,6 +165,7 @@ class Trainer(Actor):
             else sum(sum(m) for m in batch.loss_masks)
         metrics: dict[str, float] = {}
         diffs: list[torch.Tensor] = []
+        rows: list[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         for i in range(n_micro):
             s = lo + i * mb
             e = min(hi, s + mb)
@@ -185,8 +191,11 @@ class Trainer(Actor):
                 (out.loss * share).backward()
             for k, v in out.metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + v * share
+            # Every micro-batch, a zero-weight one too: the step-0 forward in `_drift` runs the same collectives.
+            rows.append((s, e, logp.detach(), mask * (0.0 if dummy else 1.0), ref))
             if not dummy:
                 diffs.append(((logp.detach() - old).abs() * mask).flatten()[mask.flatten() > 0].cpu())
+        metrics.update(self._drift(batch, rows, total_tokens))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
         self.optim.step()
         self.sched.step()
@@ -208,6 +217,36 @@ class Trainer(Actor):
             "time/train_step_s": time.perf_counter() - t0,
         })
         return metrics
+
+    def _drift(self, batch: TrainBatch, rows: list[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor | None]],
+               total_tokens: int) -> dict[str, float]:
+        """How far the policy has moved, on this step's sampled tokens (before its update), as token means over the
+        whole batch (summed over data-parallel ranks like the loss metrics):
+
+        - `policy/entropy`: minus the mean logprob of the sampled tokens at the sampling temperature, a Monte-Carlo
+          estimate of the per-token entropy of what the policy samples; it falls towards 0 as a policy collapses
+          onto one answer. Free: the loss already computed these logprobs.
+        - `policy/kl_to_start`: KL(current || step-0 policy), the k3 estimator on the sampled tokens. With a
+          reference model (`algorithm.kl_coef > 0`) its logprobs are reused (free); otherwise every
+          `trainer.kl_to_start_every` steps the step-0 weights are swapped in for one forward without gradient
+          (one more copy of this rank's weights in memory; about a third of a train step's compute)."""
+        out = {"policy/entropy": sum(float(-(lp * m).sum()) for _, _, lp, m, _ in rows) / max(1, total_tokens)}
+        every = self.tcfg.kl_to_start_every
+        if every <= 0 or self.sched.last_epoch % every:
+            return out
+        starts: list[torch.Tensor | None] = [ref for *_, ref in rows]
+        if self.start is not None:
+            with torch.no_grad(), self._weights(False, self.start), loss_parallel_if(self.tp):
+                starts = [sequence_logprobs(self.model, batch.prompts[s:e], batch.responses[s:e],
+                                            self.acfg.temperature, self.pad_id, self.device, self.autocast)[0]
+                          for s, e, *_ in rows]
+        kl = 0.0
+        for (_, _, lp, m, _), st in zip(rows, starts):
+            if st is not None:
+                delta = (st.to(lp.device) - lp) * m
+                kl += float(((torch.exp(delta) - delta - 1.0) * m).sum())
+        out["policy/kl_to_start"] = kl / max(1, total_tokens)
+        return out
 
     def _all_reduce_metrics(self, metrics: dict[str, float], d_max: float, d_sum: float, d_n: float
                             ) -> tuple[dict[str, float], float, float, float]:
