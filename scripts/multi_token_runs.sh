@@ -6,13 +6,13 @@
 #   scripts/multi_token_runs.sh /tmp/mt/runs
 set -u
 OUT=${1:?usage: scripts/multi_token_runs.sh OUT_DIR}
-STEPS=${STEPS:-60}
+STEPS=${STEPS:-30}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SNAP=$OUT/snapshot
 mkdir -p "$SNAP" && cp -r "$ROOT/rlexp" "$ROOT/examples" "$SNAP/"
 PY=$ROOT/.venv/bin/python
-# Run size, the same for both arms (the 2-core machine is shared): 16 prompts x 8 samples per step.
-SIZE="steps=$STEPS algorithm.prompts_per_step=16 algorithm.group_size=8 eval.every_n_steps=20"
+# Run size, the same for both arms (the 2-core machine is shared): 8 prompts x 8 samples per step.
+SIZE="steps=$STEPS algorithm.prompts_per_step=8 algorithm.group_size=8 eval.every_n_steps=10"
 
 lane() {  # task, then the env args
   local task=$1; shift
