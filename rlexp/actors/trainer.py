@@ -122,7 +122,7 @@ class Trainer(Actor):
         # whatever the model's dtype: at decay 0.99 a step moves it by 1% of the gap, below bf16's rounding.
         self.ema: list[torch.Tensor] | None = [p.detach().to(torch.float32, copy=True)
                                                for p in self.model.parameters()] if t.ema_decay > 0 else None
-        # The step-0 weights, for `policy/kl_to_start` when no reference model brings its logprobs (see _start_logprobs).
+        # The step-0 weights, for `policy/kl_to_start` when no reference model brings its logprobs (`_drift`).
         self.start: list[torch.Tensor] | None = [p.detach().clone() for p in self.model.parameters()] \
             if t.kl_to_start_every > 0 and self.acfg.kl_coef <= 0 else None
         return sum(p.numel() for p in self.model.parameters())

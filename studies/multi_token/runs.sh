@@ -3,11 +3,11 @@
 # task outside the package) x {defaults, experiment=multi_token} x seeds 0 1 2, one lane per task, in the
 # background at nice 10. Runs from a snapshot of the tree (so later edits do not reach running processes);
 # every run's folder is under $OUT/<task>_<arm>_s<seed>/.
-#   scripts/multi_token_runs.sh /tmp/mt/runs
+#   studies/multi_token/runs.sh /tmp/mt/runs
 set -u
-OUT=${1:?usage: scripts/multi_token_runs.sh OUT_DIR}
+OUT=${1:?usage: studies/multi_token/runs.sh OUT_DIR}
 STEPS=${STEPS:-30}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SNAP=$OUT/snapshot
 mkdir -p "$SNAP" && cp -r "$ROOT/rlexp" "$ROOT/examples" "$SNAP/"
 PY=$ROOT/.venv/bin/python
