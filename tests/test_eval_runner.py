@@ -61,8 +61,10 @@ def test_evaluate_metric_names_for_training_env_and_benchmark():
     gen = fake_generator(lambda p, j: next(v for k, v in answers.items() if k in p))
     m = evaluate(e, gen, TOK, EvalConfig(max_tokens=16), step=10)
     assert m["eval/accuracy"] == 0.5 and m["eval/unparseable"] == 0.25
-    assert set(m) == {"eval/accuracy", "eval/partial_credit", "eval/unparseable", "eval/ci_low", "eval/ci_high"}
-    assert m["eval/partial_credit"] == m["eval/accuracy"]  # gsm8k gives no Check.score: 1.0 right, 0.0 wrong
+    assert set(m) == {"eval/accuracy", "eval/partial_credit", "eval/unparseable", "eval/ci_low",
+                      "eval/ci_high"}
+    # gsm8k gives no Check.score: 1.0 right, 0.0 wrong
+    assert m["eval/partial_credit"] == m["eval/accuracy"]
     m2 = evaluate(e, gen, TOK, EvalConfig(max_tokens=16), step=20, benchmark="gsm8k")
     assert m2["eval/gsm8k/accuracy"] == 0.5
     assert gen.calls[0][2] == gen.calls[1][2]  # the same sampling seed at every evaluation
@@ -142,15 +144,19 @@ def test_crosscheck_cases_are_well_formed():
 
 
 def test_partial_credit_beside_exact_match(tmp_path):
-    """A multi-token answer's partial credit (`Check.score`, sort: the fraction of positions right) is reported at
-    evaluation beside exact match, and each response's score is in the samples file."""
+    """A multi-token answer's partial credit (`Check.score`, sort: the fraction of positions right)
+    is reported at evaluation beside exact match, and each response's score is in the samples
+    file."""
     e = env("sort")
     samples = e.eval_samples()
     gold = {s.problem.prompt: s.answer for s in samples}
     first = samples[0].problem.prompt
     # the first problem exactly right; every other one with its last two of 8 positions wrong
     flip = {"0": "1", "1": "0"}
-    gen = fake_generator(lambda p, j: gold[p] if p == first else gold[p][:6] + "".join(flip[c] for c in gold[p][6:]))
+    def answer(p: str, j: int) -> str:
+        return gold[p] if p == first else gold[p][:6] + "".join(flip[c] for c in gold[p][6:])
+
+    gen = fake_generator(answer)
     m = evaluate(e, gen, TOK, EvalConfig(max_tokens=8), step=0, samples_dir=tmp_path)
     n = len(samples)
     assert m["eval/accuracy"] == 1 / n

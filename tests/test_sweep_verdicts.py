@@ -1,7 +1,9 @@
-"""Sweep verdicts that cannot mislead (issue 45 item 4): each configuration's change from its start with an
-interval, "distinguishable" only over >= 3 paired seeds, a winner that did not beat its start called out, and
-reproductions kept out of the sweep a later `rlexp compare` reads. Run folders are written by rlexp's own
-trackers (tests/test_compare.py `_make_run`: manifest, Hydra files, metrics.jsonl through `JsonlTracker`)."""
+"""Sweep verdicts that cannot mislead (issue 45 item 4): each configuration's change from its start
+with an interval, "distinguishable" only over >= 3 paired seeds, a winner that did not beat its
+start called out, and reproductions kept out of the sweep a later `rlexp compare` reads. Run folders
+are written by rlexp's own trackers (tests/test_compare.py `_make_run`: manifest, Hydra files,
+metrics.jsonl through `JsonlTracker`)."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +21,8 @@ from tests.test_compare import _make_run
 
 
 def _lr_sweep(root: Path, curves: dict[str, list[list[float]]]) -> None:
-    """A Hydra-shaped sweep folder (multirun.yaml, job folders 0..n) of `reward` configurations x seeds; each
-    seed's held-out accuracy curve is given, step 0 first."""
+    """A Hydra-shaped sweep folder (multirun.yaml, job folders 0..n) of `reward` configurations x
+    seeds; each seed's held-out accuracy curve is given, step 0 first."""
     root.mkdir(parents=True)
     (root / "multirun.yaml").write_text("hydra: {mode: MULTIRUN}\n")
     job = 0
@@ -31,31 +33,54 @@ def _lr_sweep(root: Path, curves: dict[str, list[list[float]]]) -> None:
 
 
 def test_two_paired_seeds_are_never_distinguishable(tmp_path: Path) -> None:
-    """The issue's case: a clear gap on 2 seeds was called "distinguishable". The paired difference is still
-    shown with its interval; the verdict says why it does not call it."""
-    _lr_sweep(tmp_path / "two", {"rule": [[0.1, 0.30], [0.1, 0.31]], "weaver": [[0.1, 0.60], [0.1, 0.62]]})
+    """The issue's case: a clear gap on 2 seeds was called "distinguishable". The paired difference
+    is still shown with its interval; the verdict says why it does not call it."""
+    _lr_sweep(
+        tmp_path / "two", {"rule": [[0.1, 0.30], [0.1, 0.31]], "weaver": [[0.1, 0.60], [0.1, 0.62]]}
+    )
     v = compare([str(tmp_path / "two")], tmp_path / "out")["verdict"]
-    assert v.best.label == "reward.name=weaver" and v.paired_seeds == [0, 1] and not v.distinguishable
+    assert (
+        v.best.label == "reward.name=weaver" and v.paired_seeds == [0, 1] and not v.distinguishable
+    )
     assert v.difference.mean == pytest.approx(0.305)
-    assert "not distinguishable: only 2 paired seeds, and a difference is called with at least 3" in v.sentence
+    assert (
+        "not distinguishable: only 2 paired seeds, and a difference is called with at least 3"
+        in v.sentence
+    )
     # a third seed with the same gap: now it is called
-    _lr_sweep(tmp_path / "three", {"rule": [[0.1, 0.30], [0.1, 0.31], [0.1, 0.32]],
-                                   "weaver": [[0.1, 0.60], [0.1, 0.62], [0.1, 0.61]]})
+    _lr_sweep(
+        tmp_path / "three",
+        {
+            "rule": [[0.1, 0.30], [0.1, 0.31], [0.1, 0.32]],
+            "weaver": [[0.1, 0.60], [0.1, 0.62], [0.1, 0.61]],
+        },
+    )
     v = compare([str(tmp_path / "three")], tmp_path / "out3")["verdict"]
     assert v.distinguishable and v.sentence.endswith(": distinguishable.")
 
 
-def test_change_from_start_is_in_the_table_and_a_winner_below_its_start_is_called_out(tmp_path: Path) -> None:
-    """Issue 45's sweep: the winner's final accuracy 0.388 was below its step-0 value 0.396, and nothing said so."""
+def test_change_from_start_is_in_the_table_and_a_winner_below_its_start_is_called_out(
+    tmp_path: Path,
+) -> None:
+    """Issue 45's sweep: the winner's final accuracy 0.388 was below its step-0 value 0.396, and
+    nothing said so."""
     starts, ends = [0.396, 0.40, 0.39], [0.388, 0.39, 0.385]
-    _lr_sweep(tmp_path / "sw", {"weaver": [[s, 0.5, e] for s, e in zip(starts, ends)],
-                                "rule": [[s, 0.3, e - 0.1] for s, e in zip(starts, ends)]})
+    _lr_sweep(
+        tmp_path / "sw",
+        {
+            "weaver": [[s, 0.5, e] for s, e in zip(starts, ends)],
+            "rule": [[s, 0.3, e - 0.1] for s, e in zip(starts, ends)],
+        },
+    )
     res = compare([str(tmp_path / "sw")], tmp_path / "out")
     v, head, rows = res["verdict"], res["header"], res["rows"]
     want = estimate([e - s for s, e in zip(starts, ends)])
     assert v.best.label == "reward.name=weaver" and v.beat_start is False
     assert v.change.mean == pytest.approx(want.mean) and v.change.half == pytest.approx(want.half)
-    assert f"WARNING: it did not beat its start: change from its first value {want.mean:+.4g} [" in v.sentence
+    assert (
+        f"WARNING: it did not beat its start: change from its first value {want.mean:+.4g} ["
+        in v.sentence
+    )
     assert want.mean == pytest.approx(-0.007667, abs=1e-6)
     col = head.index("eval/accuracy final change from start mean")
     assert rows[0][col] == f"{want.mean:.4g}" and rows[0][col + 1] == f"{want.half:.4g}"
@@ -64,18 +89,33 @@ def test_change_from_start_is_in_the_table_and_a_winner_below_its_start_is_calle
     assert f"| {want.mean:.4g} ± {want.half:.4g} |" in md
     assert "change from start = the statistic minus the curve's first logged value" in md
     # a winner that did climb says by how much, and whether seeds can tell it from no change
-    _lr_sweep(tmp_path / "up", {"weaver": [[0.1, 0.5, 0.6], [0.1, 0.5, 0.62], [0.12, 0.5, 0.61]],
-                                "rule": [[0.1, 0.2, 0.3]] * 3})
+    _lr_sweep(
+        tmp_path / "up",
+        {
+            "weaver": [[0.1, 0.5, 0.6], [0.1, 0.5, 0.62], [0.12, 0.5, 0.61]],
+            "rule": [[0.1, 0.2, 0.3]] * 3,
+        },
+    )
     v = compare([str(tmp_path / "up")], tmp_path / "out_up")["verdict"]
-    assert v.beat_start is True and "Change from its start: +0.5033" in v.sentence and "WARNING" not in v.sentence
-    _lr_sweep(tmp_path / "noise", {"weaver": [[0.1, 0.5, 0.4], [0.5, 0.5, 0.2], [0.2, 0.5, 0.5]],
-                                   "rule": [[0.1, 0.2, 0.1]] * 3})
+    assert (
+        v.beat_start is True
+        and "Change from its start: +0.5033" in v.sentence
+        and "WARNING" not in v.sentence
+    )
+    _lr_sweep(
+        tmp_path / "noise",
+        {
+            "weaver": [[0.1, 0.5, 0.4], [0.5, 0.5, 0.2], [0.2, 0.5, 0.5]],
+            "rule": [[0.1, 0.2, 0.1]] * 3,
+        },
+    )
     v = compare([str(tmp_path / "noise")], tmp_path / "out_noise")["verdict"]
     assert v.beat_start is True and "is within seed noise" in v.sentence
 
 
-# Stands in for `python -m rlexp train` (a real process with the environment reproduce gives its child): writes
-# the run folder the way a run does, through rlexp's own manifest writer, with the original's metrics.
+# Stands in for `python -m rlexp train` (a real process with the environment reproduce gives its
+# child): writes the run folder the way a run does, through rlexp's own manifest writer, with the
+# original's metrics.
 _TRAIN = """
 import json, shutil, sys
 from pathlib import Path
@@ -91,23 +131,35 @@ shutil.copy(orig / "metrics.jsonl", new / "metrics.jsonl")
 
 
 def test_a_reproduced_sweep_job_lands_beside_the_sweep_and_compare_leaves_reproductions_out(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    """Before: `rlexp reproduce <sweep>/0` wrote `<sweep>/reproduce/...`, and `rlexp compare <sweep>` read it as a
-    third run of seed 0's configuration and stopped pairing."""
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Before: `rlexp reproduce <sweep>/0` wrote `<sweep>/reproduce/...`, and `rlexp compare
+    <sweep>` read it as a third run of seed 0's configuration and stopped pairing."""
     sweep = tmp_path / "runs" / "multirun" / "2026-12-06_04-00-00"
-    _lr_sweep(sweep, {"rule": [[0.1, 0.30], [0.1, 0.31], [0.1, 0.32]],
-                      "weaver": [[0.1, 0.60], [0.1, 0.62], [0.1, 0.61]]})
+    _lr_sweep(
+        sweep,
+        {
+            "rule": [[0.1, 0.30], [0.1, 0.31], [0.1, 0.32]],
+            "weaver": [[0.1, 0.60], [0.1, 0.62], [0.1, 0.61]],
+        },
+    )
     before = compare([str(sweep)], tmp_path / "before")["verdict"]
     assert before.distinguishable and before.paired_seeds == [0, 1, 2]
     assert reproduce_dir(sweep / "3").parent == sweep.with_name(sweep.name + ".reproduce")
-    assert reproduce_dir(tmp_path / "plain").parent == tmp_path / "reproduce"  # a plain run: as before
+    assert (
+        reproduce_dir(tmp_path / "plain").parent == tmp_path / "reproduce"
+    )  # a plain run: as before
     assert child_env(reproduction_of=sweep / "3")[REPRODUCTION_ENV] == str((sweep / "3").resolve())
 
     real_run = subprocess.run
 
-    def train(cmd, cwd=None, env=None):  # the real process reproduce starts, running _TRAIN instead of training
+    def train(
+        cmd, cwd=None, env=None
+    ):  # the real process reproduce starts, running _TRAIN instead of training
         new = Path(cmd[-1].split("=", 1)[1])
-        return real_run([sys.executable, "-c", _TRAIN, str(new), str(sweep / "3")], cwd=cwd, env=env)
+        return real_run(
+            [sys.executable, "-c", _TRAIN, str(new), str(sweep / "3")], cwd=cwd, env=env
+        )
 
     monkeypatch.setattr("rlexp.tracking.reproduce.subprocess.run", train)
     assert reproduce_main([str(sweep / "3")]) == 0
@@ -115,8 +167,8 @@ def test_a_reproduced_sweep_job_lands_beside_the_sweep_and_compare_leaves_reprod
     assert read_manifest(new).extra[REPRODUCTION_KEY] == str((sweep / "3").resolve())
     assert not any(p.name == "reproduce" for p in sweep.rglob("*"))
 
-    # A reproduction inside the folder compare reads (one made before this fix, or a runs root holding both) is
-    # left out and named; the verdict pairs the three seeds as before.
+    # A reproduction inside the folder compare reads (one made before this fix, or a runs root
+    # holding both) is left out and named; the verdict pairs the three seeds as before.
     inside = sweep / "reproduce" / new.name
     inside.parent.mkdir()
     new.rename(inside)
@@ -124,7 +176,9 @@ def test_a_reproduced_sweep_job_lands_beside_the_sweep_and_compare_leaves_reprod
     after = res["verdict"]
     assert len(res["runs"]) == 6 and after.paired_seeds == [0, 1, 2] and after.distinguishable
     assert after.sentence == before.sentence
-    assert any(n.startswith("left out 1 reproduction(s)") and str(inside) in n for n in res["notes"])
+    assert any(
+        n.startswith("left out 1 reproduction(s)") and str(inside) in n for n in res["notes"]
+    )
     # named on its own, a reproduction is read: the user asked for that folder
     assert [r.source for r in compare([str(inside)], tmp_path / "own")["runs"]] == [str(inside)]
     json.dumps(res["notes"])  # plain text, for compare.md

@@ -44,7 +44,7 @@ class SampleRecord:
     gold: str
     correct: bool
     parseable: bool
-    # Partial credit in [0, 1] (`Check.score`; 1.0/0.0 from `correct` when the environment gives none).
+    # Partial credit in [0, 1]: `Check.score`, or 1.0/0.0 from `correct` when there is none.
     score: float = 0.0
     sample_index: int = 0
     turns: int = 1
@@ -185,8 +185,9 @@ def run_benchmark(name: str, env: Environment, generate_fn: GenerateFn, tokenize
 
 
 def partial_credit(chk: Check) -> float:
-    """One response's partial credit: the environment's `Check.score` (e.g. sort's fraction of positions
-    right), or 1.0/0.0 from `correct` when it gives none, so every benchmark reports it beside exact match."""
+    """One response's partial credit: the environment's `Check.score` (e.g. sort's fraction of
+    positions right), or 1.0/0.0 from `correct` when it gives none, so every benchmark reports it
+    beside exact match."""
     return float(chk.score) if chk.score is not None else float(chk.correct)
 
 
@@ -207,6 +208,7 @@ def evaluate(env: Environment, generate_fn: GenerateFn, tokenizer: _Tokenizer, e
         from rlexp.evals.results import write_samples
 
         write_samples(Path(samples_dir) / f"{benchmark or 'train'}_step{step:06d}.jsonl", res.records)
-    log.info("step %d eval %s: accuracy %.4f, partial credit %.4f (%d problems, %.1fs)", step, res.name,
-             res.metrics["accuracy"], res.metrics["partial_credit"], int(res.metrics["n_problems"]), res.seconds)
+    m = res.metrics
+    log.info("step %d eval %s: accuracy %.4f, partial credit %.4f (%d problems, %.1fs)", step,
+             res.name, m["accuracy"], m["partial_credit"], int(m["n_problems"]), res.seconds)
     return metric_names(res, "eval" if benchmark is None else f"eval/{benchmark}")

@@ -158,11 +158,12 @@ def problem_lines(runs: Sequence[RunRecord]) -> list[str]:
     return out
 
 
-def leave_out_reproductions(spec: str, runs: list[RunRecord]) -> tuple[list[RunRecord], list[RunRecord]]:
+def leave_out_reproductions(spec: str, runs: list[RunRecord]
+                            ) -> tuple[list[RunRecord], list[RunRecord]]:
     """(runs kept, reproductions left out). A re-run by `rlexp reproduce` (its manifest records
-    `reproduction_of`) found inside a folder would count as one more seed of its configuration, or as a second
-    run of the same seed, which stops seeds pairing: it is left out. A reproduction's own folder, named as
-    `spec`, is read (the user asked for it)."""
+    `reproduction_of`) found inside a folder would count as one more seed of its configuration, or
+    as a second run of the same seed, which stops seeds pairing: it is left out. A reproduction's
+    own folder, named as `spec`, is read (the user asked for it)."""
     if len(runs) == 1 and Path(runs[0].source).resolve() == Path(spec).resolve():
         return runs, []
     kept = [r for r in runs if not r.manifest.get(REPRODUCTION_KEY)]
@@ -184,8 +185,8 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
         reproductions += left
         origins += [i] * len(got)
     if not runs:
-        raise ValueError(f"{', '.join(specs)}: only reproductions ({len(reproductions)}), which compare leaves out "
-                         "of a folder; name a reproduction's own run folder to read it")
+        raise ValueError(f"{', '.join(specs)}: only reproductions ({len(reproductions)}), which "
+                         "compare leaves out of a folder; name a reproduction's own run folder")
     unique_names(runs)
     problems = problem_lines(runs)
     for line in problems:
@@ -199,12 +200,15 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
              f"{', '.join(NUISANCE_KEYS)} are one configuration.",
              f"mean ± half-width of the {METHOD} (n=1: no interval); AUC = area under the curve over steps "
              "divided by the step span.",
-             "better: " + "; ".join(f"{h.label} {h.direction or 'not declared (no ranking)'}" for h in headlines),
-             "change from start = the statistic minus the curve's first logged value (for eval/* the step-0 "
-             f"evaluation); a difference is called distinguishable only over >= {MIN_PAIRED_SEEDS} paired seeds."]
+             "better: " + "; ".join(f"{h.label} {h.direction or 'not declared (no ranking)'}"
+                                    for h in headlines),
+             "change from start = the statistic minus the curve's first logged value (for eval/* "
+             "the step-0 evaluation); a difference is called distinguishable only over >= "
+             f"{MIN_PAIRED_SEEDS} paired seeds."]
     if reproductions:
-        notes.append(f"left out {len(reproductions)} reproduction(s) (`rlexp reproduce` re-runs, by their manifest's "
-                     f"`{REPRODUCTION_KEY}`), which are not seeds: " + ", ".join(r.source for r in reproductions))
+        notes.append(f"left out {len(reproductions)} reproduction(s) (`rlexp reproduce` re-runs, "
+                     f"by their manifest's `{REPRODUCTION_KEY}`), which are not seeds: "
+                     + ", ".join(r.source for r in reproductions))
     if problems:
         notes += [f"{len(problems)} input problem(s); the damaged rows or values are left out:", *problems]
     md = (f"**{md_text(v.sentence)}**\n\n" + markdown_table(v.ranked, headlines) + "\n\n"

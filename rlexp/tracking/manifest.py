@@ -53,9 +53,9 @@ from .system import git_info, package_versions, relevant_env, system_info
 MANIFEST_NAME = "manifest.json"
 GIT_DIFF_NAME = "git.diff"
 STATUSES = ("running", "completed", "failed", "interrupted")
-# A run started by `rlexp reproduce` records the run it re-creates here (the folder, absolute), passed to the
-# re-run through `REPRODUCTION_ENV`: `rlexp compare` leaves such runs out of a sweep folder, since a re-run is
-# not one more seed.
+# A run started by `rlexp reproduce` records the run it re-creates here (the folder, absolute),
+# passed to the re-run through `REPRODUCTION_ENV`: `rlexp compare` leaves such runs out of a sweep
+# folder, since a re-run is not one more seed.
 REPRODUCTION_KEY = "reproduction_of"
 REPRODUCTION_ENV = "RLEXP_REPRODUCTION_OF"
 SCHEMA_VERSION = 1  # the `schema` key every manifest has carried; a manifest without it is version 1

@@ -1,10 +1,7 @@
 """`rlexp reproduce RUN_DIR [--dry-run] [--config-dir DIR] [--allow-changed-plugins] [-- EXTRA_OVERRIDES...]`:
 re-run a run from its manifest and check that it produced the same metrics.
 
-The re-run is `python -m rlexp train <same overrides> hydra.run.dir=<RUN_DIR's parent>/reproduce/<name>-<time>`,
-or, for a job of a sweep, `<SWEEP>.reproduce/<job>-<time>` beside the sweep folder: never inside the tree that
-`rlexp compare SWEEP` reads, where it would count as one more seed (and its manifest's `reproduction_of` makes
-compare leave it out of any folder anyway)
+The re-run is `python -m rlexp train <same overrides> hydra.run.dir=<RUN_DIR's parent>/reproduce/<name>-<time>`
 (plus `--config-name` when the original used one, and `--config-dir` when the user passes it: a manifest never
 picks a config folder), started from this folder (the original working directory only with `--trust-plugins`),
 which is not put on the module path (`-P`).
@@ -14,6 +11,9 @@ machine or a network endpoint, judged by the schema's `rlexp.config.trust` decla
 A run's own code and configs (`plugins`, `config_path`: rlexp.core.plugins) run again only with `--trust-plugins`
 and only as recorded: every folder and plug-in source must hash as it did, else the re-run is refused
 (`--allow-changed-plugins`: warned).
+A sweep job's re-run goes beside the sweep instead, `<SWEEP>.reproduce/<job>-<time>`: never inside
+the tree that `rlexp compare SWEEP` reads, where it would count as one more seed (its manifest's
+`reproduction_of` makes compare leave it out of any folder anyway).
 Exit codes: 0 identical metrics, 1 first differing step/metric printed, 2 the re-run itself failed or could
 not be built (a refused override, or one redacted as a secret: pass it again after `--`).
 
@@ -314,12 +314,13 @@ def check_user_code(overrides: Sequence[str], user_dirs: Sequence[Path], manifes
                                     f"it yourself after `--` if you trust it")
 
 
-def child_env(manifest: Manifest | None = None, reproduction_of: Path | None = None) -> dict[str, str]:
+def child_env(manifest: Manifest | None = None, reproduction_of: Path | None = None
+              ) -> dict[str, str]:
     """This process's environment, with the folder this rlexp is imported from first on PYTHONPATH: `-P` drops
     the working directory, which may have been how the original run found rlexp. The folders that held the run's
     plug-ins (recorded with their hashes, checked before this) come last, so a module a wrapper script imported
-    from its own folder is found again. `reproduction_of`: the run re-created, which the re-run's manifest records
-    (`REPRODUCTION_ENV`), so `rlexp compare` never counts the re-run as a seed."""
+    from its own folder is found again. `reproduction_of`: the run re-created, which the re-run's
+    manifest records (`REPRODUCTION_ENV`), so `rlexp compare` never counts the re-run as a seed."""
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     if reproduction_of is not None:
@@ -330,7 +331,8 @@ def child_env(manifest: Manifest | None = None, reproduction_of: Path | None = N
 
 
 def sweep_root(run_dir: Path) -> Path | None:
-    """The sweep folder holding `run_dir` (the nearest folder above it with Hydra's `multirun.yaml`), or None."""
+    """The sweep folder holding `run_dir` (the nearest folder above it with Hydra's
+    `multirun.yaml`), or None."""
     for d in run_dir.resolve().parents:
         if (d / "multirun.yaml").is_file():
             return d
@@ -338,8 +340,9 @@ def sweep_root(run_dir: Path) -> Path | None:
 
 
 def reproduce_dir(run_dir: Path) -> Path:
-    """Where the re-run writes: beside a plain run (`<parent>/reproduce/`), beside a sweep for one of its jobs
-    (`<sweep>.reproduce/`, the job's path inside the sweep as its name), so `rlexp compare <sweep>` never reads it."""
+    """Where the re-run writes: beside a plain run (`<parent>/reproduce/`), beside a sweep for one
+    of its jobs (`<sweep>.reproduce/`, the job's path inside the sweep as its name), so
+    `rlexp compare <sweep>` never reads it."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run = run_dir.resolve()
     sweep = sweep_root(run)

@@ -4,14 +4,14 @@ Runs that differ only in a nuisance key (`NUISANCE_KEYS`: the seed) are one *con
 and headline metric the answer is the mean over seeds, its 95% t-interval (rlexp.tracking.stats; n=1: no
 interval) and n. The ranking follows the first headline, equal means the next ones; the winner is compared
 with the runner-up paired over the seeds both ran (difference of the per-seed values, t-interval on those
-differences); with fewer than `MIN_PAIRED_SEEDS` (3) shared seeds, or an interval covering zero, it says "not
-distinguishable" and why: two seeds give an interval, but one so sensitive to a single unlucky seed that a sweep
-under load called a winner on two (issue 45).
+differences); with fewer than `MIN_PAIRED_SEEDS` (3) shared seeds, or an interval covering zero,
+it says "not distinguishable" and why: two seeds give an interval, but one so sensitive to a single
+unlucky seed that a sweep under load called a winner on two (issue 45).
 
-Every configuration's change from its start is shown beside its value (`Headline.change`: the statistic minus
-the curve's first logged value, for `eval/*` the step-0 evaluation, with its interval over seeds), and a winner
-that did not beat its start is called out in the sentence: ranking first among runs that all got worse is not
-a result.
+Every configuration's change from its start is shown beside its value (`Headline.change`: the
+statistic minus the curve's first logged value, for `eval/*` the step-0 evaluation, with its
+interval over seeds), and a winner that did not beat its start is called out in the sentence:
+ranking first among runs that all got worse is not a result.
 
 Headlines are declared (`Headline`: metric, statistic, direction), default `DEFAULT_HEADLINES`: held-out
 accuracy (final and AUC), reward/mean (final) and wall time; never the raw loss first. AUC is the trapezoid
@@ -103,8 +103,9 @@ class Headline:
         return area / (pts[-1][0] - pts[0][0])
 
     def change(self, run: RunRecord) -> float | None:
-        """This headline's value minus the curve's first logged value (an `eval/*` metric's step-0 evaluation):
-        what the run gained over where it started. None without a value or with a single point."""
+        """This headline's value minus the curve's first logged value (an `eval/*` metric's
+        step-0 evaluation): what the run gained over where it started. None without a value or
+        with a single point."""
         _, ys = run.series(self.metric)
         pts = [y for y in ys if not math.isnan(y)]
         v = self.of(run)
@@ -134,7 +135,8 @@ class Configuration:
                         [v for r in self.runs if (v := h.of(r)) is not None])
 
     def change(self, h: Headline) -> Estimate | None:
-        """The change from the start (`Headline.change`) over this configuration's runs, with its interval."""
+        """The change from the start (`Headline.change`) over this configuration's runs, with its
+        interval."""
         return estimate([v for r in self.runs if (v := h.change(r)) is not None])
 
     def _seeds_unique(self) -> bool:
@@ -248,8 +250,8 @@ def verdict(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[
         beat = change.mean > 0 if h.direction == "max" else change.mean < 0
         head += start_note(change, beat, h)
     if len(valued) == 1:
-        return Verdict(h, ranked, head + " It is the only configuration with this metric.", change=change,
-                       beat_start=beat)
+        return Verdict(h, ranked, head + " It is the only configuration with this metric.",
+                       change=change, beat_start=beat)
     second = valued[1]
     e2 = second.estimate(h)
     assert e2 is not None
@@ -262,25 +264,27 @@ def verdict(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[
     if not (best._seeds_unique() and second._seeds_unique()) or len(common) < 2:
         why = ("they share fewer than 2 seeds, so no paired comparison" if len(common) < 2
                else "seeds repeat within a configuration, so no paired comparison")
-        return Verdict(h, ranked, head + f" Not distinguishable: {why}.", paired_seeds=common, change=change,
-                       beat_start=beat)
+        return Verdict(h, ranked, head + f" Not distinguishable: {why}.", paired_seeds=common,
+                       change=change, beat_start=beat)
     d = estimate([a[s] - b[s] for s in common])
     assert d is not None and d.half is not None
     dist = not d.covers_zero() and len(common) >= MIN_PAIRED_SEEDS
+    method = METHOD.replace("over seeds", "on paired differences")
     tail = (f" Paired difference over seeds {', '.join(_fmt(s) for s in common)}: {d.mean:+.4g} "
-            f"[{d.low:+.4g}, {d.high:+.4g}] ({METHOD.replace('over seeds', 'on paired differences')}): ")
+            f"[{d.low:+.4g}, {d.high:+.4g}] ({method}): ")
     if dist:
         tail += "distinguishable."
     elif len(common) < MIN_PAIRED_SEEDS:
-        tail += (f"not distinguishable: only {len(common)} paired seeds, and a difference is called with at least "
-                 f"{MIN_PAIRED_SEEDS} (run more seeds).")
+        tail += (f"not distinguishable: only {len(common)} paired seeds, and a difference is "
+                 f"called with at least {MIN_PAIRED_SEEDS} (run more seeds).")
     else:
         tail += "not distinguishable (the interval covers zero)."
     return Verdict(h, ranked, head + tail, d, common, dist, change, beat)
 
 
 def start_note(change: Estimate, beat: bool, h: Headline) -> str:
-    """The sentence's word on the winner's change from its start: a warning when it did not beat it."""
+    """The sentence's word on the winner's change from its start: a warning when it did not beat
+    it."""
     rng = "" if change.half is None else f" [{change.low:+.4g}, {change.high:+.4g}]"
     told = f"{change.mean:+.4g}{rng} (n={change.n})"
     if not beat:
@@ -315,7 +319,8 @@ def build_table(configs: Sequence[Configuration], headlines: Sequence[Headline]
 def markdown_table(configs: Sequence[Configuration], headlines: Sequence[Headline]) -> str:
     """The table people read: one cell `mean ± half-width` per headline, the configuration named once."""
     arrow = {"max": "↑", "min": "↓", None: "?"}
-    header = ["rank", "configuration", "n", *(f"{h.label} ({arrow[h.direction]})" for h in headlines),
+    header = ["rank", "configuration", "n",
+              *(f"{h.label} ({arrow[h.direction]})" for h in headlines),
               *(f"{h.label}: change from start" for h in headlines[:1])]
     rows = []
     for i, c in enumerate(configs, 1):

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The runs of docs/multi_token.md: two multi-token tasks (environment=sort, shipped; examples/reverse, a user's
-# task outside the package) x {defaults, experiment=multi_token} x seeds 0 1 2, one lane per task, in the
-# background at nice 10. Runs from a snapshot of the tree (so later edits do not reach running processes);
-# every run's folder is under $OUT/<task>_<arm>_s<seed>/.
+# The runs of docs/multi_token.md: two multi-token tasks (environment=sort, shipped;
+# examples/reverse, a user's task outside the package) x {defaults, experiment=multi_token} x
+# seeds 0 1 2, one lane per task, in the background at nice 10. Runs from a snapshot of the tree
+# (so later edits do not reach running processes); every run's folder is under
+# $OUT/<task>_<arm>_s<seed>/.
 #   studies/multi_token/runs.sh /tmp/mt/runs
 set -u
 OUT=${1:?usage: studies/multi_token/runs.sh OUT_DIR}

@@ -1,9 +1,11 @@
-"""The tables of docs/multi_token.md from the runs of `studies/multi_token/runs.sh OUT` (the statistics were fixed
-in that file before the runs): per task x arm, held-out exact match and partial credit at step 0 and at the last
-step, the change, 95% t-intervals over seeds, and the paired (by seed) difference multi_token - default.
+"""The tables of docs/multi_token.md from the runs of `studies/multi_token/runs.sh OUT` (the
+statistics were fixed in that file before the runs): per task x arm, held-out exact match and
+partial credit at step 0 and at the last step, the change, 95% t-intervals over seeds, and the
+paired (by seed) difference multi_token - default.
 
     python studies/multi_token/table.py /tmp/mt/runs --out studies/multi_token/results/multi_token
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,7 +46,10 @@ def cell(e: Estimate | None) -> str:
 
 
 def tables(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
-    out = ["| task | arm | seeds done | metric | start | end | change (end - start) |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| task | arm | seeds done | metric | start | end | change (end - start) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for task in TASKS:
         for arm in ARMS:
             got = [runs[(task, arm, s)] for s in SEEDS if (task, arm, s) in runs]
@@ -54,27 +59,52 @@ def tables(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
                 start = estimate([r[f"{k}@start"] for r in got])
                 end = estimate([r[f"{k}@end"] for r in got])
                 change = estimate([r[f"{k}@end"] - r[f"{k}@start"] for r in got])
-                out.append(f"| {task} | {arm} | {len(got)} | {k} | {cell(start)} | {cell(end)} | {cell(change)} |")
-    out += ["", "| task | metric at the last step | paired seeds | multi_token - default |", "|---|---|---|---|"]
+                cells = [task, arm, str(len(got)), k, cell(start), cell(end), cell(change)]
+                out.append("| " + " | ".join(cells) + " |")
+    out += [
+        "",
+        "| task | metric at the last step | paired seeds | multi_token - default |",
+        "|---|---|---|---|",
+    ]
     for task in TASKS:
         for k in EVAL[:2]:
-            pairs = [s for s in SEEDS if (task, "default", s) in runs and (task, "multi_token", s) in runs]
-            d = estimate([runs[(task, "multi_token", s)][f"{k}@end"] - runs[(task, "default", s)][f"{k}@end"]
-                          for s in pairs])
-            verdict = "" if d is None or d.half is None else \
-                (" (interval excludes 0)" if not d.covers_zero() else " (interval covers 0)")
+            pairs = [
+                s
+                for s in SEEDS
+                if (task, "default", s) in runs and (task, "multi_token", s) in runs
+            ]
+            d = estimate(
+                [
+                    runs[(task, "multi_token", s)][f"{k}@end"]
+                    - runs[(task, "default", s)][f"{k}@end"]
+                    for s in pairs
+                ]
+            )
+            verdict = (
+                ""
+                if d is None or d.half is None
+                else (" (interval excludes 0)" if not d.covers_zero() else " (interval covers 0)")
+            )
             out.append(f"| {task} | {k} | {', '.join(map(str, pairs))} | {cell(d)}{verdict} |")
-    out += ["", "| task | arm | policy/entropy step 1 -> last | policy/kl_to_start last | reward/mean step 1 -> last |",
-            "|---|---|---|---|---|"]
+    out += [
+        "",
+        "| task | arm | policy/entropy step 1 -> last | policy/kl_to_start last "
+        "| reward/mean step 1 -> last |",
+        "|---|---|---|---|---|",
+    ]
     for task in TASKS:
         for arm in ARMS:
             got = [runs[(task, arm, s)] for s in SEEDS if (task, arm, s) in runs]
             if not got:
                 continue
-            e = {k: estimate([r[k] for r in got if r[k] is not None]) for k in got[0] if k.startswith(("policy", "reward"))}
-            out.append(f"| {task} | {arm} | {cell(e['policy/entropy@first'])} -> {cell(e['policy/entropy@last'])} | "
-                       f"{cell(e['policy/kl_to_start@last'])} | {cell(e['reward/mean@first'])} -> "
-                       f"{cell(e['reward/mean@last'])} |")
+            e = {
+                k: estimate([r[k] for r in got if r[k] is not None])
+                for k in got[0]
+                if k.startswith(("policy", "reward"))
+            }
+            ent = f"{cell(e['policy/entropy@first'])} -> {cell(e['policy/entropy@last'])}"
+            rew = f"{cell(e['reward/mean@first'])} -> {cell(e['reward/mean@last'])}"
+            out.append(f"| {task} | {arm} | {ent} | {cell(e['policy/kl_to_start@last'])} | {rew} |")
     return "\n".join(out)
 
 
@@ -95,8 +125,12 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".md").write_text(md + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {f"{t}_{a}_s{s}": r for (t, a, s), r in runs.items()}, indent=1, sort_keys=True) + "\n")
+        args.out.with_suffix(".json").write_text(
+            json.dumps(
+                {f"{t}_{a}_s{s}": r for (t, a, s), r in runs.items()}, indent=1, sort_keys=True
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

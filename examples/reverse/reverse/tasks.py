@@ -1,13 +1,15 @@
-"""Write a 6-letter `abcde` string backwards (answers of 6 tokens: "cadeba:" ->
-"abedac"). An environment of a user's own, named in config by import path (`reverse.tasks:Reverse`); the reward
-is rlexp's `reward=rule`, which pays `Check.score`, the fraction of positions right, so a random policy already
-sees reward differences within a group.
+"""Write a 6-letter `abcde` string backwards (answers of 6 tokens: "cadeba:" -> "abedac"). An
+environment of a user's own, named in config by import path (`reverse.tasks:Reverse`); the reward is
+rlexp's `reward=rule`, which pays `Check.score`, the fraction of positions right, so a random policy
+already sees reward differences within a group.
 
-Why this task beside `environment=sort`: sort's answer depends only on how many of each digit the prompt holds,
-so every answer position can be written from counts; here each answer position copies one prompt position, a
-different one for each, so the model must attend by position.
-Held-out strings (a fixed quarter, 3,906 of 15,625) are never trained on; evaluation scores the first 200 of them.
+Why this task beside `environment=sort`: sort's answer depends only on how many of each digit the
+prompt holds, so every answer position can be written from counts; here each answer position copies
+one prompt position, a different one for each, so the model must attend by position. Held-out
+strings (a fixed quarter, 3,906 of 15,625) are never trained on; evaluation scores the first 200 of
+them.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -24,7 +26,9 @@ _LETTERS = "abcde"
 @dataclass
 class ReverseOptions:
     length: int = 6
-    held_out_shown: int = 200  # held-out strings scored at each evaluation (the first of a fixed shuffle)
+    held_out_shown: int = (
+        200  # held-out strings scored at each evaluation (the first of a fixed shuffle)
+    )
 
 
 class Reverse(Environment):
@@ -38,7 +42,9 @@ class Reverse(Environment):
         strings = ["".join(t) for t in itertools.product(_LETTERS, repeat=self.opts.length)]
         random.Random(_SPLIT_SEED).shuffle(strings)
         k = len(strings) // 4
-        chosen = strings[:k][: self.opts.held_out_shown] if split == self.cfg.eval_split else strings[k:]
+        chosen = (
+            strings[:k][: self.opts.held_out_shown] if split == self.cfg.eval_split else strings[k:]
+        )
         return [Sample(Problem(id=s, prompt=f"{s}:"), answer=s[::-1]) for s in chosen]
 
     def extract(self, problem: Problem, response: str) -> str | None:
@@ -46,8 +52,13 @@ class Reverse(Environment):
         return got if got and set(got) <= set(_LETTERS) else None
 
     def check(self, sample: Sample, response: str) -> Check:
-        """Exact match is `correct`; `score` is the fraction of the answer's positions right (partial credit)."""
+        """Exact match is `correct`; `score` is the fraction of the answer's positions right
+        (partial credit)."""
         got = self.extract(sample.problem, response)
         right = sum(a == b for a, b in zip(got or "", sample.answer))
-        return Check(correct=got == sample.answer, parseable=got is not None, extracted=got,
-                     score=right / len(sample.answer))
+        return Check(
+            correct=got == sample.answer,
+            parseable=got is not None,
+            extracted=got,
+            score=right / len(sample.answer),
+        )
