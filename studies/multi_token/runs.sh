@@ -9,15 +9,18 @@ set -u
 OUT=${1:?usage: studies/multi_token/runs.sh OUT_DIR}
 STEPS=${STEPS:-30}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-SNAP=$OUT/snapshot
-mkdir -p "$SNAP" && cp -r "$ROOT/rlexp" "$ROOT/examples" "$SNAP/"
+SNAP=$OUT/snapshot  # made once: lanes started later share it (and never change code under a run)
+[ -d "$SNAP/rlexp" ] || { mkdir -p "$SNAP" && cp -r "$ROOT/rlexp" "$ROOT/examples" "$SNAP/"; }
 PY=$ROOT/.venv/bin/python
 # Run size, the same for both arms (the 2-core machine is shared): 8 prompts x 8 samples per step.
-SIZE="steps=$STEPS algorithm.prompts_per_step=8 algorithm.group_size=8 eval.every_n_steps=10"
+# EVERY: steps between evaluations (the statistics need only step 0 and the last step).
+SIZE="steps=$STEPS algorithm.prompts_per_step=8 algorithm.group_size=8 eval.every_n_steps=${EVERY:-10}"
+SEEDS=${SEEDS:-0 1 2}
+TASKS=${TASKS:-sort reverse}
 
 lane() {  # task, then the env args
   local task=$1; shift
-  for seed in 0 1 2; do
+  for seed in $SEEDS; do
     for arm in default multi_token; do
       local d=$OUT/${task}_${arm}_s${seed}
       [ -f "$d/done" ] && continue
@@ -29,6 +32,10 @@ lane() {  # task, then the env args
   done
 }
 
-lane sort environment=sort &
-lane reverse config_path="$SNAP/examples/reverse/conf" environment=reverse &
+for task in $TASKS; do
+  case $task in
+    sort) lane sort environment=sort & ;;
+    reverse) lane reverse config_path="$SNAP/examples/reverse/conf" environment=reverse & ;;
+  esac
+done
 wait
