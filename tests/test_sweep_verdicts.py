@@ -182,3 +182,42 @@ def test_a_reproduced_sweep_job_lands_beside_the_sweep_and_compare_leaves_reprod
     # named on its own, a reproduction is read: the user asked for that folder
     assert [r.source for r in compare([str(inside)], tmp_path / "own")["runs"]] == [str(inside)]
     json.dumps(res["notes"])  # plain text, for compare.md
+
+
+REAL = Path(__file__).parent / "fixtures" / "multi_token_runs"  # docs/multi_token.md's runs, seed 0
+
+
+def _real_run(run: Path, env: str, metrics: Path) -> None:
+    """A run folder holding a real run's metrics.jsonl (`rlexp train environment=<env>`, 30 steps)."""
+    from omegaconf import OmegaConf
+
+    from rlexp.tracking.manifest import write_start_manifest
+
+    cfg = OmegaConf.create({"seed": 0, "environment": {"name": env}})
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    write_start_manifest(run, cfg, ["rlexp", "train", f"environment={env}"], {"global": 0}, {},
+                         repo_dir=run)
+    (run / "metrics.jsonl").write_bytes(metrics.read_bytes())
+
+
+def test_real_runs_the_change_from_start_and_a_winner_that_stayed_at_zero(tmp_path: Path) -> None:
+    """Two real 30-step runs (sort and the user's reverse task, defaults, seed 0): held-out exact
+    match stayed 0.0 in both, so the winner by it did not beat its start; by partial credit sort
+    gained and reverse lost, and the table's change is the file's last value minus its step 0."""
+    sweep = tmp_path / "sw"
+    for job, env in enumerate(("sort", "reverse")):
+        _real_run(sweep / str(job), env, REAL / f"{env}_default_s0.metrics.jsonl")
+    v = compare([str(sweep)], tmp_path / "out")["verdict"]
+    assert v.beat_start is False and "WARNING: it did not beat its start" in v.sentence
+    assert "Not distinguishable: they share fewer than 2 seeds" in v.sentence
+    res = compare([str(sweep)], tmp_path / "pc", metrics=["eval/partial_credit"])
+    head, rows = res["header"], {r[1]: r for r in res["rows"]}
+    for env in ("sort", "reverse"):
+        evals = [r for r in map(json.loads, (REAL / f"{env}_default_s0.metrics.jsonl").open())
+                 if "eval/partial_credit" in r]
+        want = evals[-1]["eval/partial_credit"] - evals[0]["eval/partial_credit"]
+        col = head.index("eval/partial_credit final change from start mean")
+        assert rows[f"environment.name={env}"][col] == f"{want:.4g}"
+    assert res["verdict"].best.label == "environment.name=sort" and res["verdict"].beat_start
+    assert "Change from its start: +0.4484 (n=1)" in res["verdict"].sentence

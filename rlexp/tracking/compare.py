@@ -41,7 +41,7 @@ from .verdict import (
 
 PLOT_METRICS = ("eval/accuracy", "reward/mean")
 UNITS: tuple[tuple[str, str], ...] = (
-    (r"accuracy|pass@|correct|unparseable|truncat|fpr|tpr", "fraction of prompts"),
+    (r"accuracy|pass@|correct|unparseable|truncat|fpr|tpr|partial_credit", "fraction of prompts"),
     (r"(^|/)time/|_s$", "s"),
     (r"reward", "reward per sample"),
 )

@@ -41,7 +41,7 @@ DIRECTIONS: tuple[tuple[str, str], ...] = (
     (r"(^|/)time/|_s$|(^|/)eta", "min"),
     (r"unparseable|truncat|skipped|stale", "min"),
     (r"loss|error|(^|/)kl|perplexity|ppl|regret|logprob_diff|fpr", "min"),
-    (r"accuracy|reward|pass@|auc|tpr|correct|selection|gap_closed", "max"),
+    (r"accuracy|reward|pass@|auc|tpr|correct|selection|gap_closed|partial_credit", "max"),
 )
 STATISTICS = ("final", "best", "auc")
 MIN_PAIRED_SEEDS = 3  # fewer shared seeds than this: the verdict never says "distinguishable"
