@@ -188,7 +188,7 @@ REAL = Path(__file__).parent / "fixtures" / "multi_token_runs"  # docs/multi_tok
 
 
 def _real_run(run: Path, env: str, metrics: Path) -> None:
-    """A run folder holding a real run's metrics.jsonl (`rlexp train environment=<env>`, 30 steps)."""
+    """A run folder with a real run's metrics.jsonl (`rlexp train environment=<env>`, 30 steps)."""
     from omegaconf import OmegaConf
 
     from rlexp.tracking.manifest import write_start_manifest
