@@ -248,7 +248,7 @@ def verdict(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[
     head = f"Best configuration by {what}: {best.label} — {e.text()}."
     if change is not None:
         beat = change.mean > 0 if h.direction == "max" else change.mean < 0
-        head += start_note(change, beat, h)
+        head += start_note(change, beat)
     if len(valued) == 1:
         return Verdict(h, ranked, head + " It is the only configuration with this metric.",
                        change=change, beat_start=beat)
@@ -282,7 +282,7 @@ def verdict(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[
     return Verdict(h, ranked, head + tail, d, common, dist, change, beat)
 
 
-def start_note(change: Estimate, beat: bool, h: Headline) -> str:
+def start_note(change: Estimate, beat: bool) -> str:
     """The sentence's word on the winner's change from its start: a warning when it did not beat
     it."""
     rng = "" if change.half is None else f" [{change.low:+.4g}, {change.high:+.4g}]"
