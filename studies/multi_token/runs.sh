@@ -17,11 +17,12 @@ PY=$ROOT/.venv/bin/python
 SIZE="steps=$STEPS algorithm.prompts_per_step=8 algorithm.group_size=8 eval.every_n_steps=${EVERY:-10}"
 SEEDS=${SEEDS:-0 1 2}
 TASKS=${TASKS:-sort reverse}
+ARMS=${ARMS:-default multi_token}
 
 lane() {  # task, then the env args
   local task=$1; shift
   for seed in $SEEDS; do
-    for arm in default multi_token; do
+    for arm in $ARMS; do
       local d=$OUT/${task}_${arm}_s${seed}
       [ -f "$d/done" ] && continue
       mkdir -p "$d"
