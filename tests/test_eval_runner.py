@@ -61,7 +61,10 @@ def test_evaluate_metric_names_for_training_env_and_benchmark():
     gen = fake_generator(lambda p, j: next(v for k, v in answers.items() if k in p))
     m = evaluate(e, gen, TOK, EvalConfig(max_tokens=16), step=10)
     assert m["eval/accuracy"] == 0.5 and m["eval/unparseable"] == 0.25
-    assert set(m) == {"eval/accuracy", "eval/unparseable", "eval/ci_low", "eval/ci_high"}
+    assert set(m) == {"eval/accuracy", "eval/partial_credit", "eval/unparseable", "eval/ci_low",
+                      "eval/ci_high"}
+    # gsm8k gives no Check.score: 1.0 right, 0.0 wrong
+    assert m["eval/partial_credit"] == m["eval/accuracy"]
     m2 = evaluate(e, gen, TOK, EvalConfig(max_tokens=16), step=20, benchmark="gsm8k")
     assert m2["eval/gsm8k/accuracy"] == 0.5
     assert gen.calls[0][2] == gen.calls[1][2]  # the same sampling seed at every evaluation
@@ -121,3 +124,25 @@ def test_apply_stop_keeps_stop_string():
     assert apply_stop("a<calc>1</calc>b</calc>", ("</calc>",)) == "a<calc>1</calc>"
     assert apply_stop("plain", ("</calc>",)) == "plain"
 
+
+
+def test_partial_credit_beside_exact_match(tmp_path):
+    """A multi-token answer's partial credit (`Check.score`, sort: the fraction of positions right)
+    is reported at evaluation beside exact match, and each response's score is in the samples
+    file."""
+    e = env("sort")
+    samples = e.eval_samples()
+    gold = {s.problem.prompt: s.answer for s in samples}
+    first = samples[0].problem.prompt
+    # the first problem exactly right; every other one with its last two of 8 positions wrong
+    flip = {"0": "1", "1": "0"}
+    def answer(p: str, j: int) -> str:
+        return gold[p] if p == first else gold[p][:6] + "".join(flip[c] for c in gold[p][6:])
+
+    gen = fake_generator(answer)
+    m = evaluate(e, gen, TOK, EvalConfig(max_tokens=8), step=0, samples_dir=tmp_path)
+    n = len(samples)
+    assert m["eval/accuracy"] == 1 / n
+    assert abs(m["eval/partial_credit"] - (1 + (n - 1) * 6 / 8) / n) < 1e-12
+    rows = [json.loads(x) for x in (tmp_path / "train_step000000.jsonl").read_text().splitlines()]
+    assert [r["score"] for r in rows] == [1.0] + [0.75] * (n - 1)

@@ -107,9 +107,25 @@ def test_two_rank_fsdp_matches_single_rank(runs) -> None:
     print(f"max |w_fsdp2 - w_single| after 3 steps: {diff:.3g}")
     assert 0 < diff < FSDP_VS_SINGLE_ATOL or diff == 0
     for a, b in zip(runs["single_m"], runs["fsdp_m"]):
-        for k in ("loss", "train/grad_norm", "loss/clip_frac", "logprob_diff/mean", "logprob_diff/max"):
+        for k in ("loss", "train/grad_norm", "loss/clip_frac", "logprob_diff/mean",
+                  "logprob_diff/max", "policy/entropy", "policy/kl_to_start"):
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
     assert runs["single_m"][-1]["loss"] != runs["single_m"][0]["loss"]  # it trained
+
+
+def test_entropy_and_kl_to_start_on_the_sampled_tokens(env, runs) -> None:
+    """`policy/entropy` is minus the mean logprob of the batch's tokens under the policy before
+    the step; `policy/kl_to_start` is 0 at the first step (the policy is its start) and grows once
+    it has trained. The 2-rank trainer (a zero-weight micro-batch on one rank in batch 1) reports
+    the same (test above)."""
+    b = env["batches"][0]
+    with torch.no_grad():
+        logp, mask = sequence_logprobs(load_policy(CFG, env["dir"]), b.prompts, b.responses, 1.0, 0)
+    m = runs["single_m"]
+    entropy = float(-(logp * mask).sum() / mask.sum())
+    assert m[0]["policy/entropy"] == pytest.approx(entropy, rel=1e-5)
+    assert m[0]["policy/kl_to_start"] == pytest.approx(0.0, abs=1e-9)
+    assert m[1]["policy/kl_to_start"] > 0 and m[2]["policy/kl_to_start"] > 0
     # push_weights: rank 0 published the gathered weights (HF names) through the shm transport
     from rlexp.models.hf import read_hf_state_dict
 

@@ -67,6 +67,17 @@ def lr_lambda(schedule: str, warmup: int, total: int, min_ratio: float):
     return f
 
 
+def _reshard(model: torch.nn.Module) -> None:
+    """Free the all-gathered weights FSDP2 keeps after a forward (the root module keeps its own
+    for the backward it expects), so the next forward gathers the shards anew: after a forward
+    with other weights swapped in, the cached copy would be those (2 ranks drifted 3e-3 from 1)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 class Trainer(Actor):
     def __init__(self, settings: TrainerSettings, *, transports: Sequence[TransportSpec]) -> None:
         """`transports`: every weight transport the generators need (resolved per pair by the launcher); a
@@ -122,18 +133,24 @@ class Trainer(Actor):
         # whatever the model's dtype: at decay 0.99 a step moves it by 1% of the gap, below bf16's rounding.
         self.ema: list[torch.Tensor] | None = [p.detach().to(torch.float32, copy=True)
                                                for p in self.model.parameters()] if t.ema_decay > 0 else None
+        # The step-0 weights, for `policy/kl_to_start` when no reference model brings its logprobs.
+        keep_start = t.kl_to_start_every > 0 and self.acfg.kl_coef <= 0
+        self.start: list[torch.Tensor] | None = \
+            [p.detach().clone() for p in self.model.parameters()] if keep_start else None
         return sum(p.numel() for p in self.model.parameters())
 
     @contextmanager
-    def _weights(self, ema: bool) -> Iterator[None]:
-        """The model holds the weight average inside (when asked for and kept), the live weights again after."""
-        if not ema or self.ema is None:
+    def _weights(self, ema: bool, other: list[torch.Tensor] | None = None) -> Iterator[None]:
+        """The model holds the weight average inside (when asked for and kept), or `other` (the
+        step-0 weights), the live weights again after."""
+        inside = other if other is not None else self.ema if ema else None
+        if inside is None:
             yield
             return
         params = _local(self.model.parameters())  # copied in place: FSDP keeps its own views of them
         with torch.no_grad():
             live = [p.clone() for p in params]
-            for p, e in zip(params, _local(self.ema)):
+            for p, e in zip(params, _local(inside)):
                 p.copy_(e)  # cast to the model's dtype
         try:
             yield
@@ -154,12 +171,17 @@ class Trainer(Actor):
         mb = max(1, min(self.tcfg.micro_batch_size, n))
         lo, hi = self.dp_rank * n // self.dp_world, (self.dp_rank + 1) * n // self.dp_world
         n_micro = math.ceil(math.ceil(n / self.dp_world) / mb)
+        # (start, end) rows of each micro-batch; a rank out of rows runs a zero-weight one on row 0.
+        spans = [(s, min(hi, s + mb)) if s < min(hi, s + mb) else (0, 1)
+                 for s in (lo + i * mb for i in range(n_micro))]
+        starts = self._start_logprobs(batch, spans)  # before any gradient: the weights swap freely
         self.optim.zero_grad(set_to_none=True)
         # Multi-turn rows train on the policy's tokens only: environment tokens are context, not actions.
         total_tokens = sum(len(r) for r in batch.responses) if batch.loss_masks is None \
             else sum(sum(m) for m in batch.loss_masks)
         metrics: dict[str, float] = {}
         diffs: list[torch.Tensor] = []
+        rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
         for i in range(n_micro):
             s = lo + i * mb
             e = min(hi, s + mb)
@@ -185,8 +207,10 @@ class Trainer(Actor):
                 (out.loss * share).backward()
             for k, v in out.metrics.items():
                 metrics[k] = metrics.get(k, 0.0) + v * share
+            rows.append((logp.detach(), mask * (0.0 if dummy else 1.0), ref))
             if not dummy:
                 diffs.append(((logp.detach() - old).abs() * mask).flatten()[mask.flatten() > 0].cpu())
+        metrics.update(self._drift(rows, starts, total_tokens))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
         self.optim.step()
         self.sched.step()
@@ -208,6 +232,49 @@ class Trainer(Actor):
             "time/train_step_s": time.perf_counter() - t0,
         })
         return metrics
+
+    def _start_logprobs(self, batch: TrainBatch, spans: list[tuple[int, int]]
+                        ) -> list[torch.Tensor] | None:
+        """The step-0 policy's logprobs of each micro-batch's tokens, on the steps
+        `policy/kl_to_start` is estimated (every `trainer.kl_to_start_every`) when no reference
+        model brings them: the step-0 weights are swapped in for one forward without gradient.
+        Every micro-batch, a zero-weight one too, so sharded ranks run the same collectives."""
+        every = self.tcfg.kl_to_start_every
+        if self.start is None or every <= 0 or self.sched.last_epoch % every:
+            return None
+        with torch.no_grad(), self._weights(False, self.start), loss_parallel_if(self.tp):
+            a = self.acfg
+            out = [sequence_logprobs(self.model, batch.prompts[s:e], batch.responses[s:e],
+                                     a.temperature, self.pad_id, self.device, self.autocast)[0]
+                   for s, e in spans]
+            _reshard(self.model)
+        return out
+
+    def _drift(self, rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
+               starts: list[torch.Tensor] | None, total_tokens: int) -> dict[str, float]:
+        """How far the policy has moved, on this step's sampled tokens (before its update), as
+        token means over the whole batch (summed over data-parallel ranks like the loss metrics).
+        `rows`: each micro-batch's (logprobs, mask, reference logprobs or None).
+
+        - `policy/entropy`: minus the mean logprob of the sampled tokens at the sampling
+          temperature, a Monte-Carlo estimate of the per-token entropy of what the policy
+          samples; it falls towards 0 as a policy collapses onto one answer. Free: the loss
+          already computed these logprobs.
+        - `policy/kl_to_start`: KL(current || step-0 policy), the k3 estimator on the sampled
+          tokens, from the reference model's logprobs when there is one (`algorithm.kl_coef > 0`:
+          free), else from `starts` (`_start_logprobs`: one more copy of this rank's weights in
+          memory, and about a third of a train step's compute on the steps it is estimated)."""
+        ent = sum(float(-(lp * m).sum()) for lp, m, _ in rows)
+        out = {"policy/entropy": ent / max(1, total_tokens)}
+        refs = starts if starts is not None else [ref for *_, ref in rows]
+        if any(r is None for r in refs) or self.tcfg.kl_to_start_every <= 0:
+            return out
+        kl = 0.0
+        for (lp, m, _), st in zip(rows, refs):
+            delta = (st.to(lp.device) - lp) * m
+            kl += float(((torch.exp(delta) - delta - 1.0) * m).sum())
+        out["policy/kl_to_start"] = kl / max(1, total_tokens)
+        return out
 
     def _all_reduce_metrics(self, metrics: dict[str, float], d_max: float, d_sum: float, d_n: float
                             ) -> tuple[dict[str, float], float, float, float]:

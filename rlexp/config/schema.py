@@ -138,6 +138,11 @@ class TrainerConfig:
     # an average over ~100 steps held 0.8 once reached on 4 of 5 seeds where the live policy dipped on all five
     # (studies/sort_recipe/results/sort_recipe_pilot.md, seventh round).
     ema_decay: float = 0.0
+    # Steps between estimates of `policy/kl_to_start` (KL of the policy to its step-0 weights on
+    # the sampled tokens; rlexp/actors/trainer.py `_drift`); 0: never. Free with a reference model
+    # (`algorithm.kl_coef > 0`); without one the trainer keeps a copy of the step-0 weights and runs
+    # one forward without gradient per estimate.
+    kl_to_start_every: int = 1
 
 
 @dataclass

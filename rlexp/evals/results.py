@@ -17,7 +17,8 @@ from rlexp.core.runfolder import nofollow_opener
 if TYPE_CHECKING:  # types only: the runner imports this module to write samples, so no runtime import back
     from rlexp.evals.runner import BenchmarkResult, SampleRecord
 
-COLUMNS = ("benchmark", "n_problems", "n_samples", "accuracy", "ci_low", "ci_high", "unparseable")
+COLUMNS = ("benchmark", "n_problems", "n_samples", "accuracy", "ci_low", "ci_high",
+           "partial_credit", "unparseable")
 
 
 def write_samples(path: str | Path, records: Iterable[SampleRecord]) -> Path:

@@ -45,6 +45,8 @@ class SampleRecord:
     gold: str
     correct: bool
     parseable: bool
+    # Partial credit in [0, 1]: `Check.score`, or 1.0/0.0 from `correct` when there is none.
+    score: float = 0.0
     sample_index: int = 0
     turns: int = 1
     finish_reason: str = "stop"
@@ -216,19 +218,28 @@ def run_benchmark(name: str, env: Environment, generate_fn: GenerateFn, tokenize
         extra = record_extra(s) if record_extra else {}
         records.append(SampleRecord(prompt_id=s.id, prompt=s.problem.prompt, response=text, extracted=chk.extracted,
                                     gold=s.answer, correct=chk.correct, parseable=chk.parseable,
-                                    sample_index=idx % n, turns=turns, finish_reason=finish,
+                                    score=partial_credit(chk), sample_index=idx % n, turns=turns,
+                                    finish_reason=finish,
                                     choice_permutation=extra.pop("choice_permutation", None), extra=extra))
     groups = [records[i * n: (i + 1) * n] for i in range(len(samples))]
     metrics = summarize([[r.correct for r in g] for g in groups], [[r.parseable for r in g] for g in groups],
                         [[r.extracted for r in g] for g in groups], k=n)
+    metrics["partial_credit"] = sum(r.score for r in records) / max(1, len(records))
     return BenchmarkResult(name, metrics, records, time.perf_counter() - t0, problems=[s.problem for s in samples])
 
 
 SLOW_EVAL_S = 30.0  # an evaluation inside a training run reports its progress once it has taken this long
 
 
+def partial_credit(chk: Check) -> float:
+    """One response's partial credit: the environment's `Check.score` (e.g. sort's fraction of
+    positions right), or 1.0/0.0 from `correct` when it gives none, so every benchmark reports it
+    beside exact match."""
+    return float(chk.score) if chk.score is not None else float(chk.correct)
+
+
 def metric_names(result: BenchmarkResult, prefix: str) -> dict[str, float]:
-    keep = ("accuracy", "unparseable", "ci_low", "ci_high")
+    keep = ("accuracy", "partial_credit", "unparseable", "ci_low", "ci_high")
     return {f"{prefix}/{k}": float(v) for k, v in result.metrics.items() if k in keep or "@" in k}
 
 
@@ -245,6 +256,7 @@ def evaluate(env: Environment, generate_fn: GenerateFn, tokenizer: _Tokenizer, e
         from rlexp.evals.results import write_samples
 
         write_samples(Path(samples_dir) / f"{benchmark or 'train'}_step{step:06d}.jsonl", res.records)
-    log.info("step %d eval %s: accuracy %.4f (%d problems, %.1fs)", step, res.name, res.metrics["accuracy"],
-             int(res.metrics["n_problems"]), res.seconds)
+    m = res.metrics
+    log.info("step %d eval %s: accuracy %.4f, partial credit %.4f (%d problems, %.1fs)", step,
+             res.name, m["accuracy"], m["partial_credit"], int(m["n_problems"]), res.seconds)
     return metric_names(res, "eval" if benchmark is None else f"eval/{benchmark}")

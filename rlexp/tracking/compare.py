@@ -25,13 +25,23 @@ from pathlib import Path
 from typing import Any
 
 from .cells import CSV_QUOTING, csv_row, md_text, plot_text
+from .manifest import REPRODUCTION_KEY
 from .runs import NUISANCE_KEYS, RunRecord, load_runs
 from .stats import METHOD, estimate
-from .verdict import Configuration, Headline, answer, build_run_table, build_table, markdown_table, unique_names
+from .verdict import (
+    MIN_PAIRED_SEEDS,
+    Configuration,
+    Headline,
+    answer,
+    build_run_table,
+    build_table,
+    markdown_table,
+    unique_names,
+)
 
 PLOT_METRICS = ("eval/accuracy", "reward/mean")
 UNITS: tuple[tuple[str, str], ...] = (
-    (r"accuracy|pass@|correct|unparseable|truncat|fpr|tpr", "fraction of prompts"),
+    (r"accuracy|pass@|correct|unparseable|truncat|fpr|tpr|partial_credit", "fraction of prompts"),
     (r"(^|/)time/|_s$", "s"),
     (r"reward", "reward per sample"),
 )
@@ -148,6 +158,18 @@ def problem_lines(runs: Sequence[RunRecord]) -> list[str]:
     return out
 
 
+def leave_out_reproductions(spec: str, runs: list[RunRecord]
+                            ) -> tuple[list[RunRecord], list[RunRecord]]:
+    """(runs kept, reproductions left out). A re-run by `rlexp reproduce` (its manifest records
+    `reproduction_of`) found inside a folder would count as one more seed of its configuration, or
+    as a second run of the same seed, which stops seeds pairing: it is left out. A reproduction's
+    own folder, named as `spec`, is read (the user asked for it)."""
+    if len(runs) == 1 and Path(runs[0].source).resolve() == Path(spec).resolve():
+        return runs, []
+    kept = [r for r in runs if not r.manifest.get(REPRODUCTION_KEY)]
+    return kept, [r for r in runs if r.manifest.get(REPRODUCTION_KEY)]
+
+
 def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = None,
             tracking_uri: str | None = None, report: str = "compare.md") -> dict[str, Any]:
     """Library entry point (the CLI and the multirun summary are thin wrappers): the verdict, tables, files."""
@@ -156,10 +178,15 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
             Headline.parse(m)
     runs: list[RunRecord] = []
     origins: list[int] = []
+    reproductions: list[RunRecord] = []
     for i, s in enumerate(specs):
-        got = load_runs(s, tracking_uri)
+        got, left = leave_out_reproductions(s, load_runs(s, tracking_uri))
         runs.extend(got)
+        reproductions += left
         origins += [i] * len(got)
+    if not runs:
+        raise ValueError(f"{', '.join(specs)}: only reproductions ({len(reproductions)}), which "
+                         "compare leaves out of a folder; name a reproduction's own run folder")
     unique_names(runs)
     problems = problem_lines(runs)
     for line in problems:
@@ -173,7 +200,15 @@ def compare(specs: Sequence[str], out: Path, metrics: Sequence[str] | None = Non
              f"{', '.join(NUISANCE_KEYS)} are one configuration.",
              f"mean ± half-width of the {METHOD} (n=1: no interval); AUC = area under the curve over steps "
              "divided by the step span.",
-             "better: " + "; ".join(f"{h.label} {h.direction or 'not declared (no ranking)'}" for h in headlines)]
+             "better: " + "; ".join(f"{h.label} {h.direction or 'not declared (no ranking)'}"
+                                    for h in headlines),
+             "change from start = the statistic minus the curve's first logged value (for eval/* "
+             "the step-0 evaluation); a difference is called distinguishable only over >= "
+             f"{MIN_PAIRED_SEEDS} paired seeds."]
+    if reproductions:
+        notes.append(f"left out {len(reproductions)} reproduction(s) (`rlexp reproduce` re-runs, "
+                     f"by their manifest's `{REPRODUCTION_KEY}`), which are not seeds: "
+                     + ", ".join(r.source for r in reproductions))
     if problems:
         notes += [f"{len(problems)} input problem(s); the damaged rows or values are left out:", *problems]
     md = (f"**{md_text(v.sentence)}**\n\n" + markdown_table(v.ranked, headlines) + "\n\n"

@@ -53,6 +53,11 @@ from .system import git_info, package_versions, relevant_env, system_info
 MANIFEST_NAME = "manifest.json"
 GIT_DIFF_NAME = "git.diff"
 STATUSES = ("running", "completed", "failed", "interrupted")
+# A run started by `rlexp reproduce` records the run it re-creates here (the folder, absolute),
+# passed to the re-run through `REPRODUCTION_ENV`: `rlexp compare` leaves such runs out of a sweep
+# folder, since a re-run is not one more seed.
+REPRODUCTION_KEY = "reproduction_of"
+REPRODUCTION_ENV = "RLEXP_REPRODUCTION_OF"
 SCHEMA_VERSION = 1  # the `schema` key every manifest has carried; a manifest without it is version 1
 
 
@@ -324,6 +329,8 @@ def write_start_manifest(
         "final_metrics": {},
         "artifacts": [],
     }
+    if os.environ.get(REPRODUCTION_ENV):
+        manifest[REPRODUCTION_KEY] = os.environ[REPRODUCTION_ENV]
     for k, v in redact(dict(extra or {})).items():
         manifest[k] = v
     # Hydra wrote run/.hydra/{config,overrides,hydra}.yaml (and multirun.yaml in the sweep dir) with the raw

@@ -11,6 +11,9 @@ machine or a network endpoint, judged by the schema's `rlexp.config.trust` decla
 A run's own code and configs (`plugins`, `config_path`: rlexp.core.plugins) run again only with `--trust-plugins`
 and only as recorded: every folder and plug-in source must hash as it did, else the re-run is refused
 (`--allow-changed-plugins`: warned).
+A sweep job's re-run goes beside the sweep instead, `<SWEEP>.reproduce/<job>-<time>`: never inside
+the tree that `rlexp compare SWEEP` reads, where it would count as one more seed (its manifest's
+`reproduction_of` makes compare leave it out of any folder anyway).
 Exit codes: 0 identical metrics, 1 first differing step/metric printed, 2 the re-run itself failed or could
 not be built (a refused override, or one redacted as a secret: pass it again after `--`).
 
@@ -46,7 +49,7 @@ from rlexp.config.trust import IMPORT_PATH, Trust
 from rlexp.core.plugins import OLD_TRUST_SPELLING, recorded_changes, recorded_code, recorded_folders
 
 from .base import METRICS_FILE
-from .manifest import Manifest, ManifestError, read_manifest
+from .manifest import REPRODUCTION_ENV, Manifest, ManifestError, read_manifest
 from .metrics_file import read_metrics
 from .redact import REDACTED
 from .runs import load_run_dir
@@ -311,21 +314,43 @@ def check_user_code(overrides: Sequence[str], user_dirs: Sequence[Path], manifes
                                     f"it yourself after `--` if you trust it")
 
 
-def child_env(manifest: Manifest | None = None) -> dict[str, str]:
+def child_env(manifest: Manifest | None = None, reproduction_of: Path | None = None
+              ) -> dict[str, str]:
     """This process's environment, with the folder this rlexp is imported from first on PYTHONPATH: `-P` drops
     the working directory, which may have been how the original run found rlexp. The folders that held the run's
     plug-ins (recorded with their hashes, checked before this) come last, so a module a wrapper script imported
-    from its own folder is found again."""
+    from its own folder is found again. `reproduction_of`: the run re-created, which the re-run's
+    manifest records (`REPRODUCTION_ENV`), so `rlexp compare` never counts the re-run as a seed."""
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
+    if reproduction_of is not None:
+        env[REPRODUCTION_ENV] = str(reproduction_of.resolve())
     folders = recorded_folders(manifest.extra.get("plugins")) if manifest is not None else []
     env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []), *folders])
     return env
 
 
+def sweep_root(run_dir: Path) -> Path | None:
+    """The sweep folder holding `run_dir` (the nearest folder above it with Hydra's
+    `multirun.yaml`), or None."""
+    for d in run_dir.resolve().parents:
+        if (d / "multirun.yaml").is_file():
+            return d
+    return None
+
+
 def reproduce_dir(run_dir: Path) -> Path:
+    """Where the re-run writes: beside a plain run (`<parent>/reproduce/`), beside a sweep for one
+    of its jobs (`<sweep>.reproduce/`, the job's path inside the sweep as its name), so
+    `rlexp compare <sweep>` never reads it."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = run_dir.resolve().parent / "reproduce" / f"{run_dir.resolve().name}-{stamp}"
+    run = run_dir.resolve()
+    sweep = sweep_root(run)
+    if sweep is None:
+        base = run.parent / "reproduce" / f"{run.name}-{stamp}"
+    else:
+        job = run.relative_to(sweep).as_posix().replace("/", "_")
+        base = sweep.with_name(f"{sweep.name}.reproduce") / f"{job}-{stamp}"
     new, i = base, 1
     while new.exists():  # two reproductions within a second must not share a folder
         new, i = base.with_name(f"{base.name}-{i}"), i + 1
@@ -447,7 +472,7 @@ def main(argv: list[str] | None = None, runner: Callable[..., int] | None = None
     if args.dry_run:
         return 0
     _warn_code_drift(manifest)
-    env = child_env(manifest if args.trust_plugins else None)
+    env = child_env(manifest if args.trust_plugins else None, reproduction_of=run_dir)
     run = runner or (lambda c, cwd=None: subprocess.run(c, cwd=cwd, env=env).returncode)
     rc = run(cmd, cwd=cwd)
     if rc != 0:

@@ -4,7 +4,14 @@ Runs that differ only in a nuisance key (`NUISANCE_KEYS`: the seed) are one *con
 and headline metric the answer is the mean over seeds, its 95% t-interval (rlexp.tracking.stats; n=1: no
 interval) and n. The ranking follows the first headline, equal means the next ones; the winner is compared
 with the runner-up paired over the seeds both ran (difference of the per-seed values, t-interval on those
-differences); with fewer than two shared seeds, or an interval covering zero, it says "not distinguishable".
+differences); with fewer than `MIN_PAIRED_SEEDS` (3) shared seeds, or an interval covering zero,
+it says "not distinguishable" and why: two seeds give an interval, but one so sensitive to a single
+unlucky seed that a sweep under load called a winner on two (issue 45).
+
+Every configuration's change from its start is shown beside its value (`Headline.change`: the
+statistic minus the curve's first logged value, for `eval/*` the step-0 evaluation, with its
+interval over seeds), and a winner that did not beat its start is called out in the sentence:
+ranking first among runs that all got worse is not a result.
 
 Headlines are declared (`Headline`: metric, statistic, direction), default `DEFAULT_HEADLINES`: held-out
 accuracy (final and AUC), reward/mean (final) and wall time; never the raw loss first. AUC is the trapezoid
@@ -34,9 +41,10 @@ DIRECTIONS: tuple[tuple[str, str], ...] = (
     (r"(^|/)time/|_s$|(^|/)eta", "min"),
     (r"unparseable|truncat|skipped|stale", "min"),
     (r"loss|error|(^|/)kl|perplexity|ppl|regret|logprob_diff|fpr", "min"),
-    (r"accuracy|reward|pass@|auc|tpr|correct|selection|gap_closed", "max"),
+    (r"accuracy|reward|pass@|auc|tpr|correct|selection|gap_closed|partial_credit", "max"),
 )
 STATISTICS = ("final", "best", "auc")
+MIN_PAIRED_SEEDS = 3  # fewer shared seeds than this: the verdict never says "distinguishable"
 
 _MISSING = object()
 
@@ -94,6 +102,15 @@ class Headline:
         area = sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in itertools.pairwise(pts))
         return area / (pts[-1][0] - pts[0][0])
 
+    def change(self, run: RunRecord) -> float | None:
+        """This headline's value minus the curve's first logged value (an `eval/*` metric's
+        step-0 evaluation): what the run gained over where it started. None without a value or
+        with a single point."""
+        _, ys = run.series(self.metric)
+        pts = [y for y in ys if not math.isnan(y)]
+        v = self.of(run)
+        return None if v is None or len(pts) < 2 else v - pts[0]
+
 
 DEFAULT_HEADLINES = (Headline("eval/accuracy", "final", "max"), Headline("eval/accuracy", "auc", "max"),
                      Headline("reward/mean", "final", "max"), Headline("time/wall_s", "final", "min"))
@@ -116,6 +133,11 @@ class Configuration:
     def estimate(self, h: Headline) -> Estimate | None:
         return estimate(list(self.per_seed(h).values()) if self._seeds_unique() else
                         [v for r in self.runs if (v := h.of(r)) is not None])
+
+    def change(self, h: Headline) -> Estimate | None:
+        """The change from the start (`Headline.change`) over this configuration's runs, with its
+        interval."""
+        return estimate([v for r in self.runs if (v := h.change(r)) is not None])
 
     def _seeds_unique(self) -> bool:
         s = [json.dumps(x, default=repr) for x in self.seeds()]
@@ -186,6 +208,9 @@ class Verdict:
     difference: Estimate | None = None
     paired_seeds: list[Any] = field(default_factory=list)
     distinguishable: bool = False
+    # The winner's change from its start, and whether it beat it (None: no start to compare with).
+    change: Estimate | None = None
+    beat_start: bool | None = None
 
     @property
     def best(self) -> Configuration | None:
@@ -219,9 +244,14 @@ def verdict(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[
     best = valued[0]
     e = best.estimate(h)
     assert e is not None
+    change, beat = best.change(h), None
     head = f"Best configuration by {what}: {best.label} — {e.text()}."
+    if change is not None:
+        beat = change.mean > 0 if h.direction == "max" else change.mean < 0
+        head += start_note(change, beat)
     if len(valued) == 1:
-        return Verdict(h, ranked, head + " It is the only configuration with this metric.")
+        return Verdict(h, ranked, head + " It is the only configuration with this metric.",
+                       change=change, beat_start=beat)
     second = valued[1]
     e2 = second.estimate(h)
     assert e2 is not None
@@ -234,14 +264,34 @@ def verdict(configs: Sequence[Configuration], h: Headline, tie_breaks: Sequence[
     if not (best._seeds_unique() and second._seeds_unique()) or len(common) < 2:
         why = ("they share fewer than 2 seeds, so no paired comparison" if len(common) < 2
                else "seeds repeat within a configuration, so no paired comparison")
-        return Verdict(h, ranked, head + f" Not distinguishable: {why}.", paired_seeds=common)
+        return Verdict(h, ranked, head + f" Not distinguishable: {why}.", paired_seeds=common,
+                       change=change, beat_start=beat)
     d = estimate([a[s] - b[s] for s in common])
     assert d is not None and d.half is not None
-    dist = not d.covers_zero()
+    dist = not d.covers_zero() and len(common) >= MIN_PAIRED_SEEDS
+    method = METHOD.replace("over seeds", "on paired differences")
     tail = (f" Paired difference over seeds {', '.join(_fmt(s) for s in common)}: {d.mean:+.4g} "
-            f"[{d.low:+.4g}, {d.high:+.4g}] ({METHOD.replace('over seeds', 'on paired differences')}): "
-            + ("distinguishable." if dist else "not distinguishable (the interval covers zero)."))
-    return Verdict(h, ranked, head + tail, d, common, dist)
+            f"[{d.low:+.4g}, {d.high:+.4g}] ({method}): ")
+    if dist:
+        tail += "distinguishable."
+    elif len(common) < MIN_PAIRED_SEEDS:
+        tail += (f"not distinguishable: only {len(common)} paired seeds, and a difference is "
+                 f"called with at least {MIN_PAIRED_SEEDS} (run more seeds).")
+    else:
+        tail += "not distinguishable (the interval covers zero)."
+    return Verdict(h, ranked, head + tail, d, common, dist, change, beat)
+
+
+def start_note(change: Estimate, beat: bool) -> str:
+    """The sentence's word on the winner's change from its start: a warning when it did not beat
+    it."""
+    rng = "" if change.half is None else f" [{change.low:+.4g}, {change.high:+.4g}]"
+    told = f"{change.mean:+.4g}{rng} (n={change.n})"
+    if not beat:
+        return f" WARNING: it did not beat its start: change from its first value {told}."
+    if change.covers_zero() and change.half is not None:
+        return f" Its change from its start, {told}, is within seed noise."
+    return f" Change from its start: {told}."
 
 
 def build_table(configs: Sequence[Configuration], headlines: Sequence[Headline]
@@ -250,13 +300,15 @@ def build_table(configs: Sequence[Configuration], headlines: Sequence[Headline]
     header = ["rank", "configuration", *keys, "n", "seeds"]
     for h in headlines:
         header += [f"{h.label} mean", f"{h.label} ±95%"]
+    first = headlines[:1]  # the ranking headline's change from the start
+    for h in first:
+        header += [f"{h.label} change from start mean", f"{h.label} change from start ±95%"]
     header += ["status"]
     rows = []
     for i, c in enumerate(configs, 1):
         row = [str(i), c.label, *(_fmt(c.values.get(k)) for k in keys), str(len(c.runs)),
                " ".join(_fmt(s) for s in c.seeds())]
-        for h in headlines:
-            e = c.estimate(h)
+        for e in [c.estimate(h) for h in headlines] + [c.change(h) for h in first]:
             row += ["", ""] if e is None else [_fmt(e.mean), "" if e.half is None else _fmt(e.half)]
         st = sorted({r.status or "unknown" for r in c.runs})
         row.append(",".join(st))
@@ -267,12 +319,13 @@ def build_table(configs: Sequence[Configuration], headlines: Sequence[Headline]
 def markdown_table(configs: Sequence[Configuration], headlines: Sequence[Headline]) -> str:
     """The table people read: one cell `mean ± half-width` per headline, the configuration named once."""
     arrow = {"max": "↑", "min": "↓", None: "?"}
-    header = ["rank", "configuration", "n", *(f"{h.label} ({arrow[h.direction]})" for h in headlines)]
+    header = ["rank", "configuration", "n",
+              *(f"{h.label} ({arrow[h.direction]})" for h in headlines),
+              *(f"{h.label}: change from start" for h in headlines[:1])]
     rows = []
     for i, c in enumerate(configs, 1):
         cells = []
-        for h in headlines:
-            e = c.estimate(h)
+        for e in [c.estimate(h) for h in headlines] + [c.change(h) for h in headlines[:1]]:
             cells.append("" if e is None else _fmt(e.mean) + ("" if e.half is None else f" ± {_fmt(e.half)}"))
         rows.append([str(i), c.label, str(len(c.runs)), *cells])
     return to_markdown(header, rows)
