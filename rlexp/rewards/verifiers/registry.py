@@ -16,7 +16,8 @@ from rlexp.rewards.verifiers.answers import FormatVerifier, MajorityVerifier
 from rlexp.rewards.verifiers.base import RULES, Rule, RuleVerifier, ServedVerifier, Verifier
 from rlexp.rewards.verifiers.lm_judge import LMJudgeVerifier
 from rlexp.rewards.verifiers.reward_model import RewardModelVerifier
-from rlexp.rewards.verifiers.tiny import TINY_VERIFIERS, ensure_tiny_verifier
+from rlexp.rewards.verifiers.tiny import ensure_tiny_verifier
+from rlexp.rewards.verifiers.tiny_panels import TINY_VERIFIERS
 
 # Options read by the reward that combines verifiers (Weaver's per-verifier threshold), not by the verifier.
 RESERVED_OPTIONS = frozenset({"threshold"})
