@@ -14,7 +14,7 @@ import pytest
 
 from rlexp.cluster.plan_cli import compose_run_config
 from rlexp.errors import is_user_error
-from rlexp.rewards.verifiers.tiny import PANEL_SETS, WIDE_SET
+from rlexp.rewards.verifiers.tiny_panels import PANEL_SETS, WIDE_SET
 from rlexp.run.prepare import prepare
 from tests.conftest import REPO, metrics, rlexp
 

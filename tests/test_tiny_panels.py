@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from rlexp.rewards.verifiers.tiny import PANEL_SETS as SETS, PANELS, TINY_VERIFIERS, WIDE_PANELS, WIDE_SET
+from rlexp.rewards.verifiers.tiny_panels import PANEL_SETS as SETS, PANELS, TINY_VERIFIERS, WIDE_PANELS, WIDE_SET
 from tests.conftest import REPO
 
 

@@ -15,13 +15,18 @@ transformers = pytest.importorskip("transformers")
 from rlexp.config.environment import EnvConfig  # noqa: E402
 from rlexp.envs.registry import build_env  # noqa: E402
 from rlexp.models.tokenizer import CharTokenizer  # noqa: E402
-from rlexp.rewards.verifiers import tiny as tv  # noqa: E402
+from rlexp.rewards.verifiers import (  # noqa: E402
+    tiny as tv,
+    tiny_data as td,
+    tiny_measure as tm,
+    tiny_panels as tp,
+)
 from rlexp.rewards.verifiers.reward_model import RewardModelVerifier  # noqa: E402
 from rlexp.types import Problem, Sample  # noqa: E402
 
-RM = tv.smallest_spec(kind="reward_model")
+RM = tp.smallest_spec(kind="reward_model")
 # The judge round trip checks the folder, not the judge's quality: a few steps are enough and keep it fast.
-JUDGE = replace(tv.smallest_spec(kind="lm_judge"), train_steps=8, n_examples=256)
+JUDGE = replace(tp.smallest_spec(kind="lm_judge"), train_steps=8, n_examples=256)
 
 
 @pytest.fixture(autouse=True)
@@ -51,11 +56,11 @@ def test_verifier_split_is_disjoint_from_held_out_and_a_stratified_subset_of_tra
     env = build_env(EnvConfig(name="arithmetic"))
     train_prompts = {s.problem.prompt for s in env.load_samples("train")}
     held_prompts = {s.problem.prompt for s in env.load_samples(env.cfg.eval_split)}
-    split = tv.verifier_split_sequences()
+    split = td.verifier_split_sequences()
     prompts = {"+".join(map(str, t)) + "=" for t in split}
     assert len(prompts) == len(split) > 0
     assert not prompts & held_prompts
-    assert set(tv.held_out_sequences()) == {tuple(map(int, p[:-1].split("+"))) for p in held_prompts}
+    assert set(td.held_out_sequences()) == {tuple(map(int, p[:-1].split("+"))) for p in held_prompts}
     assert prompts <= train_prompts
     # Stratified: about a quarter of each sum's training sequences, and at least one left for the policy.
     train_by_sum = Counter(p.count("1") for p in train_prompts)
@@ -63,24 +68,24 @@ def test_verifier_split_is_disjoint_from_held_out_and_a_stratified_subset_of_tra
     for s, n in train_by_sum.items():
         assert got.get(s, 0) == min(int(0.25 * n + 0.5), n - 1), s
     # Fixed, and nested across fractions.
-    assert split == tv.verifier_split_sequences()
-    assert set(tv.verifier_split_sequences(frac=0.1)) <= set(split) <= set(tv.verifier_split_sequences(frac=0.5))
+    assert split == td.verifier_split_sequences()
+    assert set(td.verifier_split_sequences(frac=0.1)) <= set(split) <= set(td.verifier_split_sequences(frac=0.5))
     with pytest.raises(ValueError, match="frac"):
-        tv.verifier_split_sequences(frac=1.0)
+        td.verifier_split_sequences(frac=1.0)
 
 
 def test_examples_are_labelled_by_the_env_check_and_noise_flips_the_stated_fraction():
     env = build_env(EnvConfig(name="arithmetic"))
-    seqs = tv.verifier_split_sequences()
-    clean = tv.make_examples(seqs, 400, seed=3)
-    noisy = tv.make_examples(seqs, 400, seed=3, label_noise=0.2)
+    seqs = td.verifier_split_sequences()
+    clean = td.make_examples(seqs, 400, seed=3)
+    noisy = td.make_examples(seqs, 400, seed=3, label_noise=0.2)
     for e in clean:
         gold = str(e.prompt.count("1"))
         assert e.label == int(env.check(Sample(Problem(id=e.prompt, prompt=e.prompt), gold), e.response).correct)
     assert [(e.prompt, e.response) for e in clean] == [(e.prompt, e.response) for e in noisy]
     assert sum(a.label != b.label for a, b in zip(clean, noisy)) == 80
     kinds = Counter(e.kind for e in clean)
-    assert set(kinds) == set(tv.MIX_KINDS) and 0.4 < kinds["correct"] / 400 < 0.6
+    assert set(kinds) == set(td.MIX_KINDS) and 0.4 < kinds["correct"] / 400 < 0.6
 
 
 # ---------------------------------------------------------------------------------------------- cache
@@ -139,13 +144,13 @@ def test_judge_folder_is_a_causal_lm_whose_bpe_has_multi_char_yes_no_tokens(judg
     assert json.loads((judge_dir / "tokenizer.json").read_text())["model"]["type"] == "BPE"
     single = {w: tok.encode(w, add_special_tokens=False) for w in ("Yes", " Yes", "No", " No")}
     assert all(len(ids) == 1 for ids in single.values()), single
-    yes, no = tv.yes_no_token_ids(tok)
+    yes, no = td.yes_no_token_ids(tok)
     assert {single["Yes"][0], single[" Yes"][0]} <= set(yes) and {single["No"][0], single[" No"][0]} <= set(no)
     assert not set(yes) & set(no)
     assert all(len(tok.convert_ids_to_tokens(i)) > 1 for i in yes + no)  # multi-character, no single letters
     assert model.config.vocab_size == len(tok)
-    prompt = tv.JUDGE_TEMPLATE.format(prompt="1+0+1=", response="2")
-    p = tv.TinyJudge(judge_dir)([prompt, prompt.replace("\n2\n", "\n7\n")])
+    prompt = td.JUDGE_TEMPLATE.format(prompt="1+0+1=", response="2")
+    p = tm.TinyJudge(judge_dir)([prompt, prompt.replace("\n2\n", "\n7\n")])
     assert len(p) == 2 and all(0.0 <= x <= 1.0 for x in p)
 
 
@@ -172,7 +177,7 @@ def test_yes_no_token_ids_reads_sets_on_a_real_bpe_vocabulary(tmp_path):
     from rlexp.models.hf import write_qwen_tokenizer
 
     tok = AutoTokenizer.from_pretrained(write_qwen_tokenizer(tmp_path))
-    yes, no = tv.yes_no_token_ids(tok)
+    yes, no = td.yes_no_token_ids(tok)
     assert len(yes) >= 3 and len(no) >= 3  # "Yes", " Yes", "yes", " yes", "YES", ...
 
 
@@ -180,7 +185,7 @@ def test_yes_no_token_ids_reads_sets_on_a_real_bpe_vocabulary(tmp_path):
 
 
 def test_trained_reward_model_beats_chance_on_held_out_problems(rm_dir):
-    acc = tv.measure_accuracy(rm_dir, RM, n=400)
+    acc = tm.measure_accuracy(rm_dir, RM, n=400)
     # Half the responses are correct (chance 0.5); accepting every digit and rejecting junk scores 0.6, so
     # passing needs the model to have read the terms. (Measured 0.855 for this spec.)
     assert acc["held_out_acc"] >= 0.75 and acc["held_out_balanced_acc"] >= 0.75, acc
@@ -191,14 +196,14 @@ def test_trained_reward_model_beats_chance_on_held_out_problems(rm_dir):
 def test_reward_model_verifier_scores_the_tiny_rm_folder_end_to_end(rm_dir):
     v = RewardModelVerifier("tiny_rm", {"path": str(rm_dir), "batch_size": 5})
     assert v.fmt == "chat"  # format=auto found the template in the folder
-    held = tv.evaluation_examples(RM, "held_out", 40)
+    held = tm.evaluation_examples(RM, "held_out", 40)
     problems = [Problem(id=e.prompt, prompt=e.prompt) for e in held]
     scores = v.score(problems, [e.response for e in held])
     assert scores.shape == (40,) and np.isfinite(scores).all() and np.ptp(scores) > 0
     one_by_one = [v.score([p], [e.response])[0] for p, e in zip(problems[:6], held[:6])]
     assert np.allclose(scores[:6], one_by_one, atol=1e-5)  # padding does not change a score
     # What the verifier feeds the model is exactly what the RM was trained on (the chat-formatted pair).
-    enc = v.tokenizer([tv.chat_text(v.tokenizer, e.prompt, e.response) for e in held[:6]], padding=True,
+    enc = v.tokenizer([td.chat_text(v.tokenizer, e.prompt, e.response) for e in held[:6]], padding=True,
                       return_tensors="pt")
     with torch.no_grad():
         direct = v.model(**enc).logits[:, 0].numpy()

@@ -69,7 +69,7 @@ def test_the_replication_start_is_above_chance_from_training_problems_only(tmp_p
     base = resolve_model(t.model)
     path, record = warmup.ensure_warm_checkpoint(base, t, rec)
     held = {s.problem.prompt for s in env.eval_samples()}
-    from rlexp.rewards.verifiers.tiny import verifier_split_sequences
+    from rlexp.rewards.verifiers.tiny_data import verifier_split_sequences
 
     verifier = {"+".join(map(str, q)) + "=" for q in verifier_split_sequences(frac=0.25)}
     assert rec.drawn and not rec.drawn & held and not rec.drawn & verifier

@@ -8,9 +8,10 @@ and far from solved.
 
 What keeps it honest: its data is `env.sample_batch` on the training split, which already excludes the
 held-out problems and, with `environment.options.verifier_frac`, the verifiers' split; the checkpoint is a
-pure function of (base checkpoint, training data, code, recipe), content-addressed like the tiny
-model, written atomically, and carries its own record (`rlexp_warmup.json`), which the run's
-manifest copies.
+pure function of (base checkpoint, training data, code, recipe) on one kind of machine
+(`rlexp.models.numerics`: pinned threads and deterministic kernels; the record names the machine kind),
+content-addressed like the tiny model, written atomically, and carries its own record
+(`rlexp_warmup.json`), which the run's manifest copies.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ import torch
 
 from rlexp.config.schema import TrainConfig
 from rlexp.envs.base import Environment
+from rlexp.models.numerics import machine_kind, pinned_numerics
 from rlexp.models.tiny import DEFAULT_CACHE
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.tracking.files import fingerprint_examples, hash_files, sha256_file
@@ -158,7 +160,9 @@ def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment, spec: di
     tok = load_tokenizer(base_dir)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".warm-"))
     try:
-        with torch.random.fork_rng():
+        # One thread and deterministic kernels (rlexp.models.numerics): torch's default thread count is the
+        # machine's core count, which splits float reductions, so the same inputs could draw other weights.
+        with torch.random.fork_rng(), pinned_numerics():
             torch.manual_seed(w.seed)
             rng = random.Random(w.seed)
             model = Qwen3ForCausalLM.from_pretrained(str(base_dir), torch_dtype=torch.float32)
@@ -187,13 +191,15 @@ def _write(base_dir: Path, out: Path, t: TrainConfig, env: Environment, spec: di
         if model.config.tie_word_embeddings:
             sd.pop("lm_head.weight", None)
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        record = {"base": str(base_dir), "base_sha256": sha256_file(base_dir / "model.safetensors"),
+        # Nothing keyed on the clock, the process or the path (the base folder's location once was): the
+        # folder's hash, which the run manifest records as the start's sha256, names the weights.
+        record = {"base_sha256": sha256_file(base_dir / "model.safetensors"),
                   "environment": t.environment.name, "options": dict(t.environment.options),
                   "data": "env.sample_batch on the training split (no held-out, no verifier-split problem)",
                   **asdict(w), "first_loss": losses[0] if losses else None,
                   "last_loss": losses[-1] if losses else None, "train_greedy_accuracy": acc,
                   "train_accuracy_n": min(256, len(train)), "key": warm_key(spec),
-                  "data_sha256": spec["data"], "code": spec["code"]}
+                  "data_sha256": spec["data"], "code": spec["code"], "numerics": machine_kind()}
         (tmp / RECORD).write_text(json.dumps(record, indent=2, default=str))
         if (out / RECORD).exists():  # another process finished first: keep its (identical) copy
             shutil.rmtree(tmp)

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from weaver_label_diag import policy_pool
 
-    from rlexp.rewards.verifiers.tiny import PANEL_SETS, WIDE_SET
+    from rlexp.rewards.verifiers.tiny_panels import PANEL_SETS, WIDE_SET
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="output prefix: PREFIX.md, PREFIX.json, PREFIX.png")

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rlexp.rewards.base import strip_gold  # noqa: E402
-from rlexp.rewards.verifiers.tiny import PANEL_SETS as SETS  # noqa: E402
+from rlexp.rewards.verifiers.tiny_panels import PANEL_SETS as SETS  # noqa: E402
 from rlexp.types import Sample  # noqa: E402
 
 POOL_GROUPS, GROUP, STEP_GROUPS = 128, 16, 64  # experiment=weaver_cpu: 64 prompts x 16 samples, 2 pool steps

@@ -29,15 +29,12 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from rlexp.envs.registry import build_env  # noqa: E402
+from rlexp.models.numerics import pinned_numerics  # noqa: E402
 from rlexp.models.tokenizer import load_tokenizer  # noqa: E402
-from rlexp.rewards.verifiers.tiny import (  # noqa: E402
-    PANELS,
-    VerifierExample,
-    ensure_tiny_verifier,
-    one_torch_thread,
-    read_meta,
-    score_examples,
-)
+from rlexp.rewards.verifiers.tiny import ensure_tiny_verifier, read_meta  # noqa: E402
+from rlexp.rewards.verifiers.tiny_data import VerifierExample  # noqa: E402
+from rlexp.rewards.verifiers.tiny_measure import score_examples  # noqa: E402
+from rlexp.rewards.verifiers.tiny_panels import PANELS  # noqa: E402
 from rlexp.run.prepare import check_config, resolve_model  # noqa: E402
 from rlexp.run.warmup import ensure_warm_checkpoint  # noqa: E402
 
@@ -81,7 +78,7 @@ def policy_examples(policy: Path, env: Any, k: int, seed: int) -> list[VerifierE
 def unseen_prompts(env: Any) -> set[str]:
     """Training prompts whose sum has no sequence in the verifier split: the verifiers never saw such a problem
     (sums 0 and 9 have one sequence each, which the policy keeps)."""
-    from rlexp.rewards.verifiers.tiny import verifier_split_sequences
+    from rlexp.rewards.verifiers.tiny_data import verifier_split_sequences
 
     seen = {sum(t) for t in verifier_split_sequences(env.opts.n_terms, env.opts.max_term, env.opts.verifier_frac)}
     return {s.problem.prompt for s in env.train_samples() if int(s.answer) not in seen}
@@ -104,7 +101,7 @@ def auc(scores: np.ndarray, y: np.ndarray) -> float:
 
 def measure(path: Path, ex: list[VerifierExample], const: list[VerifierExample], common: str,
             unseen: set[str]) -> dict[str, float]:
-    with one_torch_thread():
+    with pinned_numerics():
         s = score_examples(path, ex)
         sc = score_examples(path, const)
     thr = float(read_meta(path)["threshold"])

@@ -34,7 +34,7 @@ from weaver_label_diag import (  # noqa: E402
     score_in_rl_order,
 )
 
-from rlexp.rewards.verifiers.tiny import WIDE_SET  # noqa: E402
+from rlexp.rewards.verifiers.tiny_panels import WIDE_SET  # noqa: E402
 
 BUDGETS = (16, 32, 64, 256)
 FILTERS = {"registered": {}, "none": NO_FILTERS, "no min_quality": {"min_quality": -1.0},

@@ -46,7 +46,8 @@ def verifier_checkpoint(v: VerifierConfig) -> VerifierConfig:
     Hugging Face cache and never downloads (the error gives the command)."""
     # torch: imported here, not when the layout reads a reward's verifiers
     from rlexp.models.hf import CheckpointError, resolve_checkpoint
-    from rlexp.rewards.verifiers.tiny import TINY_VERIFIERS, ensure_tiny_verifier
+    from rlexp.rewards.verifiers.tiny import ensure_tiny_verifier
+    from rlexp.rewards.verifiers.tiny_panels import TINY_VERIFIERS
 
     v = VerifierConfig(**v) if isinstance(v, dict) else v
     o = dict(v.options)
