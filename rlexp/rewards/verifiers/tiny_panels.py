@@ -41,7 +41,8 @@ TINY_VERIFIERS: dict[str, TinyVerifierSpec] = {
 # other response mixes; other shapes), for issue 23 item 4: a result that holds on one panel only could be a
 # property of that panel. Panel B's mix is heavy in near misses (a policy's usual errors), panel C's in far-off
 # digits. Their strengths were not tuned: studies/weaver/weaver_panels.py measures what they turned out to be on the
-# starting policy's outputs (studies/weaver/results/weaver_panels.md). In each panel the first reward model listed is `single_rm`.
+# starting policy's outputs (studies/weaver/results/weaver_panels.md). In each panel the first
+# reward model listed is `single_rm`.
 _MIX_B = (0.45, 0.1, 0.4, 0.05)
 _MIX_C = (0.5, 0.25, 0.2, 0.05)
 PANEL_B: dict[str, TinyVerifierSpec] = {
@@ -73,13 +74,15 @@ PANEL_C: dict[str, TinyVerifierSpec] = {
                                   n_examples=1024, label_noise=0.15, seed=36, train_steps=300, lr=5e-3, mix=_MIX_C),
 }
 # Panel D (issue 23 item 4): panels B and C have no strong verifier on the policy's own outputs, whose wrong
-# answers are mostly near misses (studies/weaver/results/weaver_panels.md). D was screened on the starting policy's samples for the
+# answers are mostly near misses (studies/weaver/results/weaver_panels.md). D was screened on the
+# starting policy's samples for the
 # spread a real panel has: one reward model that counts (AUC ~0.9), an LM judge trained on responses shaped like the
 # policy's (correct 0.35, near 0.42, other digits 0.15, junk 0.08) that partly counts, a reward model and a judge
 # that mostly reject far-off digits and junk, and two small or noisy reward models near chance. Each is trained on
 # its own data (seed) and mix. d_rm_b was swapped in (for a near-chance model) so that three verifiers pass the
 # shared filters on the starting policy's pool: with two, the label model is not fit and weaver_paper is the mean.
-# Fixed before any RL run on it; studies/weaver/results/weaver_panels_d.md and studies/weaver/results/weaver_label_model_d.md measure it.
+# Fixed before any RL run on it; studies/weaver/results/weaver_panels_d.md and
+# studies/weaver/results/weaver_label_model_d.md measure it.
 _MIX_D = (0.35, 0.15, 0.42, 0.08)
 PANEL_D: dict[str, TinyVerifierSpec] = {
     "d_rm_a": TinyVerifierSpec(kind="reward_model", dim=16, n_layers=2, n_heads=2, head_dim=8, hidden_dim=32,
