@@ -171,11 +171,12 @@ def test_fuzz_cases_through_the_real_cli(tmp_path: Path, tag: str) -> None:
             (["algorithm.temperature=-inf"], 2, ["algorithm.temperature"]),
             ([f"seed={10**30}"], 2, ["seed"]),
             (["+environment.options._target_=os.system"], 2, ["_target_"]),
-            (["trainer.lrr=1"], 1, ["trainer.lrr"]),  # Hydra's own composition error (exit 1)
+            # refused by rlexp's preflight before Hydra composes, with the close match (exit 2)
+            (["trainer.lrr=1"], 2, ["trainer.lrr", "did you mean trainer.lr?"]),
     ):
         p = rlexp("train", *overrides, f"hydra.run.dir={tmp_path / 'r'}", tag=tag, check=False, timeout=120)
         assert p.returncode == code, (overrides, p.stdout[-2000:], p.stderr[-2000:])
         assert "Traceback" not in p.stderr and all(w in p.stderr for w in words), (overrides, p.stderr)
         assert not tagged_pids(tag)
     p = rlexp("train", "--cfg", "job", "trainer.lrr=1", tag=tag, check=False, timeout=120)
-    assert p.returncode == 1 and "trainer.lrr" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and "trainer.lrr" in p.stderr and "Traceback" not in p.stderr
