@@ -166,7 +166,23 @@ SOAK = (
 )
 
 
+TIERS = ("soak", "slurm", "e2e", "unit")
+
+
+def tier(item: pytest.Item) -> str:
+    """The one tier a test belongs to, the first that applies: `soak`, `slurm` (a real local
+    Slurm), `e2e` (marked `slow`: spawns actors or runs `rlexp train`), else `unit`.
+    `pytest -m <tier>` selects it; CI runs all but soak."""
+    marks = {m.name for m in item.iter_markers()}
+    return next((t for t in TIERS[:2] if t in marks), "e2e" if "slow" in marks else "unit")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(SOAK):
             item.add_marker(pytest.mark.soak)
+        name = tier(item)
+        if name in ("e2e", "unit"):
+            item.add_marker(getattr(pytest.mark, name))
+        # In the junit XML, so that scripts/ci_durations.py sums the seconds per tier.
+        item.user_properties.append(("tier", name))
