@@ -185,7 +185,7 @@ def _trainer_sd(cfg, model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
 
 
 def _in_mapping(t: torch.Tensor, loc: str) -> bool:
-    from rlexp.transport import shm
+    from rlexp.transport import shm_read as shm
 
     st = os.stat(Path(loc) / WEIGHTS)
     whole = shm._READ_MAPS.maps[(st.st_dev, st.st_ino)][2]
@@ -298,7 +298,7 @@ def test_a_file_locked_for_writing_too_long_is_refused_not_waited_on_forever(shm
     an error naming the file, instead of hanging `update_weights`."""
     import fcntl
 
-    import rlexp.transport.shm as shm
+    import rlexp.transport.shm_read as shm
 
     t = ShmTransport("lease_wait", root=shm_root, keep=2)
     v1 = t.publish(1, _sd(1))
