@@ -17,6 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 Case = tuple[str, str, float, str]  # file, test name, seconds, tier
+UNIT_S = 10.0  # a unit test slower than this is listed: it belongs in the e2e tier
 
 
 def test_file(classname: str) -> str:
@@ -60,6 +61,12 @@ def summary(cases: list[Case], top: int = 10, every_file: bool = False) -> str:
     slow_cases = sorted(cases, key=lambda c: -c[2])[:top]
     lines.append(f"Slowest {len(slow_cases)} tests (s):")
     lines += [f"  {c[2]:>8.1f}  {c[0]}::{c[1]}" for c in slow_cases]
+    slow_units = [c for c in cases if c[3] == "unit" and c[2] > UNIT_S]
+    # A unit test that takes this long spawns processes: mark it `slow` (the e2e tier).
+    if slow_units:
+        lines.append(f"Unit tests over {UNIT_S:.0f} s (e2e work in the unit tier? mark them slow):")
+        slow_units.sort(key=lambda c: -c[2])
+        lines += [f"  {c[2]:>8.1f}  {c[0]}::{c[1]}" for c in slow_units]
     if every_file:
         lines.append("Every file (s, tests):")
         lines += [f"  {s:>8.1f} {count[f]:>5}  {f}" for f, s in sorted(per_file.items())]
