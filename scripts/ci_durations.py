@@ -5,7 +5,10 @@ where its minutes went and a growing file is seen the day it grows. A test's tim
 call and teardown (a module- or session-scoped fixture counts in the first test that uses it).
 The tier of each test is the `tier` property tests/conftest.py records (unit, e2e, slurm, soak).
 
-    python scripts/ci_durations.py results.xml [--top 10] [--all]
+    python scripts/ci_durations.py results.xml [more.xml ...] [--top 10] [--all]
+
+Several reports (`.ci/run` writes one for the unit tier, run on two workers, and one for the
+rest) are summed as one run.
 """
 from __future__ import annotations
 
@@ -75,16 +78,17 @@ def summary(cases: list[Case], top: int = 10, every_file: bool = False) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("xml", type=Path, help="pytest's --junitxml output")
+    ap.add_argument("xml", type=Path, nargs="+", help="pytest's --junitxml output(s)")
     ap.add_argument("--top", type=int, default=10,
                     help="how many of the slowest files and tests to list")
     ap.add_argument("--all", action="store_true", help="also list every file's total")
     args = ap.parse_args(argv)
-    if not args.xml.is_file():
-        print(f"ci_durations: no junit XML at {args.xml} (did pytest run with --junitxml?)",
-              file=sys.stderr)
+    missing = [str(x) for x in args.xml if not x.is_file()]
+    if missing:
+        print(f"ci_durations: no junit XML at {', '.join(missing)} (did pytest run with "
+              f"--junitxml?)", file=sys.stderr)
         return 2
-    print(summary(read(args.xml), args.top, args.all))
+    print(summary([c for x in args.xml for c in read(x)], args.top, args.all))
     return 0
 
 

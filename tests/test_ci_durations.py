@@ -43,3 +43,16 @@ def test_per_file_per_tier_and_slowest(tmp_path: Path) -> None:
 def test_a_missing_report_says_what_to_do(tmp_path: Path, capsys) -> None:
     assert ci_durations.main([str(tmp_path / "none.xml")]) == 2
     assert "--junitxml" in capsys.readouterr().err
+
+
+def test_two_reports_are_summed_as_one_run(tmp_path: Path, capsys) -> None:
+    """`.ci/run` writes one report for the unit tier (two workers) and one for the rest."""
+    unit, rest = tmp_path / "unit.xml", tmp_path / "rest.xml"
+    unit.write_text(XML)
+    rest.write_text(XML.replace("test_run", "test_other"))
+    assert ci_durations.main([str(unit), str(rest)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "CI durations: 8 tests, 144 s of test time (2.4 min)"
+    assert "tests/test_train_e2e.py::test_other" in out and "tests/test_train_e2e.py::test_run" in out
+    assert ci_durations.main([str(unit), str(tmp_path / "none.xml")]) == 2
+    assert "none.xml" in capsys.readouterr().err
