@@ -53,6 +53,7 @@ def test_two_reports_are_summed_as_one_run(tmp_path: Path, capsys) -> None:
     assert ci_durations.main([str(unit), str(rest)]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == "CI durations: 8 tests, 144 s of test time (2.4 min)"
-    assert "tests/test_train_e2e.py::test_other" in out and "tests/test_train_e2e.py::test_run" in out
+    assert "tests/test_train_e2e.py::test_other" in out
+    assert "tests/test_train_e2e.py::test_run" in out
     assert ci_durations.main([str(unit), str(tmp_path / "none.xml")]) == 2
     assert "none.xml" in capsys.readouterr().err

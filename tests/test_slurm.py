@@ -33,8 +33,8 @@ GONE_S = (
     15.0  # the bound on "the allocation and its processes are gone" after the controller is killed
 )
 QUICK = ["eval.every_n_steps=0", "algorithm.prompts_per_step=8"]
-# Monarch's bounds for declaring a host that vanished dead (defaults 60 s and 30 s), shortened for the
-# one test that waits on them; above a loaded machine's worst pause between status polls.
+# Monarch's bounds for declaring a host that vanished dead (defaults 60 s and 30 s), shortened
+# for the one test that waits on them; above a loaded machine's worst pause between status polls.
 MONARCH_FAST_DEATH = {
     "HYPERACTOR_MESH_GET_PROC_STATE_MAX_IDLE": "15s",
     "HYPERACTOR_MESSAGE_DELIVERY_TIMEOUT": "15s",
@@ -202,7 +202,9 @@ def wait_queue_empty(timeout: float) -> tuple[list[str], float]:
     return queue(), time.time() - t0
 
 
-def start(run: Path, tag: str, *overrides: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start(
+    run: Path, tag: str, *overrides: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     return subprocess.Popen(
         [
             sys.executable,
