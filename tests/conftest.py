@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,35 @@ def tag() -> str:
     t = uuid.uuid4().hex
     yield t
     kill_tagged(t)
+
+
+# The default task for 6 steps, evaluated at 0, 3 and 6: the run `short_run` makes once per session.
+SHORT = ["steps=6", "eval.every_n_steps=3", "algorithm.prompts_per_step=16",
+         "algorithm.group_size=8"]
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    run: Path  # its hydra.run.dir: metrics.jsonl, manifest.json, checkpoints/final
+    shm: Path  # its cluster.shm_dir (empty once the run has ended)
+    stdout: str
+    tag: str  # every process it spawned carried this tag
+
+
+@pytest.fixture(scope="session")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
+    """One finished `rlexp train` of the default task (`SHORT`), for every test that only reads a
+    finished default run: each `rlexp train` costs ~10 s of start-up on two cores, so tests share
+    it. Read it, never write into it (a test that resumes or changes a run copies it first)."""
+    base = tmp_path_factory.mktemp("short_run")
+    tag = uuid.uuid4().hex
+    try:
+        p = rlexp("train", *SHORT, f"hydra.run.dir={base / 'run'}",
+                  f"cluster.shm_dir={base / 'shm'}", tag=tag)
+    except BaseException:
+        kill_tagged(tag)
+        raise
+    return FinishedRun(base / "run", base / "shm", p.stdout, tag)
 
 
 @pytest.fixture
@@ -165,7 +195,23 @@ SOAK = (
 )
 
 
+TIERS = ("soak", "slurm", "e2e", "unit")
+
+
+def tier(item: pytest.Item) -> str:
+    """The one tier a test belongs to, the first that applies: `soak`, `slurm` (a real local
+    Slurm), `e2e` (marked `slow`: spawns actors or runs `rlexp train`), else `unit`.
+    `pytest -m <tier>` selects it; CI runs all but soak."""
+    marks = {m.name for m in item.iter_markers()}
+    return next((t for t in TIERS[:2] if t in marks), "e2e" if "slow" in marks else "unit")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(SOAK):
             item.add_marker(pytest.mark.soak)
+        name = tier(item)
+        if name in ("e2e", "unit"):
+            item.add_marker(getattr(pytest.mark, name))
+        # In the junit XML, so that scripts/ci_durations.py sums the seconds per tier.
+        item.user_properties.append(("tier", name))

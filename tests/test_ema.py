@@ -38,6 +38,7 @@ def _evals(run: Path, key: str) -> dict[int, float]:
     return {m["step"]: m[key] for m in metrics(run) if key in m}
 
 
+@pytest.mark.slow  # four `rlexp train` runs (~80 s): the e2e tier, not unit
 def test_the_average_is_evaluated_exported_kept_in_fp32_and_training_is_untouched(tmp_path: Path, tag: str) -> None:
     plain, avg = tmp_path / "plain", tmp_path / "ema"
     rlexp(*RUN, "trainer.ema_decay=0", f"hydra.run.dir={plain}", tag=tag)

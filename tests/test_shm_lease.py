@@ -16,7 +16,7 @@ import torch
 
 from rlexp.transport import TransportError
 from rlexp.transport.shm import WEIGHTS, Lease, ShmReceiver, ShmTransport, default_root
-from tests.conftest import REPO
+from tests.conftest import REPO, FinishedRun
 
 
 @pytest.fixture
@@ -185,7 +185,7 @@ def _trainer_sd(cfg, model_dir: Path, seed: int) -> dict[str, torch.Tensor]:
 
 
 def _in_mapping(t: torch.Tensor, loc: str) -> bool:
-    from rlexp.transport import shm
+    from rlexp.transport import shm_read as shm
 
     st = os.stat(Path(loc) / WEIGHTS)
     whole = shm._READ_MAPS.maps[(st.st_dev, st.st_ino)][2]
@@ -277,19 +277,23 @@ def test_zero_copy_setting_is_checked() -> None:
 
 
 @pytest.mark.slow
-def test_train_serving_from_the_mapping_matches_the_copy_path(tmp_path: Path, tag: str) -> None:
-    """`rlexp train` with the default shm transport (generators serve from the mapped file) gives the same metrics,
-    timings aside, as with `zero_copy=false` (generators copy every version into their own weights)."""
+def test_train_serving_from_the_mapping_matches_the_copy_path(tmp_path: Path, tag: str,
+                                                               short_run: FinishedRun) -> None:
+    """`rlexp train` with the default shm transport (generators serve from the mapped file) gives
+    the same metrics, timings aside, as with `zero_copy=false` (generators copy every version into
+    their own weights). The served run is the session's shared default run (`short_run`: 6 steps,
+    enough publishes that the trainer recycles files generators had leased; evaluations at 0, 3
+    and 6 are compared too)."""
     from rlexp.tracking.reproduce import compare_metrics
-    from tests.conftest import metrics, rlexp
+    from tests.conftest import SHORT, metrics, rlexp
 
-    runs = {}
-    for name, extra in (("served", []), ("copied", ["+cluster.transport_options.shm.zero_copy=false"])):
-        runs[name] = tmp_path / name
-        p = rlexp("train", "steps=20", "cluster.transport=shm", f"hydra.run.dir={runs[name]}", *extra, tag=tag)
-        assert "trainer -> generators by shm" in p.stdout
-    assert len(metrics(runs["served"])) == len(metrics(runs["copied"])) >= 20
-    assert compare_metrics(runs["served"] / "metrics.jsonl", runs["copied"] / "metrics.jsonl") is None
+    assert "trainer -> generators by shm" in short_run.stdout
+    served, copied = short_run.run, tmp_path / "copied"
+    p = rlexp("train", *SHORT, "cluster.transport=shm", f"hydra.run.dir={copied}",
+              "+cluster.transport_options.shm.zero_copy=false", tag=tag)
+    assert "trainer -> generators by shm" in p.stdout
+    assert len(metrics(served)) == len(metrics(copied)) >= 7
+    assert compare_metrics(served / "metrics.jsonl", copied / "metrics.jsonl") is None
 
 
 def test_a_file_locked_for_writing_too_long_is_refused_not_waited_on_forever(shm_root: Path,
@@ -298,7 +302,7 @@ def test_a_file_locked_for_writing_too_long_is_refused_not_waited_on_forever(shm
     an error naming the file, instead of hanging `update_weights`."""
     import fcntl
 
-    import rlexp.transport.shm as shm
+    import rlexp.transport.shm_read as shm
 
     t = ShmTransport("lease_wait", root=shm_root, keep=2)
     v1 = t.publish(1, _sd(1))

@@ -16,16 +16,14 @@ from pathlib import Path
 import pytest
 
 from rlexp.tracking.reproduce import compare_metrics
-from tests.conftest import REPO, metrics, rlexp, tagged_env, wait_no_orphans
+from tests.conftest import REPO, SHORT, FinishedRun, metrics, rlexp, tagged_env, wait_no_orphans
 
 pytestmark = pytest.mark.slow  # every test runs `rlexp train` end to end (Monarch actors, vLLM)
 
-SHORT = ["steps=6", "eval.every_n_steps=3", "algorithm.prompts_per_step=16", "algorithm.group_size=8"]
 
-
-def test_train_titan_end_to_end_leaves_a_complete_run(tmp_path: Path, tag: str) -> None:
-    run, shm = tmp_path / "run", tmp_path / "shm"
-    p = rlexp("train", *SHORT, f"hydra.run.dir={run}", f"cluster.shm_dir={shm}", tag=tag)
+def test_train_titan_end_to_end_leaves_a_complete_run(short_run: FinishedRun) -> None:
+    """The session's shared default run (`short_run`, conftest.py: SHORT) read as a user would."""
+    run, shm, p, tag = short_run.run, short_run.shm, short_run, short_run.tag
     assert shm.is_dir() and not any(shm.iterdir())  # published weights (RAM) released at teardown
     assert "actor graph" in p.stdout and "generator0" in p.stdout and "trainer" in p.stdout
     assert "reward      this process: reward=rule, a pure function, scored by the controller" in p.stdout
