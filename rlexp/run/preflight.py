@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlexp.config.overrides import _SPECIAL_KEY, check_composed_keys, config_groups, refusals
 from rlexp.config.paths import CONF_DIR
@@ -27,6 +27,9 @@ from rlexp.config.suggest import (
 )
 from rlexp.config.trust import Trust
 from rlexp.config.validate import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 # Hydra's flags that take a value (`--cfg job`); `--info` takes one only from its choices.
 WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
@@ -210,7 +213,7 @@ def compose(flags: Sequence[str], overrides: Sequence[str], dirs: Sequence[Path]
         raise _translate(e, dirs) from None
 
 
-def check_composed(cfg: Any, dirs: Sequence[Path]) -> None:
+def check_composed(cfg: DictConfig, dirs: Sequence[Path]) -> None:
     """The checks of `rlexp.run.prepare.check_config` that need neither torch nor a process, on the config
     Hydra is about to run; `ConfigError` names the key, the file and the close matches."""
     from omegaconf import OmegaConf
@@ -284,7 +287,7 @@ def check_class_paths(node: dict[str, Any], paths: Sequence[str]) -> None:
                 raise ConfigError(why)
 
 
-def check_sweep_params(cfg: Any, dirs: Sequence[Path]) -> None:
+def check_sweep_params(cfg: DictConfig, dirs: Sequence[Path]) -> None:
     """The keys a sweep preset varies (`hydra.sweeper.params`, Optuna's included) are keys of the config."""
     params = cfg.get("hydra", {}).get("sweeper", {}).get("params") or {}
     groups = config_groups(dirs)

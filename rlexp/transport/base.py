@@ -14,12 +14,15 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from rlexp.core.weights import TransportError, WeightSpec, check_weights, spec_of
 from rlexp.registry import Registry
+
+if TYPE_CHECKING:
+    from rlexp.config.schema import TrainConfig
 
 __all__ = ["TRANSPORTS", "TransportError", "TransportSpec", "WeightReceiver", "WeightSink", "WeightSpec",
            "WeightTransport", "check_weights", "register_transport", "spec_of"]
@@ -83,7 +86,7 @@ class WeightTransport(ABC):
     leaves_files: ClassVar[bool] = False
 
     @classmethod
-    def settings(cls, cfg: Any) -> dict[str, Any]:
+    def settings(cls, cfg: TrainConfig) -> dict[str, Any]:
         """This transport's settings from the run's config (plain values: they travel to the actors as-is).
         The default is `cluster.transport_options.<name>`."""
         options = getattr(cfg.cluster, "transport_options", None) or {}

@@ -30,12 +30,15 @@ import threading
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from monarch.actor import Actor, endpoint
 
 from rlexp.transport.base import TransportError, WeightReceiver, WeightTransport, register_transport
+
+if TYPE_CHECKING:
+    from rlexp.config.schema import TrainConfig
 
 URI = "monarch://"
 DEFAULT_CHUNK_BYTES = 64 * 2**20
@@ -206,7 +209,7 @@ class MonarchTransport(WeightTransport):
     server_actor = "weights"  # the name its actor has always had (logs, placement.json)
 
     @classmethod
-    def settings(cls, cfg: Any) -> dict[str, Any]:
+    def settings(cls, cfg: TrainConfig) -> dict[str, Any]:
         return {"chunk_bytes": cfg.cluster.transport_chunk_mb * 2**20}
 
     def __init__(self, run_name: str, *, keep: int = 2, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:

@@ -38,7 +38,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,6 +65,10 @@ from rlexp.transport.shm_read import (  # the reader side, also importable from 
     fetch_into,
     read_mark as read_mark,
 )
+
+if TYPE_CHECKING:
+    from rlexp.config.schema import TrainConfig
+
 
 LATEST = "LATEST"
 _THREADS = max(1, min(4, os.cpu_count() or 1))  # parallel pwrite of a fresh file: one kernel copy per thread
@@ -278,7 +282,7 @@ class ShmTransport(WeightTransport):
         remove_owned(Path(settings["root"]) / run_name)
 
     @classmethod
-    def settings(cls, cfg: Any) -> dict[str, Any]:
+    def settings(cls, cfg: TrainConfig) -> dict[str, Any]:
         """`cluster.shm_dir`, plus `cluster.transport_options.shm` (e.g. `zero_copy: false`, checked by `check`)."""
         options = getattr(cfg.cluster, "transport_options", None) or {}
         return {"root": cfg.cluster.shm_dir, **dict(options.get("shm") or {})}
