@@ -113,14 +113,14 @@ def two_builds(tmp_path_factory) -> list[dict]:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.soak  # two fresh builds of the start and two verifiers, minutes: `pytest -m soak`
 def test_two_fresh_builds_are_bit_identical(two_builds):
     a, b = two_builds
     assert set(a["sha256"]) == set(NAMES)
     assert a["sha256"] == b["sha256"], f"same inputs, other bits: {a['sha256']} vs {b['sha256']}"
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_a_fresh_build_gives_the_committed_hashes_of_its_machine_kind(two_builds):
     table = json.loads(EXPECTED.read_text())
     kind = two_builds[0]["kind"]

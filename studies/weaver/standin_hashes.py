@@ -31,6 +31,7 @@ def build(names: list[str] | None) -> dict[str, str]:
     """{name: sha256 of its folder} for `names` (None: all), built under $RLEXP_CACHE."""
     from hydra import compose, initialize_config_dir
 
+    from rlexp.config.paths import CONF_DIR
     from rlexp.config.schema import register_configs
     from rlexp.envs.registry import build_env
     from rlexp.rewards.verifiers.tiny import ensure_tiny_verifier
@@ -48,7 +49,7 @@ def build(names: list[str] | None) -> dict[str, str]:
     for name in wanted:
         if name == "start":
             register_configs()
-            with initialize_config_dir(config_dir=str(REPO / "rlexp" / "conf"), version_base="1.3"):
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
                 cfg = compose("train", overrides=["experiment=weaver_cpu", "reward=annotated"])
             t = check_config(cfg)
             path, _ = ensure_warm_checkpoint(resolve_model(t.model), t, build_env(t.environment))
