@@ -217,9 +217,9 @@ def check_composed(cfg: DictConfig, dirs: Sequence[Path]) -> None:
     """The checks of `rlexp.run.prepare.check_config` that need neither torch nor a process, on the config
     Hydra is about to run; `ConfigError` names the key, the file and the close matches."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     from rlexp.cluster.host_plan import check_sizes
+    from rlexp.config.typed import typed_config
     from rlexp.config.validate import too_big_for_cpu, validate
     from rlexp.core.plugins import activate, search_paths
     from rlexp.envs.registry import build_env, check_env_options
@@ -229,10 +229,7 @@ def check_composed(cfg: DictConfig, dirs: Sequence[Path]) -> None:
         OmegaConf.set_struct(cfg, False)
         cfg.pop("hydra")
     check_composed_keys(cfg)
-    try:
-        t: Any = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"{getattr(e, 'full_key', None) or '?'}: {str(e).splitlines()[0]}") from None
+    t = typed_config(cfg)  # the one conversion `prepare` runs too, with its error naming the key
     paths = search_paths(t.config_path)
     check_class_paths(OmegaConf.to_container(cfg, resolve=True), paths)
     if t.trainer.micro_batch_size == 0:  # derived later from the memory plan (`check_config`)
