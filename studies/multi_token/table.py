@@ -1,7 +1,8 @@
 """The tables of docs/multi_token.md from the runs of `studies/multi_token/runs.sh OUT` (the
 statistics were fixed in that file before the runs): per task x arm, held-out exact match and
 partial credit at step 0 and at the last step, the change, 95% t-intervals over seeds, and the
-paired (by seed) difference multi_token - default.
+paired (by seed) differences between arms: multi_token - default (the recipe as a user names it),
+multi_token - warmup_only (its RL settings) and warmup_only - default (its warm-up).
 
     python studies/multi_token/table.py /tmp/mt/runs --out studies/multi_token/results/multi_token
 """
@@ -16,9 +17,15 @@ from typing import Any
 from rlexp.tracking.stats import Estimate, estimate
 
 TASKS = ("sort", "reverse")
-ARMS = ("default", "multi_token")
+ARMS = ("default", "warmup_only", "multi_token")
 SEEDS = (0, 1, 2)
 EVAL = ("eval/accuracy", "eval/partial_credit", "eval/live/accuracy", "eval/live/partial_credit")
+# (a, b): the paired difference a - b, and what it measures (docs/multi_token.md fixed these)
+CONTRASTS = (
+    ("multi_token", "default", "the recipe"),
+    ("multi_token", "warmup_only", "its RL settings"),
+    ("warmup_only", "default", "its warm-up"),
+)
 
 
 def read_run(folder: Path) -> dict[str, Any] | None:
@@ -29,7 +36,14 @@ def read_run(folder: Path) -> dict[str, Any] | None:
     rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
     evals = [r for r in rows if "eval/accuracy" in r]
     steps = [r for r in rows if "policy/entropy" in r]
-    out: dict[str, Any] = {"run": str(metrics.parent), "last_step": evals[-1]["step"]}
+    out: dict[str, Any] = {
+        "run": str(metrics.parent),
+        "last_step": evals[-1]["step"],
+        # a weight average: eval/accuracy is its, eval/live/... the live policy's
+        "has_live": "eval/live/accuracy" in evals[0],
+        "eval/ci_low@end": evals[-1].get("eval/ci_low"),
+        "eval/ci_high@end": evals[-1].get("eval/ci_high"),
+    }
     for k in EVAL:
         # without a weight average the live policy is the product: its value is eval/accuracy's
         key = k if k in evals[0] else k.replace("live/", "")
@@ -45,6 +59,18 @@ def cell(e: Estimate | None) -> str:
     return f"{e.mean:.3f}" if e.half is None else f"{e.mean:.3f} ± {e.half:.3f}"
 
 
+def contrast(
+    runs: dict[tuple[str, str, int], dict[str, Any]], task: str, a: str, b: str, key: str
+) -> tuple[list[int], Estimate | None]:
+    """The paired (by seed) difference a - b in `key` at the last step, over the seeds both arms
+    finished: the seeds, and their mean with its 95% t-interval."""
+    pairs = [s for s in SEEDS if (task, a, s) in runs and (task, b, s) in runs]
+    d = estimate(
+        [runs[(task, a, s)][f"{key}@end"] - runs[(task, b, s)][f"{key}@end"] for s in pairs]
+    )
+    return pairs, d
+
+
 def tables(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
     out = [
         "| task | arm | seeds done | metric | start | end | change (end - start) |",
@@ -53,8 +79,10 @@ def tables(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
     for task in TASKS:
         for arm in ARMS:
             got = [runs[(task, arm, s)] for s in SEEDS if (task, arm, s) in runs]
+            if not got:
+                continue
             for k in EVAL:
-                if arm == "default" and task == "reverse" and "live" in k:
+                if "live" in k and not any(r["has_live"] for r in got):
                     continue  # no weight average: live is the product
                 start = estimate([r[f"{k}@start"] for r in got])
                 end = estimate([r[f"{k}@end"] for r in got])
@@ -63,29 +91,20 @@ def tables(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
                 out.append("| " + " | ".join(cells) + " |")
     out += [
         "",
-        "| task | metric at the last step | paired seeds | multi_token - default |",
-        "|---|---|---|---|",
+        "| task | metric at the last step | contrast (what it measures) | paired seeds | a - b |",
+        "|---|---|---|---|---|",
     ]
     for task in TASKS:
-        for k in EVAL[:2]:
-            pairs = [
-                s
-                for s in SEEDS
-                if (task, "default", s) in runs and (task, "multi_token", s) in runs
-            ]
-            d = estimate(
-                [
-                    runs[(task, "multi_token", s)][f"{k}@end"]
-                    - runs[(task, "default", s)][f"{k}@end"]
-                    for s in pairs
-                ]
-            )
-            verdict = (
-                ""
-                if d is None or d.half is None
-                else (" (interval excludes 0)" if not d.covers_zero() else " (interval covers 0)")
-            )
-            out.append(f"| {task} | {k} | {', '.join(map(str, pairs))} | {cell(d)}{verdict} |")
+        for a, b, what in CONTRASTS:
+            for k in EVAL:
+                pairs, d = contrast(runs, task, a, b, k)
+                if d is None or ("live" in k and (a, b) != ("multi_token", "warmup_only")):
+                    continue  # live: reported for the RL settings only, beside the product
+                verdict = ""
+                if d.half is not None:
+                    verdict = " (interval covers 0)" if d.covers_zero() else " (interval excludes 0)"
+                seeds = ", ".join(map(str, pairs))
+                out.append(f"| {task} | {k} | {a} - {b} ({what}) | {seeds} | {cell(d)}{verdict} |")
     out += [
         "",
         "| task | arm | policy/entropy step 1 -> last | policy/kl_to_start last "
@@ -105,6 +124,17 @@ def tables(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
             ent = f"{cell(e['policy/entropy@first'])} -> {cell(e['policy/entropy@last'])}"
             rew = f"{cell(e['reward/mean@first'])} -> {cell(e['reward/mean@last'])}"
             out.append(f"| {task} | {arm} | {ent} | {cell(e['policy/kl_to_start@last'])} | {rew} |")
+    out += [
+        "",
+        "| run | last step "
+        "| eval/accuracy at the last step [95% Wilson interval over held-out problems] |",
+        "|---|---|---|",
+    ]
+    for (task, arm, seed), r in sorted(runs.items()):
+        lo, hi = r.get("eval/ci_low@end"), r.get("eval/ci_high@end")
+        ci = "" if lo is None else f" [{lo:.3f}, {hi:.3f}]"
+        acc = f"{r['eval/accuracy@end']:.3f}{ci}"
+        out.append(f"| {task}_{arm}_s{seed} | {r['last_step']} | {acc} |")
     return "\n".join(out)
 
 
