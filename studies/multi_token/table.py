@@ -104,7 +104,8 @@ def tables(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
                 if d.half is not None:
                     verdict = " (interval covers 0)" if d.covers_zero() else " (interval excludes 0)"
                 seeds = ", ".join(map(str, pairs))
-                out.append(f"| {task} | {k} | {a} - {b} ({what}) | {seeds} | {cell(d)}{verdict} |")
+                name = f"{a} - {b} ({what})"
+                out.append(f"| {task} | {k} | {name} | {seeds} | {cell(d)}{verdict} |")
     out += [
         "",
         "| task | arm | policy/entropy step 1 -> last | policy/kl_to_start last "
