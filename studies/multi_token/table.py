@@ -102,7 +102,7 @@ def tables(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
                     continue  # live: reported for the RL settings only, beside the product
                 verdict = ""
                 if d.half is not None:
-                    verdict = " (interval covers 0)" if d.covers_zero() else " (interval excludes 0)"
+                    verdict = f" (interval {'covers' if d.covers_zero() else 'excludes'} 0)"
                 seeds = ", ".join(map(str, pairs))
                 name = f"{a} - {b} ({what})"
                 out.append(f"| {task} | {k} | {name} | {seeds} | {cell(d)}{verdict} |")
