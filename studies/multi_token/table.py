@@ -43,6 +43,8 @@ def read_run(folder: Path) -> dict[str, Any] | None:
         "has_live": "eval/live/accuracy" in evals[0],
         "eval/ci_low@end": evals[-1].get("eval/ci_low"),
         "eval/ci_high@end": evals[-1].get("eval/ci_high"),
+        "eval/live/ci_low@end": evals[-1].get("eval/live/ci_low"),
+        "eval/live/ci_high@end": evals[-1].get("eval/live/ci_high"),
     }
     for k in EVAL:
         # without a weight average the live policy is the product: its value is eval/accuracy's
@@ -57,6 +59,13 @@ def cell(e: Estimate | None) -> str:
     if e is None:
         return "-"
     return f"{e.mean:.3f}" if e.half is None else f"{e.mean:.3f} ± {e.half:.3f}"
+
+
+def with_interval(r: dict[str, Any], prefix: str) -> str:
+    """A run's last exact match with its Wilson interval over the held-out problems."""
+    lo, hi = r.get(f"{prefix}/ci_low@end"), r.get(f"{prefix}/ci_high@end")
+    ci = "" if lo is None else f" [{lo:.3f}, {hi:.3f}]"
+    return f"{r[f'{prefix}/accuracy@end']:.3f}{ci}"
 
 
 def contrast(
@@ -127,15 +136,15 @@ def tables(runs: dict[tuple[str, str, int], dict[str, Any]]) -> str:
             out.append(f"| {task} | {arm} | {ent} | {cell(e['policy/kl_to_start@last'])} | {rew} |")
     out += [
         "",
-        "| run | last step "
-        "| eval/accuracy at the last step [95% Wilson interval over held-out problems] |",
-        "|---|---|---|",
+        "| run | last step | at the last step [95% Wilson interval over held-out problems]: "
+        "eval/accuracy | eval/live/accuracy |",
+        "|---|---|---|---|",
     ]
     for (task, arm, seed), r in sorted(runs.items()):
-        lo, hi = r.get("eval/ci_low@end"), r.get("eval/ci_high@end")
-        ci = "" if lo is None else f" [{lo:.3f}, {hi:.3f}]"
-        acc = f"{r['eval/accuracy@end']:.3f}{ci}"
-        out.append(f"| {task}_{arm}_s{seed} | {r['last_step']} | {acc} |")
+        acc = [with_interval(r, k) for k in ("eval", "eval/live")]
+        if not r["has_live"]:
+            acc[1] = "(the product)"
+        out.append(f"| {task}_{arm}_s{seed} | {r['last_step']} | {acc[0]} | {acc[1]} |")
     return "\n".join(out)
 
 

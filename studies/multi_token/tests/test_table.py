@@ -95,3 +95,6 @@ def test_tables_show_every_contrast_and_live_rows_only_for_a_weight_average(tmp_
             "| 0.000 ± 0.000 (interval covers 0) |") in rows
     assert [r for r in rows if "eval/live/accuracy | multi_token - warmup_only" in r]
     assert not [r for r in rows if "eval/live/accuracy | multi_token - default" in r]
+    # each run's own exact match with its Wilson interval; the live one only beside a weight average
+    assert "| reverse_warmup_only_s0 | 30 | 0.200 [0.100, 0.300] | (the product) |" in rows
+    assert "| reverse_multi_token_s1 | 30 | 0.210 [0.110, 0.310] | 0.300 |" in rows
