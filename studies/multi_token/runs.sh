@@ -2,8 +2,8 @@
 # The runs of docs/multi_token.md: two multi-token tasks (environment=sort, shipped;
 # examples/reverse, a user's task outside the package) x {defaults, experiment=multi_token} x
 # seeds 0 1 2, one lane per task, in the background at nice 10 (NICE). ARMS=warmup_only: the
-# defaults plus the preset's warm-up alone (docs/multi_token.md's addendum). Runs from a snapshot of the tree
-# (so later edits do not reach running processes); every run's folder is under
+# defaults plus the preset's warm-up alone (docs/multi_token.md's addendum). Runs from a snapshot
+# of the tree (so later edits do not reach running processes); every run's folder is under
 # $OUT/<task>_<arm>_s<seed>/.
 #   studies/multi_token/runs.sh /tmp/mt/runs
 set -u
@@ -12,7 +12,8 @@ STEPS=${STEPS:-30}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SNAP=$OUT/snapshot  # made once: lanes started later share it (and never change code under a run)
 # conf/: the one config home beside the package (rlexp.config.paths.config_root)
-[ -d "$SNAP/rlexp" ] || { mkdir -p "$SNAP" && cp -r "$ROOT/rlexp" "$ROOT/conf" "$ROOT/examples" "$SNAP/"; }
+[ -d "$SNAP/rlexp" ] ||
+  { mkdir -p "$SNAP" && cp -r "$ROOT/rlexp" "$ROOT/conf" "$ROOT/examples" "$SNAP/"; }
 PY=$ROOT/.venv/bin/python
 # Run size, the same for both arms (the 2-core machine is shared): 8 prompts x 8 samples per step.
 # EVERY: steps between evaluations (the statistics need only step 0 and the last step).
