@@ -52,7 +52,7 @@ def test_the_derived_thread_count_is_written_into_the_run_config_and_a_set_one_i
     typed = check_config(raw)
     assert typed.cluster.threads_per_proc == expected >= 1
     assert raw.cluster.threads_per_proc is None  # decided once, in the typed config
-    assert recorded(raw, typed).cluster.threads_per_proc == expected  # the manifest's config records what ran
+    assert recorded(raw, typed)["cluster"]["threads_per_proc"] == expected  # the manifest's config records what ran
     assert check_config(kept).cluster.threads_per_proc == 3
 
 

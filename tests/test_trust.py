@@ -182,8 +182,8 @@ def test_weights_cleanup_deletes_only_folders_rlexp_made(tmp_path: Path) -> None
     assert owned(t.dir) and not owned(root / "photos-3999999") and not owned(root / "link-3999998")
     c = TrainConfig()
     c.cluster.shm_dir = str(root)
-    release_stale_weights(c)
-    release_weights(c, "photos-3999999")
+    release_stale_weights(c.cluster)
+    release_weights(c.cluster, "photos-3999999")
     assert not t.dir.exists()
     assert (root / "photos-3999999" / "a.jpg").read_text() == "x" and (root / "link-3999998").is_symlink()
     (root / "theirs-5").mkdir()  # a folder of the name a run would take, not made by rlexp: refused, kept
