@@ -138,7 +138,8 @@ class WeightPairs:
 
     def transport_for(self, name: str) -> str:
         machine = self.g.where[name][0]["hostname"]
-        return pair_transports(self.cluster.transport, self.trainer_machine, [machine], self.cluster)[0]
+        cluster = self.cluster
+        return pair_transports(cluster.transport, self.trainer_machine, [machine], cluster)[0]
 
     def spec(self, transport: str) -> TransportSpec:
         return transport_spec(transport, self.run_name, self.cluster)
