@@ -28,7 +28,7 @@ from typing import Any
 
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import TrainConfig
-from rlexp.config.trust import TRUST, Trust, option_kind, passes
+from rlexp.config.trust import TRUST, Trust, option_kind, option_meta, passes
 from rlexp.config.validate import ConfigError
 
 if typing.TYPE_CHECKING:
@@ -148,7 +148,7 @@ def _option_refusals(key: str, name: str, value: Any) -> Iterable[tuple[str, Tru
             yield from _option_refusals(f"{key}.{i}", name, v)
     else:
         kind = option_kind(name, value)
-        if not passes(kind, value):
+        if not passes(kind, value, option_meta(name)):
             yield key, kind, value
 
 

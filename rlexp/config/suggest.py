@@ -75,11 +75,30 @@ def nearest_keys(key: str, extra: Iterable[str] = ()) -> list[str]:
     return (found or close(key, keys))[:3]
 
 
+# Sections that moved, old prefix -> new: the built-in backends' settings are their
+# `cluster.job_options`, as a user's backend's are (docs/plugins.md).
+MOVED = {"cluster.slurm.": "cluster.job_options.", "cluster.kubernetes.": "cluster.job_options."}
+
+
+def moved_key(key: str) -> str | None:
+    """The message for a key of a section that moved (`cluster.slurm.partition`), naming its new
+    spelling; None for any other key."""
+    for old, new in MOVED.items():
+        if f"{key}.".startswith(old):
+            rest = key[len(old):]
+            now = f"{new}{rest}" if rest else new.rstrip(".")
+            return (f"{key} moved: it is now {now} (the {old.split('.')[1]} backend's settings, "
+                    f"its `Settings` in rlexp/cluster/jobs/{old.split('.')[1]}.py)")
+    return None
+
+
 def unknown_key(key: str, extra: Iterable[str] = ()) -> str | None:
     """None when `key` is a key of the schema (or lies inside a free-form dict); else the message."""
     why = schema_path_error(key.split("."))
     if why is None:
         return None
+    if (moved := moved_key(key.lstrip("+~"))) is not None:
+        return moved
     return (f"unknown key {key}{did_you_mean(nearest_keys(key, extra))} ({why}; `rlexp train --cfg job` prints "
             f"every key)")
 

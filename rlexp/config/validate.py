@@ -6,7 +6,7 @@ import dataclasses
 import difflib
 import math
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -108,6 +108,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         tp = next(a for a in args if a is not type(None))
     if tp is Any:
         return value
+    if typing.get_origin(tp) is list:  # a list option (a backend's extra_args), never a bare string
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            raise ConfigError(f"{where}={value!r} must be a list, e.g. [{value!r}]")
+        return list(value)
     ok = {bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str),
           int: lambda v: isinstance(v, int) and not isinstance(v, bool),
           float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
