@@ -111,6 +111,10 @@ def test_the_built_in_backends_settings_are_their_job_options_as_a_users_are() -
     assert unknown_key("cluster.slurm.partition") == (
         "cluster.slurm.partition moved: it is now cluster.job_options.partition (the slurm backend's "
         "settings, its `Settings` in rlexp/cluster/jobs/slurm.py)")
+    from rlexp.config.overrides import OverrideError, check_overrides
+
+    with pytest.raises(OverrideError, match=r"moved: it is now cluster.job_options.image"):
+        check_overrides(["cluster.kubernetes.image=x"], "an old manifest's overrides")
 
 
 @pytest.mark.parametrize("overrides,message", [

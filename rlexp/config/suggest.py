@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlexp.config.overrides import _schema, _unwrap, schema_path_error
+from rlexp.config.overrides import _schema, _unwrap, moved_key, schema_path_error
 from rlexp.config.schema import TrainConfig
 
 # Overrides rlexp derives from what the user typed (`config_path=DIR` -> `hydra.searchpath=[file://DIR]`):
@@ -73,23 +73,6 @@ def nearest_keys(key: str, extra: Iterable[str] = ()) -> list[str]:
         same = [k for k in keys if k.rpartition(".")[2] == leaf and k != key]
         found = sorted(same, key=lambda k: -difflib.SequenceMatcher(None, key, k).ratio())
     return (found or close(key, keys))[:3]
-
-
-# Sections that moved, old prefix -> new: the built-in backends' settings are their
-# `cluster.job_options`, as a user's backend's are (docs/plugins.md).
-MOVED = {"cluster.slurm.": "cluster.job_options.", "cluster.kubernetes.": "cluster.job_options."}
-
-
-def moved_key(key: str) -> str | None:
-    """The message for a key of a section that moved (`cluster.slurm.partition`), naming its new
-    spelling; None for any other key."""
-    for old, new in MOVED.items():
-        if f"{key}.".startswith(old):
-            rest = key[len(old):]
-            now = f"{new}{rest}" if rest else new.rstrip(".")
-            return (f"{key} moved: it is now {now} (the {old.split('.')[1]} backend's settings, "
-                    f"its `Settings` in rlexp/cluster/jobs/{old.split('.')[1]}.py)")
-    return None
 
 
 def unknown_key(key: str, extra: Iterable[str] = ()) -> str | None:
