@@ -37,4 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(COMMANDS[cmd][0])
     with friendly_errors():
+        if cmd == "config-reference":  # the built-in backends' settings too (a layer below config)
+            from rlexp.cluster.registry import job_settings
+
+            return int(module.main(rest, job_settings()) or 0)
         return int(module.main(rest) or 0)

@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from rlexp.cluster.registry import job_settings  # noqa: E402
 from rlexp.config import reference  # noqa: E402
 from rlexp.models import tokenizer_doc  # noqa: E402
 
@@ -22,7 +23,7 @@ from rlexp.models import tokenizer_doc  # noqa: E402
 def pages() -> dict[Path, str]:
     """Each generated page and its text."""
     return {
-        ROOT / "docs" / "config.md": reference.render(),
+        ROOT / "docs" / "config.md": reference.render(job_settings()),
         ROOT / "docs" / "tokenizer.md": tokenizer_doc.render(),
     }
 
@@ -35,7 +36,7 @@ def main() -> int:
         "--check", action="store_true", help="fail instead of writing when a page is stale"
     )
     args = ap.parse_args()
-    missing = reference.undocumented()
+    missing = reference.undocumented(job_settings())
     if missing:
         print(
             "config fields without a comment where they are declared (write one directly above the "

@@ -52,7 +52,7 @@ def test_the_derived_thread_count_is_written_into_the_run_config_and_a_set_one_i
     typed = check_config(raw)
     assert typed.cluster.threads_per_proc == expected >= 1
     assert raw.cluster.threads_per_proc is None  # decided once, in the typed config
-    assert recorded(raw, typed).cluster.threads_per_proc == expected  # the manifest's config records what ran
+    assert recorded(raw, typed)["cluster"]["threads_per_proc"] == expected  # the manifest's config records what ran
     assert check_config(kept).cluster.threads_per_proc == 3
 
 
@@ -64,8 +64,9 @@ def test_process_job_gives_each_role_simulated_hosts() -> None:
 
 
 def test_slurm_job_takes_every_site_value_from_the_config() -> None:
-    c = cfg("cluster=slurm", "cluster.slurm.partition=gpu", "cluster.slurm.account=proj", "cluster.slurm.qos=high",
-            "cluster.slurm.time_limit=12:00:00", "cluster.slurm.extra_args=[--exclusive]")
+    c = cfg("cluster=slurm", "cluster.job_options.partition=gpu", "cluster.job_options.account=proj",
+            "cluster.job_options.qos=high", "cluster.job_options.time_limit=12:00:00",
+            "cluster.job_options.extra_args=[--exclusive]")
     kind, meshes, kw = job_spec(c.cluster)
     assert (kind, meshes) == ("SlurmJob", {"trainer": 1, "generator": 1})
     assert kw["partition"] == "gpu" and kw["account"] == "proj" and kw["qos"] == "high"
@@ -80,10 +81,40 @@ def test_slurm_job_takes_every_site_value_from_the_config() -> None:
 
 
 def test_kubernetes_job_spec_carries_image_and_gpus() -> None:
-    c = cfg("cluster=kubernetes", "cluster.kubernetes.image=repo/rlexp:1", "cluster.kubernetes.namespace=rl")
+    c = cfg("cluster=kubernetes", "cluster.job_options.image=repo/rlexp:1",
+            "cluster.job_options.namespace=rl")
     kind, meshes, kw = job_spec(c.cluster)
     assert (kind, meshes) == ("KubernetesJob", {"trainer": 1, "generator": 1})
     assert kw["image"] == "repo/rlexp:1" and kw["namespace"] == "rl" and kw["gpus_per_pod"] == 8
+
+
+def test_the_built_in_backends_settings_are_their_job_options_as_a_users_are() -> None:
+    """slurm and kubernetes declare a `Settings` dataclass filled from `cluster.job_options`, the
+    contract a user's backend follows (docs/plugins.md); their presets list every setting, so each
+    is set without `+`; a mistyped one is refused naming the close match; the old section's key
+    names its new spelling."""
+    import dataclasses
+
+    from rlexp.cluster.registry import job_backend
+    from rlexp.config.suggest import unknown_key
+
+    for preset, name in (("slurm", "slurm"), ("slurm_cpu", "slurm"), ("kubernetes", "kubernetes")):
+        settings = job_backend(name).Settings
+        given = cfg(f"cluster={preset}").cluster.job_options
+        assert sorted(given) == sorted(f.name for f in dataclasses.fields(settings)), preset
+    defaults = dataclasses.asdict(job_backend("slurm").Settings())
+    assert dict(cfg("cluster=slurm").cluster.job_options) == defaults  # the preset repeats them
+    with pytest.raises(ValueError, match=r"unknown option 'partiton'; did you mean partition"):
+        check_cluster(cfg("cluster=slurm", "+cluster.job_options.partiton=gpu").cluster)
+    with pytest.raises(ValueError, match=r"extra_args='--exclusive' must be a list"):
+        check_cluster(cfg("cluster=slurm", "cluster.job_options.extra_args=--exclusive").cluster)
+    assert unknown_key("cluster.slurm.partition") == (
+        "cluster.slurm.partition moved: it is now cluster.job_options.partition (the slurm backend's "
+        "settings, its `Settings` in rlexp/cluster/jobs/slurm.py)")
+    from rlexp.config.overrides import OverrideError, check_overrides
+
+    with pytest.raises(OverrideError, match=r"moved: it is now cluster.job_options.image"):
+        check_overrides(["cluster.kubernetes.image=x"], "an old manifest's overrides")
 
 
 @pytest.mark.parametrize("overrides,message", [

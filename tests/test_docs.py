@@ -150,7 +150,9 @@ def test_readme_is_short_and_keeps_the_two_commands():
 
 
 def test_every_config_field_is_documented():
-    missing = reference.undocumented()
+    from rlexp.cluster.registry import job_settings
+
+    missing = reference.undocumented(job_settings())
     assert not missing, (
         "config fields without a comment where they are declared (write one directly above "
         "the field or at the end of its line, then run python scripts/gen_docs.py):\n  "
@@ -160,13 +162,15 @@ def test_every_config_field_is_documented():
 
 def test_config_reference_is_up_to_date():
     page = REPO / "docs" / "config.md"
-    assert page.exists() and page.read_text() == reference.render(), (
+    from rlexp.cluster.registry import job_settings
+
+    assert page.exists() and page.read_text() == reference.render(job_settings()), (
         f"docs/config.md is stale: run {reference.REGENERATE}"
     )
-    keys = {d.key for d in reference.walk()}
+    keys = {d.key for d in reference.walk_all(job_settings())}
     assert {
         "trainer.lr",
-        "cluster.slurm.partition",
+        "cluster.job_options.partition",
         "model.unknown_chars",
         "reward.verifiers[].kind",
         "seed",
@@ -263,10 +267,14 @@ def test_gen_docs_check_passes(cmd):
 
 
 def test_config_reference_command_narrows_to_keys_and_groups(capsys):
-    assert reference.main(["trainer.lr", "cluster.slurm"]) == 0
+    from rlexp.cluster.registry import job_settings
+
+    assert reference.main(["trainer.lr", "cluster.job_options"], job_settings()) == 0
     out = capsys.readouterr().out
     assert out.startswith("trainer.lr (float) = 0.001\n    AdamW learning rate")
-    assert "cluster.slurm.partition (str | None) = null" in out and "cluster.shm_dir" not in out
+    assert "cluster.job_options.partition (str | None) = null" in out
+    assert "cluster.shm_dir" not in out
     assert reference.main(["trainer.l"]) == 2  # a prefix of a key is not a group
     assert "no key or group 'trainer.l'" in capsys.readouterr().err
-    assert reference.main(["--markdown"]) == 0 and capsys.readouterr().out == reference.render()
+    assert reference.main(["--markdown"], job_settings()) == 0
+    assert capsys.readouterr().out == reference.render(job_settings())

@@ -218,7 +218,7 @@ def fixed_cases(listener_port: int) -> list[Case]:
 _CODE_KEYS = ["environment.name", "reward.name", "algorithm.loss", "cluster.job", "cluster.transport",
               "environment.options.rule", "reward.options.rule", "environment.options.x"]
 _PLACE_KEYS = ["cluster.shm_dir", "model.path", "logger.runs_root", "resume", "environment.dataset",
-               "cluster.kubernetes.kubeconfig", "reward.options.cache_dir", "environment.options.out"]
+               "cluster.job_options.kubeconfig", "reward.options.cache_dir", "environment.options.out"]
 _URL_KEYS = ["logger.mlflow.tracking_uri", "logger.wandb.entity", "reward.options.base_url", "extra.url"]
 _QUOTES = ["{v}", "'{v}'", '"{v}"', "'{v} '", "{v}\\ "]
 

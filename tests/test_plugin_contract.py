@@ -315,8 +315,8 @@ def test_a_transport_from_outside_declares_its_set_up_and_clean_up(
         resolve(f"{mod}:Unregistered")  # the generators rebuild a transport by its registered name
     c = TrainConfig()
     c.cluster.transport = f"{mod}:Files"
-    release_stale_weights(c)
-    release_weights(c, "run-1")
+    release_stale_weights(c.cluster)
+    release_weights(c.cluster, "run-1")
     assert user.CALLS == [("stale", "/from-settings"), ("release", "/from-settings", "run-1")]
 
 

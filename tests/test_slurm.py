@@ -104,12 +104,12 @@ def test_slurm_defaults_run_this_interpreter_for_a_finite_time() -> None:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("cluster.slurm.start_timeout_s=0", "start_timeout_s=0: give seconds > 0, or null"),
+        ("cluster.job_options.start_timeout_s=0", "start_timeout_s=0: give seconds > 0, or null"),
         (
-            "cluster.slurm.heartbeat_timeout_s=5",
+            "cluster.job_options.heartbeat_timeout_s=5",
             "heartbeat_timeout_s=5: give 0 .no guard. or >= 15 s",
         ),
-        ("cluster.slurm.port=80", "cluster.slurm.port=80: give a port from 1024"),
+        ("cluster.job_options.port=80", "cluster.job_options.port=80: give a port from 1024"),
     ],
 )
 def test_slurm_values_that_cannot_work_are_refused_naming_the_key(
@@ -347,7 +347,7 @@ def test_a_job_that_cannot_start_times_out_saying_why_and_is_cancelled(
         "cluster.hosts=2",
         "cluster.hosts_per_role.trainer=1",
         "steps=2",
-        "cluster.slurm.start_timeout_s=10",
+        "cluster.job_options.start_timeout_s=10",
         *QUICK,
         f"hydra.run.dir={tmp_path / 'run'}",
         tag=tag,

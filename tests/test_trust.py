@@ -63,11 +63,11 @@ def test_every_schema_key_says_what_its_value_can_do() -> None:
             Trust(meta[TRUST])  # a known kind
     kinds = {k: Trust(meta[TRUST]) for k, _, meta in leaves if TRUST in meta}
     for key in ("environment.name", "reward.name", "algorithm.loss", "cluster.job", "cluster.transport", "plugins",
-                "config_path", "cluster.slurm.python_exe", "cluster.kubernetes.image"):
+                "config_path"):
         assert kinds[key] == Trust.CODE, key
     for key in ("cluster.shm_dir", "model.path", "logger.runs_root", "resume", "environment.dataset"):
         assert kinds[key] == Trust.LOCATION, key
-    for key in ("logger.mlflow.tracking_uri", "logger.wandb.entity", "cluster.kubernetes.kubeconfig"):
+    for key in ("logger.mlflow.tracking_uri", "logger.wandb.entity"):
         assert kinds[key] == Trust.ENDPOINT, key
     # By name: every key whose name says path/dir/root/url/uri is not data.
     for k, _, meta in leaves:
@@ -75,14 +75,34 @@ def test_every_schema_key_says_what_its_value_can_do() -> None:
             assert meta.get(TRUST) not in (None, Trust.DATA), k
 
 
+def test_a_backends_settings_keep_their_declared_trust_as_job_options() -> None:
+    """The built-in backends' `Settings` (their `cluster.job_options`) declare each field's trust as
+    the schema's fields do; in a manifest's overrides a free-form key is judged by its name
+    (`rlexp.config.trust.option_kind`), which must be as strict: every field declared code, a
+    location or an endpoint is refused when set, and one that runs (`RUNS`: an interpreter, an
+    image, scheduler arguments) whatever its value."""
+    from rlexp.cluster.registry import job_backend
+    from rlexp.config.trust import ALWAYS
+
+    for name in ("slurm", "kubernetes"):
+        for f in dataclasses.fields(job_backend(name).Settings):
+            kind = f.metadata.get(TRUST)
+            if kind in (None, Trust.DATA):
+                continue
+            for value in ("x", "/x", "http://h") if f.metadata.get(ALWAYS) else ("/x", "http://h"):
+                assert refusals(["cluster", "job_options", f.name], value), (name, f.name, value)
+
+
 @pytest.mark.parametrize("override", [
     "environment.name=evilmod:Env", "environment.name='evilmod2:Env'", 'environment.name="evilmod2:Env"',
     "environment.name='evilmod2 : Env'", "environment.name=${environment.split}", "reward.name=pkg.mod:R",
     "algorithm.loss=x.y:Loss", "environment.options={rule: 'm:Rule'}", "environment.options.rule=m:Rule",
     "cluster.job=m:Job", "cluster.transport='m:T'", "plugins=[evilmod]", "config_path=[/tmp]",
-    "cluster.slurm.python_exe=/tmp/evil/python", "cluster.slurm.extra_args=['--wrap=rm -rf ~']",
+    "cluster.job_options.python_exe=/tmp/evil/python", "cluster.job_options.python_exe=python3",
+    "cluster.job_options.extra_args=['--wrap=rm -rf ~']", "cluster.job_options.image=evil",
+    "cluster.job_options.log_dir=/home/u", "cluster.job_options.port=22",
     "logger.mlflow.tracking_uri=http://127.0.0.1:9", "logger.mlflow.tracking_uri='http://h:1/'",
-    "logger.wandb.entity=someone_else", "cluster.kubernetes.kubeconfig=/home/u/.kube/config",
+    "logger.wandb.entity=someone_else", "cluster.job_options.kubeconfig=/home/u/.kube/config",
     "cluster.shm_dir=/some/folder", "cluster.shm_dir='/some/folder'", "model.path=/data/m", "logger.runs_root=/x",
     "resume=/elsewhere/checkpoints/step_000010", "environment.dataset=/etc/secret.jsonl",
     "environment.dataset=data/x.jsonl", "reward.options.base_url=http://h", "reward.options.anything=http://h",
@@ -182,8 +202,8 @@ def test_weights_cleanup_deletes_only_folders_rlexp_made(tmp_path: Path) -> None
     assert owned(t.dir) and not owned(root / "photos-3999999") and not owned(root / "link-3999998")
     c = TrainConfig()
     c.cluster.shm_dir = str(root)
-    release_stale_weights(c)
-    release_weights(c, "photos-3999999")
+    release_stale_weights(c.cluster)
+    release_weights(c.cluster, "photos-3999999")
     assert not t.dir.exists()
     assert (root / "photos-3999999" / "a.jpg").read_text() == "x" and (root / "link-3999998").is_symlink()
     (root / "theirs-5").mkdir()  # a folder of the name a run would take, not made by rlexp: refused, kept

@@ -25,15 +25,14 @@ class JobBackend:
     local_devices: ClassVar[bool] = False  # the run's GPUs are this machine's: `rlexp plan` checks they exist here
     remote_rendezvous: ClassVar[bool] = False  # a trainer on hosts of its own finds its port on its rank-0 host
     # The backend's own settings: a dataclass filled from `cluster.job_options` (typed, unknown keys
-    # refused). None: it takes none (the built-in slurm and kubernetes read their schema sections,
-    # `cluster.slurm` ...).
+    # refused), the built-ins' (slurm's `SlurmSettings`) as a user's. None: it takes none.
     Settings: ClassVar[type | None] = None
 
     @classmethod
-    def settings(cls, c: ClusterConfig) -> Any:
+    def settings(cls, cluster: ClusterConfig) -> Any:
         """`cluster.job_options` as this backend's `Settings` (None when it declares none and none
         are given)."""
-        options = dict(getattr(c, "job_options", None) or {})
+        options = dict(getattr(cluster, "job_options", None) or {})
         if cls.Settings is None:
             if options:
                 raise ValueError(f"cluster.job_options={options}: cluster.job={cls.name} takes no "
@@ -43,12 +42,12 @@ class JobBackend:
         return check_options(cls.Settings, options, f"cluster.job_options (cluster.job={cls.name})")
 
     @classmethod
-    def kwargs(cls, c: ClusterConfig) -> dict[str, Any]:
+    def kwargs(cls, cluster: ClusterConfig) -> dict[str, Any]:
         """Keyword arguments for the Monarch job, every value from the config (pure: checked without the job)."""
         return {}
 
     @classmethod
-    def check(cls, c: ClusterConfig) -> None:
+    def check(cls, cluster: ClusterConfig) -> None:
         """Raise ValueError for what this kind cannot provide, naming the key and the fix."""
 
     @classmethod
@@ -62,7 +61,7 @@ class JobBackend:
         raise NotImplementedError(f"cluster.job={cls.name} gives no roles hosts of their own")
 
     @classmethod
-    def describe(cls, c: ClusterConfig) -> str:
+    def describe(cls, cluster: ClusterConfig) -> str:
         """How the placement printout names this job."""
         return f"{cls.name} job"
 
@@ -72,6 +71,13 @@ JOBS: Registry[type[JobBackend]] = Registry(
     "a JobBackend subclass registered with @rlexp.cluster.registry.register_job",
     registered_only=True)
 register_job = JOBS.register
+
+
+def job_settings() -> list[tuple[str, str, type]]:
+    """Each registered backend's `Settings`, for the config reference
+    (`rlexp.config.reference.Extra`): (group shown, key prefix, dataclass), by name."""
+    return [(f"cluster.job_options (cluster.job={name})", "cluster.job_options.", cls.Settings)
+            for name, cls in sorted(JOBS.items()) if cls.Settings is not None]
 
 
 def job_backend(name: str) -> type[JobBackend]:

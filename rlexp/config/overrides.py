@@ -28,7 +28,7 @@ from typing import Any
 
 from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import TrainConfig
-from rlexp.config.trust import TRUST, Trust, option_kind, passes
+from rlexp.config.trust import TRUST, Trust, option_kind, option_meta, passes
 from rlexp.config.validate import ConfigError
 
 if typing.TYPE_CHECKING:
@@ -58,6 +58,23 @@ def _unwrap(tp: Any) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return args[0] if len(args) == 1 else Any
     return tp
+
+
+# Sections that moved, old prefix -> new: the built-in backends' settings are their
+# `cluster.job_options`, as a user's backend's are (docs/plugins.md).
+MOVED = {"cluster.slurm.": "cluster.job_options.", "cluster.kubernetes.": "cluster.job_options."}
+
+
+def moved_key(key: str) -> str | None:
+    """The message for a key of a section that moved (`cluster.slurm.partition`), naming its new
+    spelling; None for any other key."""
+    for old, new in MOVED.items():
+        if f"{key}.".startswith(old):
+            rest = key[len(old):]
+            now = f"{new}{rest}" if rest else new.rstrip(".")
+            return (f"{key} moved: it is now {now} (the {old.split('.')[1]} backend's settings, "
+                    f"its `Settings` in rlexp/cluster/jobs/{old.split('.')[1]}.py)")
+    return None
 
 
 def schema_path_error(parts: Sequence[str], root: type = TrainConfig) -> str | None:
@@ -148,7 +165,7 @@ def _option_refusals(key: str, name: str, value: Any) -> Iterable[tuple[str, Tru
             yield from _option_refusals(f"{key}.{i}", name, v)
     else:
         kind = option_kind(name, value)
-        if not passes(kind, value):
+        if not passes(kind, value, option_meta(name)):
             yield key, kind, value
 
 
@@ -279,7 +296,9 @@ def check_overrides(overrides: Sequence[Any], source: str, conf_dirs: Sequence[P
         else:
             why = schema_path_error(parts)
             if why:
-                raise refuse(f"{key} is not a key of rlexp's config ({why})")
+                moved = moved_key(key)
+                raise refuse(f"{key} is not a key of rlexp's config ({why})"
+                             + (f"; {moved}" if moved else ""))
         why = _value_error(o.value())  # a delete's value too (`~k=v` deletes only when it matches)
         if why:
             raise refuse(why)

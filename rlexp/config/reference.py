@@ -18,7 +18,8 @@ import sys
 import textwrap
 import tokenize
 import typing
-from dataclasses import MISSING, dataclass
+from collections.abc import Sequence
+from dataclasses import MISSING, dataclass, replace
 from enum import Enum
 from functools import cache
 from pathlib import Path
@@ -140,6 +141,22 @@ def walk(cls: type | None = None, prefix: str = "") -> list[FieldDoc]:
     return out
 
 
+# Plug-in settings documented beside the schema: (group shown, key prefix, dataclass), e.g. the
+# built-in job backends' `Settings` under `cluster.job_options.`
+# (`rlexp.cluster.registry.job_settings`, passed in by the callers above this layer:
+# `rlexp config-reference`, scripts/gen_docs.py).
+Extra = Sequence[tuple[str, str, type]]
+
+
+def walk_all(extra: Extra = ()) -> list[FieldDoc]:
+    """The schema's fields (`walk`), then each plug-in settings dataclass of `extra` under its key
+    prefix, grouped by the plug-in it belongs to."""
+    out = walk()
+    for group, prefix, cls in extra:
+        out += [replace(d, group=group) for d in walk(cls, prefix)]
+    return out
+
+
 def _field_line(cls: type, name: str) -> int:
     lines, start = inspect.getsourcelines(cls)
     for i, text in enumerate(lines):
@@ -148,9 +165,9 @@ def _field_line(cls: type, name: str) -> int:
     return start
 
 
-def undocumented() -> list[str]:
+def undocumented(extra: Extra = ()) -> list[str]:
     """`key (file:line)` of every field without a comment."""
-    return [f"{d.key} ({d.source})" for d in walk() if not d.doc]
+    return [f"{d.key} ({d.source})" for d in walk_all(extra) if not d.doc]
 
 
 def _cell(text: str) -> str:
@@ -159,9 +176,9 @@ def _cell(text: str) -> str:
     return "`".join(p.replace("<", "&lt;") if i % 2 == 0 else p for i, p in enumerate(parts))
 
 
-def render() -> str:
-    """docs/config.md: one table per group, in the schema's order."""
-    fields = walk()
+def render(extra: Extra = ()) -> str:
+    """docs/config.md: one table per group, in the schema's order, then `extra`'s."""
+    fields = walk_all(extra)
     intro = (
         f"Generated from the typed schema (`rlexp/config/`) by `{REGENERATE}`; do not edit by "
         "hand. Each key's text is the comment where its field is declared; `rlexp config-reference "
@@ -190,7 +207,7 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], extra: Extra = ()) -> int:
     """`rlexp config-reference [KEY_OR_GROUP ...]`: the reference in the terminal, narrowed."""
     import argparse
 
@@ -203,23 +220,24 @@ def main(argv: list[str]) -> int:
         "keys",
         nargs="*",
         metavar="KEY_OR_GROUP",
-        help="show only these keys and groups (e.g. trainer, cluster.slurm, algorithm.kl_coef)",
+        help="show only these keys and groups (e.g. trainer, cluster.job_options, "
+        "algorithm.kl_coef)",
     )
     ap.add_argument(
         "--markdown", action="store_true", help="print docs/config.md's Markdown instead"
     )
     args = ap.parse_args(argv)
     if args.markdown:
-        print(render(), end="")
+        print(render(extra), end="")
         return 0
     wanted = [k.rstrip(".") for k in args.keys]
     shown = [
         d
-        for d in walk()
+        for d in walk_all(extra)
         if not wanted or any(d.key == k or d.key.startswith(f"{k}.") for k in wanted)
     ]
     if not shown:
-        groups = sorted({d.key.split(".")[0] for d in walk()})
+        groups = sorted({d.key.split(".")[0] for d in walk_all(extra)})
         print(
             f"rlexp config-reference: no key or group {' '.join(args.keys)!r}; groups and "
             "top-level keys: "

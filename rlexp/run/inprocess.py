@@ -48,7 +48,7 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
     w = wiring(p, spawned=False)
     events = asyncio.new_event_loop()  # one loop for every async endpoint, as an actor's process has one
     one_host = pair_transport(AUTO, "here", "here")  # what `auto` picks when both ends share a host
-    weights = transport_spec(one_host, run_name, p.cfg)
+    weights = transport_spec(one_host, run_name, p.cfg.cluster)
 
     def local(role: Role, **given: Any) -> Local:
         return Local(role.actor, role.settings, events=events, **given)

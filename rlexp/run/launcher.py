@@ -24,7 +24,7 @@ from rlexp.actors.buffer import ReplayBuffer
 from rlexp.actors.probe import Probe
 from rlexp.cluster.hosts import LOCAL, ROLES, Host, Hosts
 from rlexp.cluster.registry import job_backend
-from rlexp.config.schema import TrainConfig
+from rlexp.config.schema import ClusterConfig, TrainConfig
 from rlexp.core import gpu_mask
 from rlexp.core.services import Collective, Local, Service, ServiceDown, Services, is_process_failure
 from rlexp.errors import RunStopped
@@ -131,17 +131,18 @@ class WeightPairs:
     """Which weight transport each trainer->generator pair uses, decided by the machines the two processes turned
     out to run on (`pair_transports`: shm on one machine, tcp across), and the transports' server actors."""
 
-    def __init__(self, g: Graph, cfg: TrainConfig, run_name: str) -> None:
-        self.g, self.c, self.run_name = g, cfg, run_name
+    def __init__(self, graph: Graph, cluster: ClusterConfig, run_name: str) -> None:
+        self.g, self.cluster, self.run_name = graph, cluster, run_name
         self.trainer_machine = ""
         self.servers: dict[str, Any] = {}  # transport -> its server actor (monarch's), on the trainer's first process
 
     def transport_for(self, name: str) -> str:
         machine = self.g.where[name][0]["hostname"]
-        return pair_transports(self.c.cluster.transport, self.trainer_machine, [machine], self.c)[0]
+        cluster = self.cluster
+        return pair_transports(cluster.transport, self.trainer_machine, [machine], cluster)[0]
 
     def spec(self, transport: str) -> TransportSpec:
-        return transport_spec(transport, self.run_name, self.c)
+        return transport_spec(transport, self.run_name, self.cluster)
 
     def start_servers(self, trainer_mesh: Any) -> None:
         for t in dict.fromkeys(self.g.transports):
@@ -227,7 +228,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     g = g if g is not None else Graph(Hosts(cfg.cluster))
     w = wiring(p)
     g.gpus = w.gpus
-    pairs = WeightPairs(g, cfg, run_name)
+    pairs = WeightPairs(g, cfg.cluster, run_name)
     # The trainer's processes first: the machine they run on decides each generator's weight transport. The trainer
     # is one proc, or one per (FSDP x TP) rank (one GPU each on CUDA), `world / hosts` ranks on each host when it
     # spans hosts. See rlexp/actors/trainer.py.
@@ -417,7 +418,7 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     resumed = {"resumed_from": str(resume_from) if resume_from else None}
     manifest = write_start_manifest(run_dir, record, sys.argv, p.seeds, {**p.extra, **resumed})
     run_name = f"{run_dir.name}-{os.getpid()}"
-    release_stale_weights(p.cfg)
+    release_stale_weights(p.cfg.cluster)
     interrupts = Interrupts()
     previous = {sig: signal.signal(sig, interrupts.handler) for sig in Interrupts.SIGNALS}
     graph: Graph | None = None
@@ -463,21 +464,21 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
         interrupts.deferred = interrupts.recording = False  # tearing the graph down stays interruptible
         if graph is not None:
             graph.stop()
-        release_weights(p.cfg, run_name)
+        release_weights(p.cfg.cluster, run_name)
         monarch.actor.unhandled_fault_hook = previous_hook
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def release_stale_weights(c: TrainConfig) -> None:
+def release_stale_weights(cluster: ClusterConfig) -> None:
     """Set-up: what runs that died without tearing down (kill -9, OOM) left, freed by each transport
     that leaves files (`WeightTransport.release_stale`: only what that transport made is touched).
     """
-    transports.release_stale(c)
+    transports.release_stale(cluster)
 
 
-def release_weights(c: TrainConfig, run_name: str) -> None:
+def release_weights(cluster: ClusterConfig, run_name: str) -> None:
     """Clean-up: the run's published weights, freed by their transport, also when the trainer died
     first."""
-    transports.release(c, run_name)
+    transports.release(cluster, run_name)
 

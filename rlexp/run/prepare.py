@@ -21,7 +21,7 @@ from rlexp.algorithm.grpo import LOSSES
 from rlexp.cluster.cuda_env import check_driver
 from rlexp.cluster.host_plan import check_context, check_host, sizes_of
 from rlexp.cluster.hosts import check_cluster, weight_hosts
-from rlexp.cluster.layout import auto_threads, check_hosts_fit, controller_gpus
+from rlexp.cluster.layout import assign_gpus, auto_threads, check_hosts_fit, controller_gpus
 from rlexp.cluster.planner import PlanError, check_devices, plan_memory
 from rlexp.cluster.registry import job_backend
 from rlexp.config.model import ModelConfig
@@ -74,6 +74,9 @@ class Prepared:
     # The reward builds up state while it scores (Weaver's pool and fit): its service carries it to a respawn.
     reward_stateful: bool = False
     reward_pure: bool = False  # `rlexp.rewards.base.Reward.pure`
+    # mesh name -> each rank's GPUs (`rlexp.cluster.layout.assign_gpus`, empty on CPU): decided
+    # here once, from the verifiers the reward kept, for the wiring's masks and a respawn alike
+    gpus: dict[str, list[str]] = field(default_factory=dict)
 
 
 # Values `prepare` derives when the composed config leaves them unset
@@ -84,14 +87,18 @@ DERIVED_KEYS = ("trainer.micro_batch_size", "generator.gpu_memory_utilization",
                 "cluster.threads_per_proc")
 
 
-def recorded(composed: DictConfig, cfg: TrainConfig) -> DictConfig:
+def recorded(composed: DictConfig, cfg: TrainConfig) -> dict[str, Any]:
     """What the run records as its config (the manifest, the trackers): the composed config as
-    given, with the values `prepare` derived (`DERIVED_KEYS`) taken from the typed `cfg`. A copy:
-    `composed` itself stays as composed (the resume hash is taken of it)."""
+    given, with the values `prepare` derived (`DERIVED_KEYS`) taken from the typed `cfg`, resolved
+    once into plain data (no DictConfig below here). A copy: `composed` itself stays as composed
+    (the resume hash is taken of it)."""
     out = copy.deepcopy(composed)
     for key in DERIVED_KEYS:
         OmegaConf.update(out, key, attrgetter(key)(cfg), merge=False)
-    return out
+    # as the manifest resolves a config (`rlexp.tracking.runconfig.config_to_container`)
+    plain = OmegaConf.to_container(out, resolve=True, enum_to_str=True, throw_on_missing=False)
+    assert isinstance(plain, dict)
+    return plain  # type: ignore[return-value]
 
 
 def check_config(composed: DictConfig) -> TrainConfig:
@@ -111,6 +118,8 @@ def check_config(composed: DictConfig) -> TrainConfig:
         job_backend(cfg.cluster.job)
     except ValueError as e:
         raise ConfigError(f"cluster={cfg.cluster.name}: {e}") from None
+    # every value first: the planner and the layout below compute with them
+    validate(cfg, check_weights=check_model_files)
     real, cuda = cfg.model.flavor != "tiny", cfg.cluster.device == "cuda"
     trainer, generator = cfg.trainer, cfg.generator
     report = plan_memory(cfg) if real or cuda or trainer.micro_batch_size == 0 else None
@@ -124,7 +133,6 @@ def check_config(composed: DictConfig) -> TrainConfig:
         check_devices(report, cfg.cluster, needed=here)
         # this machine's driver runs torch's CUDA build (rlexp doctor prints the details)
         check_driver()
-    validate(cfg, check_weights=check_model_files)
     check_context(cfg)
     # RAM and processes, before any spawn
     check_host(sizes_of(cfg, job_backend(cfg.cluster.job).one_machine))
@@ -150,7 +158,7 @@ def prepare(composed: DictConfig, phase: Callable[[str], object] | None = None) 
         check_cluster(cfg.cluster)
     except ValueError as e:
         raise ConfigError(f"cluster={cfg.cluster.name}: {e}") from None
-    check_transport(cfg.cluster.transport, hosts=weight_hosts(cfg.cluster), cfg=cfg)
+    check_transport(cfg.cluster.transport, hosts=weight_hosts(cfg.cluster), cluster=cfg.cluster)
     processes = {"generator": cfg.generator.replicas, "trainer": cfg.model.parallelism.trainer_world,
                  "reward": cfg.reward.replicas}
     idle = {r: (n, processes[r]) for r, n in cfg.cluster.role_hosts.items() if r in processes and n > processes[r]}
@@ -178,6 +186,7 @@ def prepare(composed: DictConfig, phase: Callable[[str], object] | None = None) 
             raise CheckpointError("\n  - ".join(["missing verifier checkpoints:", *missing]))
     except (ValueError, FileNotFoundError) as e:  # bad environment/reward/benchmark input: one clear line
         raise ConfigError(f"environment={cfg.environment.name} reward={cfg.reward.name}: {e}") from e
+    gpus = assign_gpus(cfg)  # after the reward's verifiers are known: each served one gets GPUs
     check_multi_turn(cfg, env)
     model_dir = str(resolve_model(cfg.model))
     extra_limits = check_checkpoint_limits(cfg, model_dir)
@@ -210,7 +219,7 @@ def prepare(composed: DictConfig, phase: Callable[[str], object] | None = None) 
     stateful = type(reward).state_dict is not Reward.state_dict
     # A subclass of a pure reward that keeps state or scores with verifiers is not pure, whatever it inherits.
     pure = type(reward).pure and not stateful and not reward.verifiers
-    return Prepared(cfg, env, model_dir, seeds, extra, benchmarks, served, stateful, pure)
+    return Prepared(cfg, env, model_dir, seeds, extra, benchmarks, served, stateful, pure, gpus)
 
 
 def check_checkpoint_limits(cfg: TrainConfig, model_dir: str) -> list[str]:

@@ -21,7 +21,6 @@ from rlexp.actors.settings import (
 )
 from rlexp.actors.trainer import Reference, Trainer
 from rlexp.actors.verifier import VerifierService
-from rlexp.cluster.layout import assign_gpus
 from rlexp.models.parallel import PolicySettings, Ranks
 from rlexp.models.tokenizer import load_tokenizer
 from rlexp.run.prepare import Prepared
@@ -53,7 +52,7 @@ class Wiring:
     rewards_in_controller: bool
     buffer: BufferSettings
     generator_seeds: tuple[int, ...]  # one per shard of a generate call, fixed for the run
-    # mesh name -> each rank's GPUs (`rlexp.cluster.layout.assign_gpus`; none on CPU or in-process)
+    # mesh name -> each rank's GPUs (`Prepared.gpus`; none on CPU or in-process)
     gpus: dict[str, list[str]] = field(default_factory=dict)
 
     def roles(self) -> list[Role]:
@@ -90,7 +89,7 @@ def generator_role(p: Prepared, i: int, spawned: bool = True) -> Role:
     `wiring`)."""
     cfg = p.cfg
     seeds = generator_seeds(p)
-    gpus = assign_gpus(cfg).get(f"generator{i}", [None])[0] if spawned else None
+    gpus = p.gpus.get(f"generator{i}", [None])[0] if spawned else None
     return Role(f"generator{i}", Generator,
                 GeneratorSettings(cfg.model, p.model_dir, cfg.generator.backend, seeds[i % len(seeds)],
                                   cfg.cluster.threads_per_proc, generator_options(p), gpus),
@@ -120,7 +119,7 @@ def wiring(p: Prepared, spawned: bool = True) -> Wiring:
     own whose GPUs were masked at spawn (`rlexp.core.gpu_mask`), which the actors check; False
     (`rlexp.run.inprocess`): every role in this one process, on its device, no masks."""
     cfg = p.cfg
-    gpus = assign_gpus(cfg) if spawned else {}
+    gpus = p.gpus if spawned else {}
     par = cfg.model.parallelism
     ranks = Ranks(world=par.trainer_world, tp=par.trainer_tp, device=cfg.cluster.device, gpus=gpus.get("trainer"),
                   threads=cfg.cluster.threads_per_proc)

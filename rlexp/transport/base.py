@@ -22,7 +22,7 @@ from rlexp.core.weights import TransportError, WeightSpec, check_weights, spec_o
 from rlexp.registry import Registry
 
 if TYPE_CHECKING:
-    from rlexp.config.schema import TrainConfig
+    from rlexp.config.schema import ClusterConfig
 
 __all__ = ["TRANSPORTS", "TransportError", "TransportSpec", "WeightReceiver", "WeightSink", "WeightSpec",
            "WeightTransport", "check_weights", "register_transport", "spec_of"]
@@ -86,10 +86,11 @@ class WeightTransport(ABC):
     leaves_files: ClassVar[bool] = False
 
     @classmethod
-    def settings(cls, cfg: TrainConfig) -> dict[str, Any]:
-        """This transport's settings from the run's config (plain values: they travel to the actors as-is).
-        The default is `cluster.transport_options.<name>`."""
-        options = getattr(cfg.cluster, "transport_options", None) or {}
+    def settings(cls, cluster: ClusterConfig) -> dict[str, Any]:
+        """This transport's settings from the run's `cluster` section, the part of the config a
+        transport reads (plain values: they travel to the actors as-is). The default is
+        `cluster.transport_options.<name>`."""
+        options = getattr(cluster, "transport_options", None) or {}
         return dict(options.get(cls.name) or {})
 
     @classmethod  # noqa: B027 - optional: most transports leave nothing behind

@@ -38,7 +38,7 @@ from monarch.actor import Actor, endpoint
 from rlexp.transport.base import TransportError, WeightReceiver, WeightTransport, register_transport
 
 if TYPE_CHECKING:
-    from rlexp.config.schema import TrainConfig
+    from rlexp.config.schema import ClusterConfig
 
 URI = "monarch://"
 DEFAULT_CHUNK_BYTES = 64 * 2**20
@@ -209,8 +209,8 @@ class MonarchTransport(WeightTransport):
     server_actor = "weights"  # the name its actor has always had (logs, placement.json)
 
     @classmethod
-    def settings(cls, cfg: TrainConfig) -> dict[str, Any]:
-        return {"chunk_bytes": cfg.cluster.transport_chunk_mb * 2**20}
+    def settings(cls, cluster: ClusterConfig) -> dict[str, Any]:
+        return {"chunk_bytes": cluster.transport_chunk_mb * 2**20}
 
     def __init__(self, run_name: str, *, keep: int = 2, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
         if keep < 1:

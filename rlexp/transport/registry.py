@@ -11,7 +11,7 @@ import rlexp.transport.monarch
 import rlexp.transport.shm
 import rlexp.transport.tcp
 import rlexp.transport.torchstore  # noqa: F401 - the built-ins register themselves on import
-from rlexp.config.schema import TrainConfig
+from rlexp.config.schema import ClusterConfig
 from rlexp.registry import PluginError, import_module
 from rlexp.transport.base import TRANSPORTS, TransportError, TransportSpec, WeightReceiver, WeightTransport
 
@@ -42,20 +42,20 @@ def candidates(choice: str) -> list[type[WeightTransport]]:
     return [TRANSPORTS[n] for n in AUTO_PAIR] if choice == AUTO else [resolve(choice)]
 
 
-def release_stale(cfg: TrainConfig) -> None:
+def release_stale(cluster: ClusterConfig) -> None:
     """Set-up before a run: each transport the run may use removes what dead runs left
     (`release_stale`)."""
-    for cls in candidates(cfg.cluster.transport):
+    for cls in candidates(cluster.transport):
         if cls.leaves_files:
-            cls.release_stale(cls.settings(cfg))
+            cls.release_stale(cls.settings(cluster))
 
 
-def release(cfg: TrainConfig, run_name: str) -> None:
+def release(cluster: ClusterConfig, run_name: str) -> None:
     """Clean-up after a run, also when the trainer died first: each transport removes what the run
     published."""
-    for cls in candidates(cfg.cluster.transport):
+    for cls in candidates(cluster.transport):
         if cls.leaves_files:
-            cls.release(cls.settings(cfg), run_name)
+            cls.release(cls.settings(cluster), run_name)
 
 
 def server_actor(name: str) -> str:
@@ -82,29 +82,29 @@ def pair_transport(choice: str, trainer_host: str, generator_host: str) -> str:
 
 
 def pair_transports(choice: str, trainer_host: str, generator_hosts: Sequence[str],
-                    cfg: TrainConfig | None = None) -> list[str]:
+                    cluster: ClusterConfig | None = None) -> list[str]:
     """`pair_transport` for every generator replica, checked (each distinct transport once, with its settings
-    from `cfg` when given) before spawning."""
+    from `cluster` when given) before spawning."""
     out = [pair_transport(choice, trainer_host, h) for h in generator_hosts]
     for name in dict.fromkeys(out):
-        check_transport(name, cfg=cfg)
+        check_transport(name, cluster=cluster)
     return out
 
 
-def check_transport(name: str, *, hosts: int = 1, cfg: TrainConfig | None = None) -> None:
+def check_transport(name: str, *, hosts: int = 1, cluster: ClusterConfig | None = None) -> None:
     """Raise `TransportError` now if `name` cannot work here (an unknown name lists the known ones), with what to do
-    instead. `hosts` is the number of hosts the trainer and generators span; `cfg`, when given, supplies the
+    instead. `hosts` is the number of hosts the trainer and generators span; `cluster`, when given, supplies the
     transport's settings, which are checked too."""
     if name == AUTO:  # shm and tcp, each only where it works
         return
     cls = resolve(name)
-    cls.check(cls.settings(cfg) if cfg is not None else {}, hosts=hosts)
+    cls.check(cls.settings(cluster) if cluster is not None else {}, hosts=hosts)
 
 
-def transport_spec(name: str, run_name: str, cfg: TrainConfig) -> TransportSpec:
+def transport_spec(name: str, run_name: str, cluster: ClusterConfig) -> TransportSpec:
     """What the trainer and a generator get for transport `name` (a resolved pair's, not `auto`)."""
     cls = resolve(name)
-    return TransportSpec(cls.name, cls.__module__, run_name, cls.settings(cfg))
+    return TransportSpec(cls.name, cls.__module__, run_name, cls.settings(cluster))
 
 
 def _loaded(spec: TransportSpec) -> type[WeightTransport]:

@@ -67,7 +67,7 @@ from rlexp.transport.shm_read import (  # the reader side, also importable from 
 )
 
 if TYPE_CHECKING:
-    from rlexp.config.schema import TrainConfig
+    from rlexp.config.schema import ClusterConfig
 
 
 LATEST = "LATEST"
@@ -282,10 +282,10 @@ class ShmTransport(WeightTransport):
         remove_owned(Path(settings["root"]) / run_name)
 
     @classmethod
-    def settings(cls, cfg: TrainConfig) -> dict[str, Any]:
+    def settings(cls, cluster: ClusterConfig) -> dict[str, Any]:
         """`cluster.shm_dir`, plus `cluster.transport_options.shm` (e.g. `zero_copy: false`, checked by `check`)."""
-        options = getattr(cfg.cluster, "transport_options", None) or {}
-        return {"root": cfg.cluster.shm_dir, **dict(options.get("shm") or {})}
+        options = getattr(cluster, "transport_options", None) or {}
+        return {"root": cluster.shm_dir, **dict(options.get("shm") or {})}
 
     @classmethod
     def check(cls, settings: dict[str, Any], *, hosts: int = 1) -> None:

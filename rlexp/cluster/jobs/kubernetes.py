@@ -1,26 +1,49 @@
-"""`cluster.job=kubernetes`: Monarch's KubernetesJob; with `cluster.kubernetes.image` it provisions one
-MonarchMesh per role (needs the Monarch operator), without it attaches to pods already labelled per mesh."""
+"""`cluster.job=kubernetes`: Monarch's KubernetesJob; with `cluster.job_options.image` it provisions
+one MonarchMesh per role (needs the Monarch operator), without it attaches to pods already labelled
+per mesh."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlexp.cluster.registry import JobBackend, register_job
 from rlexp.config.schema import ClusterConfig
+from rlexp.config.trust import DATA, ENDPOINT, RUNS
+
+
+@dataclass
+class KubernetesSettings:
+    """`cluster.job_options` of `cluster.job=kubernetes`: Monarch's KubernetesJob; with `image` it
+    provisions one MonarchMesh per role (needs the Monarch operator), without it attaches to pods
+    already labelled per mesh."""
+
+    # The namespace the meshes' pods run in.
+    namespace: str = field(default="default", metadata=DATA)
+    # Container image to provision one MonarchMesh per role; null: attach to labelled pods.
+    image: str | None = field(default=None, metadata=RUNS)
+    gpus_per_pod: int = 0  # resources: nvidia.com/gpu per pod (one pod is one host)
+    # memory-backed /dev/shm per pod, e.g. "64Gi" (the shm transport)
+    shared_memory_size: str | None = field(default=None, metadata=DATA)
+    # out-of-cluster access; None: the in-cluster service account
+    kubeconfig: str | None = field(default=None, metadata=ENDPOINT)
+    timeout_s: int | None = None  # seconds to wait for each mesh's pods
 
 
 @register_job("kubernetes")
 class KubernetesJob(JobBackend):
     monarch_job = "KubernetesJob"
     remote_rendezvous = True
+    Settings = KubernetesSettings
 
     @classmethod
-    def kwargs(cls, c: ClusterConfig) -> dict[str, Any]:
-        k = c.kubernetes
-        return {"namespace": k.namespace, "timeout": k.timeout_s, "kubeconfig": k.kubeconfig, "image": k.image,
-                "gpus_per_pod": k.gpus_per_pod or c.gpus_per_host, "shared_memory_size": k.shared_memory_size}
+    def kwargs(cls, cluster: ClusterConfig) -> dict[str, Any]:
+        k = cls.settings(cluster)
+        return {"namespace": k.namespace, "timeout": k.timeout_s, "kubeconfig": k.kubeconfig,
+                "image": k.image, "gpus_per_pod": k.gpus_per_pod or cluster.gpus_per_host,
+                "shared_memory_size": k.shared_memory_size}
 
     @classmethod
-    def check(cls, c: ClusterConfig) -> None:
+    def check(cls, cluster: ClusterConfig) -> None:
         try:
             import kubernetes  # noqa: F401  (the package, not this module: imports are absolute)
         except ImportError:

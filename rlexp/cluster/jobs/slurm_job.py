@@ -148,7 +148,7 @@ class RlexpSlurmJob(SlurmJob):
         if res.returncode != 0:
             raise RunStopped(
                 f"sbatch refused the job: {res.stderr.strip()} (the script: "
-                f"{Path(self._log_dir) / 'batch.sh'}; site values are cluster.slurm.*)"
+                f"{Path(self._log_dir) / 'batch.sh'}; site values are cluster.job_options.*)"
             )
         job_id = res.stdout.strip().split(";")[0]
         print(
@@ -193,8 +193,9 @@ class RlexpSlurmJob(SlurmJob):
                     raise RunStopped(
                         f"Slurm job {job_id} did not start within {timeout} s: "
                         f"{q.describe_pending(job)}. It is cancelled. Ask for fewer nodes "
-                        f"(cluster.hosts_per_role) or another partition (cluster.slurm.partition), "
-                        f"or wait longer (cluster.slurm.start_timeout_s)"
+                        f"(cluster.hosts_per_role) or another partition "
+                        f"(cluster.job_options.partition), or wait longer "
+                        f"(cluster.job_options.start_timeout_s)"
                     )
                 now = q.describe_pending(job) if "PENDING" in st else "/".join(st)
                 if waited >= 3 and (
