@@ -32,7 +32,8 @@ def train(cfg: DictConfig) -> float:
         from rlexp.cluster.host_plan import check_sizes
 
         check_sizes(cfg)  # sizes this machine cannot hold: refused before torch loads
-        if HydraConfig.get().mode == RunMode.MULTIRUN:  # preflight saw each swept key's first value only
+        # a sweep's job: preflight saw each swept key's first value only
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
             from rlexp.run.preflight import check_job
 
             check_job(cfg)
@@ -129,7 +130,8 @@ def main(argv: list[str]) -> int:
     except SystemExit as e:  # Hydra's --help ends with exit 0; its group list misses the user's folders
         if e.code in (0, None) and (mine := user_options_help(sys.argv[1:])) is not None:
             print(mine)
-        if e.code == 2 and (gone := refused.remove_refused()) is not None:  # a refusal inside the run
+        # a refusal inside the run (or a sweep's job)
+        if e.code == 2 and (gone := refused.remove_refused()) is not None:
             print(f"rlexp: {refused.removed_line(gone)}", file=sys.stderr)
         raise
     return 0

@@ -209,25 +209,27 @@ INPUT_MISTAKES: list[tuple[list[str], list[str]]] = [
     (["config_path=conf", "environment=count_a", "environment.name=mytask.arrow:Arrow"],
      ["'\u2192' (U+2192) in the prompt of problem", "model.unknown_chars=map"]),  # vocabulary
     (["environment=gsm8k"], ["ships only GSM8K's test split, not 'train'"]),  # data
-    (["environment=gpqa"], ["do not fit the policy's context, model.arch.max_seq_len=1024"]),  # prompts
-    (["config_path=conf", "environment=count_a", "reward=single_rm"],  # reward against the verifier set
+    (["environment=gpqa"],  # prompts' lengths
+     ["do not fit the policy's context, model.arch.max_seq_len=1024"]),
+    (["config_path=conf", "environment=count_a", "reward=single_rm"],  # reward and verifier set
      ["reward=single_rm: verifier_set=count_a: verifier 'at_most_length' (kind rule) cannot score "
       "environment=mytask.tasks:CountA"]),
     (["cluster=gpu_node"], ["model=tiny needs 2 GPUs", "this machine has no GPU visible to torch",
-                            "nearest command that runs here: rlexp train"]),  # GPUs, from nvidia-smi
-    # a sweep's job past preflight's first values (a sweeper's parameters): refused in its own checks
+                            "nearest command that runs here: rlexp train"]),  # GPUs: nvidia-smi
+    # a sweep's job past preflight's first values (a sweeper's parameters): its own checks
     (["-m", "config_path=conf", "environment=count_a", "+sweeps=turns"],
      ["environment.max_turns=3 cannot apply", "the sweep stopped at this job, which did not run",
       "so is the sweep folder"]),
 ]
 
 
-def test_inputs_gpus_and_sweep_jobs_are_refused_before_torch_loads(project: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """The data, the reward, the vocabulary, the prompts' lengths and the GPUs are checked before torch
-    loads (`rlexp.run.inputs`, `rlexp.run.preflight.check_gpus`), and a sweep's job on values preflight did
-    not see is refused by the same checks in `rlexp.train.train`, its folder (and the sweep's, created
-    by the same command) removed. `CUDA_VISIBLE_DEVICES=""`: no GPU, on a GPU machine too."""
+def test_inputs_gpus_and_sweep_jobs_are_refused_before_torch_loads(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data, the reward, the vocabulary, the prompts' lengths and the GPUs are checked before
+    torch loads (`rlexp.run.inputs`, `rlexp.run.preflight.check_gpus`), and a sweep's job on values
+    preflight did not see is refused by the same checks in `rlexp.train.train`, its folder (and the
+    sweep's, created by the same command) removed. `CUDA_VISIBLE_DEVICES=""`: no GPU, on a GPU
+    machine too."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     (project / "mytask" / "arrow.py").write_text(ARROW)
     (project / "conf" / "sweeps" / "turns.yaml").write_text(
@@ -244,12 +246,14 @@ def test_inputs_gpus_and_sweep_jobs_are_refused_before_torch_loads(project: Path
         assert not _imported(p.stderr, "torch"), f"{args}: torch was imported before the refusal"
         assert not (project / "runs").exists() and not (project / "outputs").exists(), args
         assert plain < _limit() and cpu < LIMIT_S, (args, plain, cpu)
-    print(f"\ninputs' error path (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores), wall / CPU s: "
+    print(f"\ninputs' error path (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores), "
+          f"wall / CPU s: "
           + "; ".join(f"{a}: {t:.2f} / {c:.2f}" for a, t, c in took))
     # A sweep folder and a job folder that existed before: left as they were.
     mine = project / "mine"
     (mine / "0").mkdir(parents=True)
     (mine / "0" / "notes.txt").write_text("mine")
     p, _ = _train(project, *INPUT_MISTAKES[-1][0], f"hydra.sweep.dir={mine}", importtime=False)
-    assert p.returncode == 2 and "cannot apply" in p.stderr and "is removed" not in p.stderr, p.stderr
+    assert p.returncode == 2 and "cannot apply" in p.stderr, p.stderr
+    assert "is removed" not in p.stderr, p.stderr
     assert (mine / "0" / "notes.txt").read_text() == "mine" and (mine / "multirun.yaml").is_file()

@@ -32,12 +32,14 @@ from rlexp.types import Sample
 
 @dataclass
 class Inputs:
-    """What a run reads before it starts: its environment with its data, the benchmarks, the reward."""
+    """What a run reads before it starts: its environment with its data, the benchmarks, the
+    reward."""
 
     env: Environment
     train: list[Sample]
     held: list[Sample]
-    benchmarks: dict[str, tuple[Environment, int]]  # eval.benchmarks: name -> (environment, max_tokens)
+    # eval.benchmarks: name -> (environment, max_tokens)
+    benchmarks: dict[str, tuple[Environment, int]]
     reward: Reward
 
 
@@ -67,12 +69,14 @@ def load_inputs(cfg: TrainConfig, keep: bool = False) -> Inputs:
         train, held = env.train_samples(), env.eval_samples()
         benchmarks = load_benchmarks(list(cfg.eval.benchmarks))
         cfg.reward.verifiers = list(cfg.reward.verifiers) or list(cfg.verifier_set.members)
-        reward = build_reward(cfg.reward, env)  # unknown verifiers, bad options: fail now, not in an actor
+        # unknown verifiers, bad options: fail now, not in an actor
+        reward = build_reward(cfg.reward, env)
         used = {v.name for v in reward.verifiers}
         cfg.reward.verifiers = [v for v in cfg.reward.verifiers if v.name in used]
         check_verifier_kinds(cfg, env)
-    except (ValueError, FileNotFoundError) as e:  # bad environment/reward/benchmark input: one clear line
-        raise ConfigError(f"environment={cfg.environment.name} reward={cfg.reward.name}: {e}") from e
+    except (ValueError, FileNotFoundError) as e:  # a bad environment/reward/benchmark: one line
+        raise ConfigError(f"environment={cfg.environment.name} reward={cfg.reward.name}: {e}"
+                          ) from e
     inputs = Inputs(env, train, held, benchmarks, reward)
     if keep:
         _KEPT.clear()
@@ -86,7 +90,8 @@ def check_verifier_kinds(cfg: TrainConfig, env: Environment) -> None:
     for v in cfg.reward.verifiers:
         if not supports(env, v):
             raise ConfigError(
-                f"verifier_set={cfg.verifier_set.name or '?'}: verifier {v.name!r} (kind {v.kind}) cannot score "
+                f"verifier_set={cfg.verifier_set.name or '?'}: verifier {v.name!r} "
+                f"(kind {v.kind}) cannot score "
                 f"environment={env.name}, which supports the kinds {sorted(kinds)}. Use the set "
                 f"made for it (verifier_set={env.name}, the default when the file "
                 f"conf/verifier_set/{env.name}.yaml "
@@ -143,7 +148,8 @@ def check_vocabulary(cfg: TrainConfig, train: list[Any], held: list[Any], model_
     env = f"environment={cfg.environment.name}"
     if cfg.model.unknown_chars == "map":
         if warn:
-            print(f"[rlexp] warning: {env}: {where}; each is encoded as '?' (model.unknown_chars=map)",
+            print(f"[rlexp] warning: {env}: {where}; each is encoded as '?' "
+                  f"(model.unknown_chars=map)",
                   file=sys.stderr, flush=True)
         return summary
     raise ConfigError(f"{env}: {where}. Write it in ASCII in the environment's prompts and answers "
@@ -153,10 +159,11 @@ def check_vocabulary(cfg: TrainConfig, train: list[Any], held: list[Any], model_
 
 def check_prompt_lengths(cfg: TrainConfig, env_name: str, splits: dict[str, list[Any]],
                          model_dir: str | Path) -> None:
-    """Every prompt must leave the policy room for a token: a longer one is past the end of the model's RoPE
-    table, which the trainer's forward meets only when that prompt is first drawn (GPQA's 1,669-token prompts
-    against the tiny model's 1,024, minutes into a run). Only prompts whose UTF-8 length could reach the
-    limit are tokenized (no tokenizer here makes more tokens than bytes, plus a few special ones)."""
+    """Every prompt must leave the policy room for a token: a longer one is past the end of the
+    model's RoPE table, which the trainer's forward meets only when that prompt is first drawn
+    (GPQA's 1,669-token prompts against the tiny model's 1,024, minutes into a run). Only prompts
+    whose UTF-8 length could reach the limit are tokenized (no tokenizer here makes more tokens
+    than bytes, plus a few special ones)."""
     limit = int(cfg.model.arch.max_seq_len)
     tok = None
     over: dict[str, tuple[int, int, int]] = {}
@@ -177,11 +184,14 @@ def check_prompt_lengths(cfg: TrainConfig, env_name: str, splits: dict[str, list
             over[split] = (len(lengths), len(samples), max(lengths))
     if over:
         worst = max(n for _, _, n in over.values())
-        what = "; ".join(f"{k} of {n} {split} prompts (longest {m} tokens)" for split, (k, n, m) in over.items())
-        raise ConfigError(f"environment={env_name}: {what} do not fit the policy's context, model.arch.max_seq_len="
-                          f"{limit} tokens, with room for a response. Use a model with a longer context, or raise "
-                          f"model.arch.max_seq_len to at least {worst + cfg.algorithm.max_tokens} (the tiny "
-                          f"model builds its RoPE table from it), or point environment.dataset at shorter "
+        what = "; ".join(f"{k} of {n} {split} prompts (longest {m} tokens)"
+                         for split, (k, n, m) in over.items())
+        raise ConfigError(f"environment={env_name}: {what} do not fit the policy's context, "
+                          f"model.arch.max_seq_len={limit} tokens, with room for a response. "
+                          f"Use a model with a longer context, or raise "
+                          f"model.arch.max_seq_len to at least "
+                          f"{worst + cfg.algorithm.max_tokens} (the tiny model builds its "
+                          f"RoPE table from it), or point environment.dataset at shorter "
                           f"problems")
 
 
@@ -192,5 +202,6 @@ def check_inputs(cfg: TrainConfig) -> None:
     inputs = load_inputs(cfg, keep=True)
     if (tok_dir := char_tokenizer_dir(cfg.model)) is None:
         return
-    check_prompt_lengths(cfg, inputs.env.name, {"train": inputs.train, "eval": inputs.held}, tok_dir)
+    splits = {"train": inputs.train, "eval": inputs.held}
+    check_prompt_lengths(cfg, inputs.env.name, splits, tok_dir)
     check_vocabulary(cfg, inputs.train, inputs.held, tok_dir, warn=False)

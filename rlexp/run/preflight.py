@@ -5,10 +5,11 @@ leaves no run folder behind.
 judges each override as typed (a key of the schema, a group option that exists, with the close matches), and
 `check_composed` composes the config with Hydra's compose API, as `@hydra.main` is about to, and runs the
 checks that need no torch: YAML keys of the user's presets, the sweep's parameters, class paths (found on disk,
-not imported), `rlexp.config.validate.validate`, the environment's options, this machine's sizes and GPUs
-(`check_gpus`: `nvidia-smi`, not torch), and the inputs (`rlexp.run.inputs.check_inputs`: the data, the
-benchmarks, the reward, the vocabulary). `rlexp.run.prepare.prepare` runs the same checks again after torch
-loads (for callers other than the CLI, and a sweep's jobs past the first values).
+not imported), `rlexp.config.validate.validate`, the environment's options, this machine's sizes
+and GPUs (`check_gpus`: `nvidia-smi`, not torch), and the inputs
+(`rlexp.run.inputs.check_inputs`: the data, the benchmarks, the reward, the vocabulary).
+`rlexp.train.train` runs them on each sweep job's own values (`check_job`); `rlexp.run.prepare`
+runs them again after torch loads (for callers other than the CLI).
 """
 from __future__ import annotations
 
@@ -216,8 +217,8 @@ def compose(flags: Sequence[str], overrides: Sequence[str], dirs: Sequence[Path]
 
 
 def check_composed(cfg: DictConfig, dirs: Sequence[Path], argv: Sequence[str] = ()) -> None:
-    """The checks of `rlexp.run.prepare.prepare` that need neither torch nor a process, on the config
-    Hydra is about to run; `ConfigError` names the key, the file and the close matches. `argv`: the
+    """The checks of `rlexp.run.prepare.prepare` that need neither torch nor a process, on the
+    config Hydra is about to run; `ConfigError` names the key, the file and the close matches. `argv`: the
     overrides, for the nearest command a GPU refusal suggests."""
     from omegaconf import OmegaConf
 
