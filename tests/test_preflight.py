@@ -216,6 +216,8 @@ INPUT_MISTAKES: list[tuple[list[str], list[str]]] = [
       "environment=mytask.tasks:CountA"]),
     (["cluster=gpu_node"], ["model=tiny needs 2 GPUs", "this machine has no GPU visible to torch",
                             "nearest command that runs here: rlexp train"]),  # GPUs: nvidia-smi
+    (["model=qwen3_32b", "cluster=slurm", "trainer=large"],  # the layout, whatever the machine
+     ["the configured layout does not fit", "memory plan for model=qwen3_32b"]),
     # a sweep's job past preflight's first values (a sweeper's parameters): its own checks
     (["-m", "config_path=conf", "environment=count_a", "+sweeps=turns"],
      ["environment.max_turns=3 cannot apply", "the sweep stopped at this job, which did not run",
@@ -257,3 +259,14 @@ def test_inputs_gpus_and_sweep_jobs_are_refused_before_torch_loads(
     assert p.returncode == 2 and "cannot apply" in p.stderr, p.stderr
     assert "is removed" not in p.stderr, p.stderr
     assert (mine / "0" / "notes.txt").read_text() == "mine" and (mine / "multirun.yaml").is_file()
+
+
+def test_machine_checks_wait_for_the_job_when_a_launcher_sends_it_elsewhere() -> None:
+    """A Slurm launcher runs a sweep's jobs on other machines: their GPUs and files are checked in
+    each job (`rlexp.run.preflight.check_job`), not on the machine that submits the sweep."""
+    from rlexp.config.paths import CONF_DIR
+    from rlexp.run.preflight import compose, runs_here
+
+    for launcher, here in (([], True), (["+launchers=local"], True), (["+launchers=slurm"], False)):
+        cfg = compose(["-m"], ["seed=0,1", *launcher], [CONF_DIR], with_hydra=True)
+        assert runs_here(cfg) is here, launcher

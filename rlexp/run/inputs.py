@@ -57,9 +57,10 @@ def load_inputs(cfg: TrainConfig, keep: bool = False) -> Inputs:
     """The environment built and its samples read, the benchmarks loaded, the reward built (unknown
     verifiers, bad options) and each verifier's kind checked against the environment; a bad input
     is one `ConfigError` naming the environment and the reward. Sets `cfg.reward.verifiers` to the
-    verifiers the reward uses. `keep`: keep them for the next call with this config."""
+    verifiers the reward uses. `keep`: keep them for the next call with this config (a sweep's
+    first job is checked by preflight and again in its own process: loaded once)."""
     key = _key(cfg)
-    if not keep and (kept := _KEPT.pop(key, None)) is not None:
+    if (kept := _KEPT.get(key) if keep else _KEPT.pop(key, None)) is not None:
         cfg.reward.verifiers = list(cfg.reward.verifiers) or list(cfg.verifier_set.members)
         used = {v.name for v in kept.reward.verifiers}
         cfg.reward.verifiers = [v for v in cfg.reward.verifiers if v.name in used]

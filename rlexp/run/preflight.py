@@ -229,8 +229,10 @@ def check_composed(cfg: DictConfig, dirs: Sequence[Path], argv: Sequence[str] = 
     from rlexp.envs.registry import build_env, check_env_options
     from rlexp.run.inputs import check_inputs
 
+    here = True  # the run runs on this machine (a sweep's jobs may not: `runs_here`)
     if "hydra" in cfg:
         check_sweep_params(cfg, dirs)
+        here = runs_here(cfg)
         OmegaConf.set_struct(cfg, False)
         cfg.pop("hydra")
     check_composed_keys(cfg)
@@ -248,19 +250,31 @@ def check_composed(cfg: DictConfig, dirs: Sequence[Path], argv: Sequence[str] = 
         if (why := unknown_option("benchmark", str(name), dirs)) is not None:
             raise ConfigError(f"eval.benchmarks: {why}")
     check_sizes(cfg)
-    check_gpus(cfg, argv)
-    check_inputs(t)  # the data, the benchmarks, the reward, the vocabulary (`rlexp.run.inputs`)
+    check_gpus(cfg, argv, here)
+    if here:  # else each job checks its own, where it runs (`check_job`)
+        check_inputs(t)  # the data, the benchmarks, the reward, the vocabulary (`rlexp.run.inputs`)
 
 
-def check_gpus(cfg: DictConfig, argv: Sequence[str]) -> None:
+def runs_here(cfg: DictConfig) -> bool:
+    """Whether a sweep's jobs run on this machine: Hydra's basic launcher (in this process) or
+    submitit's local one; a Slurm launcher's jobs run on other machines, whose GPUs and files
+    these checks cannot see from here (`rlexp.train.train` runs them in each job)."""
+    from omegaconf import OmegaConf
+
+    target = str(OmegaConf.select(cfg, "hydra.launcher._target_") or "")
+    return not target or target.endswith((".BasicLauncher", ".LocalLauncher"))
+
+
+def check_gpus(cfg: DictConfig, argv: Sequence[str], here: bool = True) -> None:
     """On CUDA, this machine's GPUs against the memory plan (`rlexp.cluster.planner.check_devices`)
     and its driver against torch's build (`rlexp.cluster.cuda_env.driver_problem`), decided from the
-    config, `nvidia-smi` and `CUDA_VISIBLE_DEVICES` without importing torch. Where only torch can
-    tell (`rlexp.cluster.cuda_env.host_cuda` says None: ROCm, MIG, a mask of UUIDs), or the job
-    kind is not known yet, `rlexp.run.prepare.check_config` checks after torch loads."""
+    config, `nvidia-smi` and `CUDA_VISIBLE_DEVICES` without importing torch; then a real model's
+    layout against the plan (the same refusal as `rlexp.run.prepare.check_config`'s). Where only
+    torch can tell (`rlexp.cluster.cuda_env.host_cuda` says None: ROCm, MIG, a mask of UUIDs), or
+    the job kind is not known yet, `rlexp.run.prepare.check_config` checks after torch loads."""
     from rlexp.cluster.cuda_env import driver_problem, query_host_cuda
     from rlexp.cluster.layout import controller_gpus
-    from rlexp.cluster.planner import check_devices, plan_memory
+    from rlexp.cluster.planner import PlanError, check_devices, plan_memory
     from rlexp.cluster.registry import job_backend
     from rlexp.config.typed import typed_config
 
@@ -271,12 +285,15 @@ def check_gpus(cfg: DictConfig, argv: Sequence[str]) -> None:
         job_backend(t.cluster.job)
     except ValueError:  # prepare names it
         return
-    if not (here := controller_gpus(t)) or (host := query_host_cuda()) is None:
-        return
-    facts, gpus, gib = host
-    check_devices(plan_memory(t), t.cluster, have=(gpus, gib), argv=list(argv), needed=here)
-    if problem := driver_problem(facts):
-        raise ConfigError(problem)
+    report = plan_memory(t)
+    # `here`: the run is on this machine (not a sweep's job that a Slurm launcher sends elsewhere)
+    if here and (needed := controller_gpus(t)) and (host := query_host_cuda()) is not None:
+        facts, gpus, gib = host
+        check_devices(report, t.cluster, have=(gpus, gib), argv=list(argv), needed=needed)
+        if problem := driver_problem(facts):
+            raise ConfigError(problem)
+    if t.model.flavor != "tiny" and not report.ok:  # whatever the machine: the layout itself
+        raise PlanError("the configured layout does not fit:\n" + report.table(), report)
 
 
 def check_multi_turn(t: Any, env: Any) -> None:
