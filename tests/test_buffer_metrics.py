@@ -1,7 +1,7 @@
-"""Issue 45 item 8: a healthy on-policy run logs no `buffer/*` series (they are 0 on every step, and
-their charts were the first an MLflow run page showed); with room to age (async) they are logged every
-step, and on-policy too once a group came back stale. The real buffer, called in this process as the
-launcher calls it (`rlexp.core.services.Local`)."""
+"""Issue 45 item 8: a healthy on-policy run logs no `buffer/*` series (they are 0 on every step,
+and their charts were the first an MLflow run page showed); with room to age (async) they are
+logged every step, and on-policy too once a group came back stale. The real buffer, called in this
+process as the launcher calls it (`rlexp.core.services.Local`)."""
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +31,7 @@ def test_buffer_counters_are_logged_only_where_they_can_vary() -> None:
         for v in range(3):
             m = _step(on_policy, v, v)
             assert m is not None and m["policy_age/mean"] == 0.0 and not set(BUFFER) & set(m), m
-        assert _step(on_policy, 4, 3) is None  # a stale rollout (after a fault): the step is skipped
+        assert _step(on_policy, 4, 3) is None  # a stale rollout (a fault): the step is skipped
         m = _step(on_policy, 4, 4)
         assert m is not None and m["buffer/dropped_total"] == 2.0  # from then on, said every step
         overlapped = Local(ReplayBuffer, BufferSettings(0, 1), events=events)
