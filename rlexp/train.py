@@ -32,6 +32,11 @@ def train(cfg: DictConfig) -> float:
         from rlexp.cluster.host_plan import check_sizes
 
         check_sizes(cfg)  # sizes this machine cannot hold: refused before torch loads
+        # a sweep's job: preflight saw each swept key's first value only
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            from rlexp.run.preflight import check_job
+
+            check_job(cfg)
         from rlexp.run.launcher import run
 
         phases.done("torch and Monarch loaded")
@@ -77,8 +82,10 @@ class RunFolderGuard(Callback):
         it or opens a job's log: each job's own lock checks that job's folder only after that."""
         from rlexp.core.runfolder import check_run_folder
 
+        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
+        refused.note_sweep(sweep_dir)
         with friendly_errors():
-            check_run_folder(Path(str(config.hydra.sweep.dir)).absolute())
+            check_run_folder(sweep_dir)
 
     def on_job_start(self, config: DictConfig, **kwargs: object) -> None:
         """Hydra has just written `.hydra/*.yaml` with raw values: redact them before any check can refuse the
@@ -88,6 +95,8 @@ class RunFolderGuard(Callback):
         rt = config.hydra.runtime
         sweep = str(config.hydra.sweep.dir) if config.hydra.mode == RunMode.MULTIRUN else None
         redact_hydra_files(Path(str(rt.output_dir)), sweep)
+        if sweep is not None:  # a refused job's folder is removed if this invocation created it
+            refused.note_job(Path(str(rt.output_dir)).absolute())
 
     def on_run_end(self, config: DictConfig, **kwargs: object) -> None:
         self.stack.close()
@@ -121,8 +130,8 @@ def main(argv: list[str]) -> int:
     except SystemExit as e:  # Hydra's --help ends with exit 0; its group list misses the user's folders
         if e.code in (0, None) and (mine := user_options_help(sys.argv[1:])) is not None:
             print(mine)
-        if e.code == 2 and (gone := refused.remove_refused()) is not None:  # a refusal after torch loaded
-            print(f"rlexp: nothing was run; the run folder {gone} this command had created is removed",
-                  file=sys.stderr)
+        # a refusal inside the run (or a sweep's job)
+        if e.code == 2 and (gone := refused.remove_refused()) is not None:
+            print(f"rlexp: {refused.removed_line(gone)}", file=sys.stderr)
         raise
     return 0

@@ -197,3 +197,76 @@ def test_internal_overrides_never_reach_a_suggested_command() -> None:
     assert "model=" not in cmd and "cluster=" not in cmd
     assert nearest_command(["model=qwen3_8b", "reward=weaver", "environment=gsm8k"], 0) == "rlexp train reward=weaver"
     assert "searchpath" not in shell_command(["rlexp train", *argv], {"mode": "RUN"})
+
+
+# Issue 45's inputs, GPUs and sweep jobs, before torch loads: (what the user typed, what the message
+# must say). A user's environment whose prompts hold `→` (a character the CPU tokenizer lacks).
+ARROW = ('from mytask.tasks import CountA\nfrom rlexp.types import Problem, Sample\n\n\n'
+         'class Arrow(CountA):\n    def load_samples(self, split):\n'
+         '        return [Sample(Problem(id=s.id, prompt=s.id + " \\u2192"), answer=s.answer)\n'
+         '                for s in super().load_samples(split)]\n')
+INPUT_MISTAKES: list[tuple[list[str], list[str]]] = [
+    (["config_path=conf", "environment=count_a", "environment.name=mytask.arrow:Arrow"],
+     ["'\u2192' (U+2192) in the prompt of problem", "model.unknown_chars=map"]),  # vocabulary
+    (["environment=gsm8k"], ["ships only GSM8K's test split, not 'train'"]),  # data
+    (["environment=gpqa"],  # prompts' lengths
+     ["do not fit the policy's context, model.arch.max_seq_len=1024"]),
+    (["config_path=conf", "environment=count_a", "reward=single_rm"],  # reward and verifier set
+     ["reward=single_rm: verifier_set=count_a: verifier 'at_most_length' (kind rule) cannot score "
+      "environment=mytask.tasks:CountA"]),
+    (["cluster=gpu_node"], ["model=tiny needs 2 GPUs", "this machine has no GPU visible to torch",
+                            "nearest command that runs here: rlexp train"]),  # GPUs: nvidia-smi
+    (["model=qwen3_32b", "cluster=slurm", "trainer=large"],  # the layout, whatever the machine
+     ["the configured layout does not fit", "memory plan for model=qwen3_32b"]),
+    # a sweep's job past preflight's first values (a sweeper's parameters): its own checks
+    (["-m", "config_path=conf", "environment=count_a", "+sweeps=turns"],
+     ["environment.max_turns=3 cannot apply", "the sweep stopped at this job, which did not run",
+      "so is the sweep folder"]),
+]
+
+
+def test_inputs_gpus_and_sweep_jobs_are_refused_before_torch_loads(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data, the reward, the vocabulary, the prompts' lengths and the GPUs are checked before
+    torch loads (`rlexp.run.inputs`, `rlexp.run.preflight.check_gpus`), and a sweep's job on values
+    preflight did not see is refused by the same checks in `rlexp.train.train`, its folder (and the
+    sweep's, created by the same command) removed. `CUDA_VISIBLE_DEVICES=""`: no GPU, on a GPU
+    machine too."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    (project / "mytask" / "arrow.py").write_text(ARROW)
+    (project / "conf" / "sweeps" / "turns.yaml").write_text(
+        "# @package _global_\nhydra:\n  sweeper:\n    params:\n      environment.max_turns: 3,1\n")
+    took = []
+    for args, says in INPUT_MISTAKES:
+        p, _ = _train(project, *args)
+        q, plain, cpu = _timed(project, *args, importtime=False)
+        took.append((" ".join(args), plain, cpu))
+        assert q.returncode == 2 and p.returncode == 2, (args, q.stdout + q.stderr)
+        for s in says:
+            assert s in q.stderr, (args, q.stderr)
+        assert "Traceback" not in q.stderr and "searchpath" not in q.stderr, q.stderr
+        assert not _imported(p.stderr, "torch"), f"{args}: torch was imported before the refusal"
+        assert not (project / "runs").exists() and not (project / "outputs").exists(), args
+        assert plain < _limit() and cpu < LIMIT_S, (args, plain, cpu)
+    print(f"\ninputs' error path (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores), "
+          f"wall / CPU s: "
+          + "; ".join(f"{a}: {t:.2f} / {c:.2f}" for a, t, c in took))
+    # A sweep folder and a job folder that existed before: left as they were.
+    mine = project / "mine"
+    (mine / "0").mkdir(parents=True)
+    (mine / "0" / "notes.txt").write_text("mine")
+    p, _ = _train(project, *INPUT_MISTAKES[-1][0], f"hydra.sweep.dir={mine}", importtime=False)
+    assert p.returncode == 2 and "cannot apply" in p.stderr, p.stderr
+    assert "is removed" not in p.stderr, p.stderr
+    assert (mine / "0" / "notes.txt").read_text() == "mine" and (mine / "multirun.yaml").is_file()
+
+
+def test_machine_checks_wait_for_the_job_when_a_launcher_sends_it_elsewhere() -> None:
+    """A Slurm launcher runs a sweep's jobs on other machines: their GPUs and files are checked in
+    each job (`rlexp.run.preflight.check_job`), not on the machine that submits the sweep."""
+    from rlexp.config.paths import CONF_DIR
+    from rlexp.run.preflight import compose, runs_here
+
+    for launcher, here in (([], True), (["+launchers=local"], True), (["+launchers=slurm"], False)):
+        cfg = compose(["-m"], ["seed=0,1", *launcher], [CONF_DIR], with_hydra=True)
+        assert runs_here(cfg) is here, launcher

@@ -13,7 +13,7 @@ import pytest
 from rlexp.config.schema import TrainConfig
 from rlexp.config.validate import ConfigError
 from rlexp.models.tokenizer import ASSET, CharTokenizer, copy_char_tokenizer
-from rlexp.run.prepare import VOCAB_TRAIN_CHECKED, check_vocabulary
+from rlexp.run.inputs import VOCAB_TRAIN_CHECKED, check_vocabulary
 from rlexp.types import Problem, Sample
 from tests.conftest import REPO, kill_tagged, tagged_env
 

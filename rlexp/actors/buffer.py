@@ -41,9 +41,19 @@ class ReplayBuffer(Actor):
         episodes = [e for g in batch_groups for e in g]
         self.rng.shuffle(episodes)
         ages = [current_version - e.policy_version for e in episodes]
-        return episodes, {"policy_age/mean": sum(ages) / len(ages), "policy_age/max": float(max(ages)),
-                          "buffer/dropped_stale": float(stale), "buffer/dropped_total": float(self.dropped),
-                          "buffer/size": float(len(self.groups))}
+        metrics = {"policy_age/mean": sum(ages) / len(ages), "policy_age/max": float(max(ages))}
+        if self.max_age or self.dropped or self.groups:
+            metrics.update(self._counters(stale))
+        return episodes, metrics
+
+    def _counters(self, stale: int) -> dict[str, float]:
+        """The buffer's counters, reported on a step where they can say something: always when
+        groups may age (`max_policy_age` > 0, async), on-policy only once a group came back stale
+        or is left waiting (after a fault). A healthy on-policy run has them at 0 on every step:
+        logged, those constant series were the first charts of its MLflow run page (sorted by
+        name, `buffer/` first)."""
+        return {"buffer/dropped_stale": float(stale), "buffer/dropped_total": float(self.dropped),
+                "buffer/size": float(len(self.groups))}
 
     @endpoint
     async def state_dict(self) -> dict[str, Any]:

@@ -144,3 +144,108 @@ def check_driver(facts: CudaFacts | None = None) -> None:
     print("[rlexp] " + "; ".join(describe(f)[:2]), file=sys.stderr)
     if problem := driver_problem(f):
         raise ConfigError(problem)
+
+
+# What torch will see, decided before it loads (`rlexp.run.preflight`): its build read from its
+# version file, the GPUs and the driver from `nvidia-smi`, the mask from the environment. Wherever
+# that cannot be told for sure (ROCm, MIG, a mask of UUIDs, GPUs of different sizes behind a mask,
+# no query that answers while the driver's device node exists), the answer is None and torch
+# decides after it loads (`rlexp.run.prepare.check_config`): never a refusal torch would not make.
+
+@dataclass(frozen=True)
+class SmiGpu:
+    """One GPU as `nvidia-smi --query-gpu` lists it."""
+
+    memory_mib: float
+    mig: str  # mig.mode.current: "Enabled", "Disabled" or "[N/A]" (no MIG on this GPU)
+    driver: str
+
+
+def torch_build() -> tuple[str, str | None, str | None] | None:
+    """(torch's version, the CUDA its build targets, ROCm's HIP version), read from torch's
+    version.py without importing torch (seconds); None when torch or the file is not found."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        tree = ast.parse((Path(spec.origin).parent / "version.py").read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    values: dict[str, str | None] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else \
+            node.target if isinstance(node, ast.AnnAssign) else None
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) \
+                and (value.value is None or isinstance(value.value, str)):
+            values[target.id] = value.value
+    version = values.get("__version__")
+    if version is None or "cuda" not in values:
+        return None
+    return version, values["cuda"], values.get("hip")
+
+
+def smi_gpus() -> list[SmiGpu] | None:
+    """Every GPU `nvidia-smi` lists, in its order; [] when this machine has no NVIDIA driver (no
+    `/dev/nvidiactl`: CUDA cannot run); None when the driver is there but cannot be asked."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None if os.path.exists("/dev/nvidiactl") else []
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total,mig.mode.current,driver_version",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        rows = [[p.strip() for p in line.split(",")] for line in out.splitlines() if line.strip()]
+        return [SmiGpu(float(mib), mig, driver) for mib, mig, driver in rows]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def visible_count(mask: str | None, gpus: int) -> int | None:
+    """How many GPUs CUDA shows under `CUDA_VISIBLE_DEVICES=mask` on a machine of `gpus`: the
+    indices up to the first that is not one of this machine's (CUDA ignores the rest); None for
+    a mask CUDA reads another way (UUIDs, MIG names)."""
+    if mask is None:
+        return gpus
+    seen: list[int] = []
+    for part in (p.strip() for p in mask.split(",")):
+        if not part.lstrip("-").isdigit():
+            return None if part else len(seen)
+        if not 0 <= int(part) < gpus or int(part) in seen:
+            break
+        seen.append(int(part))
+    return len(seen)
+
+
+def host_cuda(build: tuple[str, str | None, str | None] | None, smi: list[SmiGpu] | None,
+              mask: str | None) -> tuple[CudaFacts, int, float] | None:
+    """(what torch will say, the GPUs it will count, the smallest one's GiB), from its build, the
+    GPUs `nvidia-smi` lists and `CUDA_VISIBLE_DEVICES`; None where only torch can tell (above)."""
+    if build is None or build[2] is not None:  # not installed, or ROCm: torch decides
+        return None
+    version, cuda, _ = build
+    if cuda is None:  # a CPU build sees no GPU, whatever the machine has
+        return CudaFacts(torch=version, cuda=None, available=False, visible_devices=mask), 0, 0.0
+    if smi is None or any(g.mig == "Enabled" for g in smi):
+        return None
+    n = visible_count(mask, len(smi))
+    sizes = {g.memory_mib for g in smi}
+    if n is None or (mask is not None and len(sizes) > 1):  # which GPUs a mask picks: CUDA's order
+        return None
+    driver = smi[0].driver if smi else None
+    gib = min(sizes) / 1024 if n else 0.0
+    facts = CudaFacts(torch=version, cuda=cuda, available=n > 0, driver=driver,
+                      driver_from="nvidia-smi" if driver else "not found",
+                      gpus=tuple(f"cuda:{i}" for i in range(n)), visible_devices=mask)
+    return facts, n, gib
+
+
+def query_host_cuda() -> tuple[CudaFacts, int, float] | None:
+    """`host_cuda` of this machine (no torch imported)."""
+    build = torch_build()
+    smi = smi_gpus() if build is not None and build[1] is not None else None
+    return host_cuda(build, smi, os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -41,7 +41,7 @@ class CharTokenizer:
 
     def encode(self, text: str) -> list[int]:
         # Characters outside printable ASCII become "?". A run refuses them before spawning unless
-        # the config opts into it (`model.unknown_chars=map`, rlexp.run.prepare.check_vocabulary).
+        # the config opts into it (`model.unknown_chars=map`, rlexp.run.inputs.check_vocabulary).
         unknown = self._ids["?"]
         return [self._ids.get(c, unknown) for c in text]
 

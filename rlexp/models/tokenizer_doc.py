@@ -3,7 +3,7 @@
 The embedded tiny model's tokenizer (rlexp/assets/rlexp_char_tokenizer.json,
 rlexp/models/tokenizer.py) has one id per character. A user writing an environment for the CPU
 default needs to know which characters those are before a run refuses a prompt
-(`model.unknown_chars`, rlexp.run.prepare.check_vocabulary).
+(`model.unknown_chars`, rlexp.run.inputs.check_vocabulary).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ _INTRO = (
 )
 _OTHERS = (
     "Any other character (`→`, `é`, `ü`, a non-breaking space, an emoji) would be encoded as `?`. "
-    "A run does not let that happen silently: before anything spawns, `rlexp train` checks the "
+    "A run does not let that happen silently: before torch loads, `rlexp train` checks the "
     "held-out prompts and answers and a seeded sample of the training ones "
-    "(`rlexp.run.prepare.check_vocabulary`) and refuses the run, naming the character, its code "
+    "(`rlexp.run.inputs.check_vocabulary`) and refuses the run, naming the character, its code "
     "point and a problem that holds it. Either write the environment's text in ASCII (`->` for "
     "`→`), use a model with its own tokenizer, or set `model.unknown_chars=map` to encode each "
     "such character as `?` with one warning. What was checked is recorded in the run's manifest."

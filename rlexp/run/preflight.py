@@ -5,8 +5,11 @@ leaves no run folder behind.
 judges each override as typed (a key of the schema, a group option that exists, with the close matches), and
 `check_composed` composes the config with Hydra's compose API, as `@hydra.main` is about to, and runs the
 checks that need no torch: YAML keys of the user's presets, the sweep's parameters, class paths (found on disk,
-not imported), `rlexp.config.validate.validate`, the environment's options and this machine's sizes.
-`rlexp.run.prepare.check_config` runs the same checks again after torch loads (for callers other than the CLI).
+not imported), `rlexp.config.validate.validate`, the environment's options, this machine's sizes
+and GPUs (`check_gpus`: `nvidia-smi`, not torch), and the inputs
+(`rlexp.run.inputs.check_inputs`: the data, the benchmarks, the reward, the vocabulary).
+`rlexp.train.train` runs them on each sweep job's own values (`check_job`); `rlexp.run.prepare`
+runs them again after torch loads (for callers other than the CLI).
 """
 from __future__ import annotations
 
@@ -213,9 +216,10 @@ def compose(flags: Sequence[str], overrides: Sequence[str], dirs: Sequence[Path]
         raise _translate(e, dirs) from None
 
 
-def check_composed(cfg: DictConfig, dirs: Sequence[Path]) -> None:
-    """The checks of `rlexp.run.prepare.check_config` that need neither torch nor a process, on the config
-    Hydra is about to run; `ConfigError` names the key, the file and the close matches."""
+def check_composed(cfg: DictConfig, dirs: Sequence[Path], argv: Sequence[str] = ()) -> None:
+    """The checks of `rlexp.run.prepare.prepare` that need neither torch nor a process, on the
+    config Hydra is about to run; `ConfigError` names the key, the file and the close matches. `argv`: the
+    overrides, for the nearest command a GPU refusal suggests."""
     from omegaconf import OmegaConf
 
     from rlexp.cluster.host_plan import check_sizes
@@ -223,9 +227,12 @@ def check_composed(cfg: DictConfig, dirs: Sequence[Path]) -> None:
     from rlexp.config.validate import too_big_for_cpu, validate
     from rlexp.core.plugins import activate, search_paths
     from rlexp.envs.registry import build_env, check_env_options
+    from rlexp.run.inputs import check_inputs
 
+    here = True  # the run runs on this machine (a sweep's jobs may not: `runs_here`)
     if "hydra" in cfg:
         check_sweep_params(cfg, dirs)
+        here = runs_here(cfg)
         OmegaConf.set_struct(cfg, False)
         cfg.pop("hydra")
     check_composed_keys(cfg)
@@ -243,6 +250,50 @@ def check_composed(cfg: DictConfig, dirs: Sequence[Path]) -> None:
         if (why := unknown_option("benchmark", str(name), dirs)) is not None:
             raise ConfigError(f"eval.benchmarks: {why}")
     check_sizes(cfg)
+    check_gpus(cfg, argv, here)
+    if here:  # else each job checks its own, where it runs (`check_job`)
+        check_inputs(t)  # the data, the benchmarks, the reward, the vocabulary (`rlexp.run.inputs`)
+
+
+def runs_here(cfg: DictConfig) -> bool:
+    """Whether a sweep's jobs run on this machine: Hydra's basic launcher (in this process) or
+    submitit's local one; a Slurm launcher's jobs run on other machines, whose GPUs and files
+    these checks cannot see from here (`rlexp.train.train` runs them in each job)."""
+    from omegaconf import OmegaConf
+
+    target = str(OmegaConf.select(cfg, "hydra.launcher._target_") or "")
+    return not target or target.endswith((".BasicLauncher", ".LocalLauncher"))
+
+
+def check_gpus(cfg: DictConfig, argv: Sequence[str], here: bool = True) -> None:
+    """On CUDA, this machine's GPUs against the memory plan (`rlexp.cluster.planner.check_devices`)
+    and its driver against torch's build (`rlexp.cluster.cuda_env.driver_problem`), decided from the
+    config, `nvidia-smi` and `CUDA_VISIBLE_DEVICES` without importing torch; then a real model's
+    layout against the plan (the same refusal as `rlexp.run.prepare.check_config`'s). Where only
+    torch can tell (`rlexp.cluster.cuda_env.host_cuda` says None: ROCm, MIG, a mask of UUIDs), or
+    the job kind is not known yet, `rlexp.run.prepare.check_config` checks after torch loads."""
+    from rlexp.cluster.cuda_env import driver_problem, query_host_cuda
+    from rlexp.cluster.layout import controller_gpus
+    from rlexp.cluster.planner import PlanError, check_devices, plan_memory
+    from rlexp.cluster.registry import job_backend
+    from rlexp.config.typed import typed_config
+
+    t = typed_config(cfg)  # a copy of its own: the plan derives a micro-batch size of 0
+    if t.cluster.device != "cuda":
+        return
+    try:
+        job_backend(t.cluster.job)
+    except ValueError:  # prepare names it
+        return
+    report = plan_memory(t)
+    # `here`: the run is on this machine (not a sweep's job that a Slurm launcher sends elsewhere)
+    if here and (needed := controller_gpus(t)) and (host := query_host_cuda()) is not None:
+        facts, gpus, gib = host
+        check_devices(report, t.cluster, have=(gpus, gib), argv=list(argv), needed=needed)
+        if problem := driver_problem(facts):
+            raise ConfigError(problem)
+    if t.model.flavor != "tiny" and not report.ok:  # whatever the machine: the layout itself
+        raise PlanError("the configured layout does not fit:\n" + report.table(), report)
 
 
 def check_multi_turn(t: Any, env: Any) -> None:
@@ -296,6 +347,18 @@ def check_sweep_params(cfg: DictConfig, dirs: Sequence[Path]) -> None:
             raise ConfigError(f"hydra.sweeper.params: {why}")
 
 
+def check_job(cfg: DictConfig) -> None:
+    """A sweep's job, before torch loads (`rlexp.train.train`): `check_composed` on the job's own
+    values, since `preflight` composed each swept key's first value only and a sweeper's parameters
+    not at all. Its inputs are kept for its `prepare` (`rlexp.run.inputs.load_inputs`)."""
+    import copy
+
+    from hydra.core.hydra_config import HydraConfig
+
+    dirs = [CONF_DIR, *(Path(str(d)) for d in (cfg.get("config_path") or []))]
+    check_composed(copy.deepcopy(cfg), dirs, [str(o) for o in HydraConfig.get().overrides.task])
+
+
 def preflight(argv: Sequence[str]) -> list[str]:
     """`argv` (`rlexp train`'s, `config_path` already expanded) with Hydra's flags first; `ConfigError` for a
     mistake found before anything is written (see the module docstring)."""
@@ -307,7 +370,7 @@ def preflight(argv: Sequence[str]) -> list[str]:
         multirun = any(f in ("-m", "--multirun") for f in flags)
         cfg = compose(flags, overrides, dirs, with_hydra=multirun)
         if cfg is not None:
-            check_composed(cfg, dirs)
+            check_composed(cfg, dirs, overrides)
     return [*flags, *overrides]
 
 

@@ -40,16 +40,14 @@ from rlexp.core.plugins import (
 )
 from rlexp.core.seeding import DETERMINISM_ENV, apply_process_determinism, component_seeds
 from rlexp.envs.base import Environment
-from rlexp.envs.registry import build_env, check_env_options
-from rlexp.evals.benchmarks import load_benchmarks
+from rlexp.envs.registry import check_env_options
 from rlexp.models.hf import CheckpointError, check_model_files
 from rlexp.models.limits import LimitError, apply_limits, read_limits
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.rewards.base import Reward
-from rlexp.rewards.registry import build_reward
 from rlexp.rewards.verifiers.base import ServedVerifier
-from rlexp.rewards.verifiers.kinds import supported_kinds, supports
 from rlexp.rewards.verifiers.registry import verifier_checkpoint
+from rlexp.run.inputs import check_prompt_lengths, check_vocabulary, load_inputs
 from rlexp.run.preflight import check_multi_turn  # torch-free: `rlexp train` runs it before torch loads
 from rlexp.run.warmup import ensure_warm_checkpoint
 from rlexp.tracking.files import fingerprint_examples, hash_files
@@ -165,15 +163,10 @@ def prepare(composed: DictConfig, phase: Callable[[str], object] | None = None) 
     if idle:
         raise ConfigError("; ".join(f"cluster.hosts_per_role.{r}={n} hosts for {k} process(es) would leave hosts idle: "
                                     f"lower it, or raise the role's replicas" for r, (n, k) in idle.items()))
+    inputs = load_inputs(cfg)  # data, benchmarks, reward: `rlexp train` checked them before torch loaded
+    env, train, held, benchmarks, reward = (inputs.env, inputs.train, inputs.held, inputs.benchmarks,
+                                            inputs.reward)
     try:
-        env = build_env(cfg.environment)
-        train, held = env.train_samples(), env.eval_samples()
-        benchmarks = load_benchmarks(list(cfg.eval.benchmarks))
-        cfg.reward.verifiers = list(cfg.reward.verifiers) or list(cfg.verifier_set.members)
-        reward = build_reward(cfg.reward, env)  # unknown verifiers, bad options: fail now, not in an actor
-        used = {v.name for v in reward.verifiers}
-        cfg.reward.verifiers = [v for v in cfg.reward.verifiers if v.name in used]
-        check_verifier_kinds(cfg, env)
         # Every model the reward scores with, its own list's or one given inline (single_rm options.kind).
         served, missing = [], []
         for v in reward.verifiers:
@@ -184,7 +177,7 @@ def prepare(composed: DictConfig, phase: Callable[[str], object] | None = None) 
                     missing.append(str(e))
         if missing:  # every missing checkpoint at once, each with its download command
             raise CheckpointError("\n  - ".join(["missing verifier checkpoints:", *missing]))
-    except (ValueError, FileNotFoundError) as e:  # bad environment/reward/benchmark input: one clear line
+    except (ValueError, FileNotFoundError) as e:  # a verifier's checkpoint options: one clear line
         raise ConfigError(f"environment={cfg.environment.name} reward={cfg.reward.name}: {e}") from e
     gpus = assign_gpus(cfg)  # after the reward's verifiers are known: each served one gets GPUs
     check_multi_turn(cfg, env)
@@ -239,97 +232,6 @@ def check_checkpoint_limits(cfg: TrainConfig, model_dir: str) -> list[str]:
     for note in notes:
         print(f"[rlexp] {note}", file=sys.stderr, flush=True)
     return notes
-
-
-VOCAB_TRAIN_CHECKED = 2000  # training samples checked against the character vocabulary (seeded)
-
-
-def check_vocabulary(cfg: TrainConfig, train: list[Any], held: list[Any], model_dir: str
-                     ) -> dict[str, Any] | None:
-    """Prompts and answers against the CPU character tokenizer, which encodes a character it lacks
-    as "?": a prompt with `→` would train on "?" without a word. The held-out set and up to
-    `VOCAB_TRAIN_CHECKED` training samples (seeded; millions of samples cost no more) are checked;
-    a missing character is refused, naming a sample, the character and its code point, unless
-    `model.unknown_chars=map` (then said once). A Hugging Face tokenizer is byte-level: nothing to
-    check (None). Returns what was checked, for the manifest."""
-    from rlexp.models.tokenizer import CHAR_TOKENIZER_FILE, CharTokenizer
-
-    if not (Path(model_dir) / CHAR_TOKENIZER_FILE).exists():
-        return None
-    tok = CharTokenizer(Path(model_dir) / CHAR_TOKENIZER_FILE)
-    picked = train if len(train) <= VOCAB_TRAIN_CHECKED else \
-        random.Random(0).sample(train, VOCAB_TRAIN_CHECKED)
-    checked = [*held, *picked]
-    found = []  # (sample, "prompt" | "answer", the first character missing), one per sample
-    for s in checked:
-        for what, text in (("prompt", s.problem.prompt), ("answer", s.answer)):
-            if (c := tok.unknown(text)) is not None:
-                found.append((s, what, c))
-                break
-    summary = {"checked": len(checked), "of": len(train) + len(held), "unknown": len(found),
-               "mode": str(cfg.model.unknown_chars)}
-    if not found:
-        return summary
-    s, what, c = found[0]
-    where = (f"{len(found)} of the {len(checked)} samples checked ({len(held)} held-out, "
-             f"{len(picked)} of {len(train)} training) hold characters the CPU character tokenizer "
-             f"cannot encode (it has printable ASCII, tab and newline; "
-             f"rlexp/assets/rlexp_char_tokenizer.json); the first: {c!r} (U+{ord(c):04X}) in the "
-             f"{what} of problem {s.problem.id!r}: {s.problem.prompt[:80]!r}")
-    env = f"environment={cfg.environment.name}"
-    if cfg.model.unknown_chars == "map":
-        print(f"[rlexp] warning: {env}: {where}; each is encoded as '?' (model.unknown_chars=map)",
-              file=sys.stderr, flush=True)
-        return summary
-    raise ConfigError(f"{env}: {where}. Write it in ASCII in the environment's prompts and answers "
-                      f"(e.g. '->' for '\u2192'), use a model with its own tokenizer (model=...), "
-                      f"or set model.unknown_chars=map to encode each as '?'")
-
-
-def check_prompt_lengths(cfg: TrainConfig, env_name: str, splits: dict[str, list[Any]], model_dir: str) -> None:
-    """Every prompt must leave the policy room for a token: a longer one is past the end of the model's RoPE
-    table, which the trainer's forward meets only when that prompt is first drawn (GPQA's 1,669-token prompts
-    against the tiny model's 1,024, minutes into a run). Only prompts whose UTF-8 length could reach the
-    limit are tokenized (no tokenizer here makes more tokens than bytes, plus a few special ones)."""
-    limit = int(cfg.model.arch.max_seq_len)
-    tok = None
-    over: dict[str, tuple[int, int, int]] = {}
-    for split, samples in splits.items():
-        lengths = []
-        for s in samples:
-            prompt = s.problem.prompt
-            if len(prompt.encode()) + 16 < limit:
-                continue
-            if tok is None:
-                from rlexp.models.tokenizer import load_tokenizer
-
-                tok = load_tokenizer(model_dir)
-            n = len(tok.encode(prompt))
-            if n >= limit:
-                lengths.append(n)
-        if lengths:
-            over[split] = (len(lengths), len(samples), max(lengths))
-    if over:
-        worst = max(n for _, _, n in over.values())
-        what = "; ".join(f"{k} of {n} {split} prompts (longest {m} tokens)" for split, (k, n, m) in over.items())
-        raise ConfigError(f"environment={env_name}: {what} do not fit the policy's context, model.arch.max_seq_len="
-                          f"{limit} tokens, with room for a response. Use a model with a longer context, or raise "
-                          f"model.arch.max_seq_len to at least {worst + cfg.algorithm.max_tokens} (the tiny "
-                          f"model builds its RoPE table from it), or point environment.dataset at shorter "
-                          f"problems")
-
-
-def check_verifier_kinds(cfg: TrainConfig, env: Environment) -> None:
-    """Every verifier the reward uses must be of a kind the environment supports."""
-    kinds = supported_kinds(env)
-    for v in cfg.reward.verifiers:
-        if not supports(env, v):
-            raise ConfigError(
-                f"verifier_set={cfg.verifier_set.name or '?'}: verifier {v.name!r} (kind {v.kind}) cannot score "
-                f"environment={env.name}, which supports the kinds {sorted(kinds)}. Use the set "
-                f"made for it (verifier_set={env.name}, the default when the file "
-                f"conf/verifier_set/{env.name}.yaml "
-                f"exists) or list verifiers of those kinds")
 
 
 def resolve_model(model_cfg: ModelConfig) -> Path:
