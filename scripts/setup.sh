@@ -5,11 +5,11 @@
 #                                  CUDA 13.0, which needs NVIDIA driver >= 580 on Linux; docs/first_gpu_hour.md)
 #   bash scripts/setup.sh --gpu --dry-run   only resolve the `gpu` extra, install none of it (CI has no GPU)
 # Idempotent: re-running only installs what is missing.
-# uv installs the extras (a pinned uv in .venv; pip's own configuration passed to it, see uv_config below): it
-# downloads, unpacks and compiles .pyc in parallel, several times faster than pip from nothing
-# (results/ci_time.md). It compiles .pyc at install as pip does: with PYTHONDONTWRITEBYTECODE set (this
-# workplace's shells set it) nothing would write them later, and every process would compile torch and vllm
-# from source at import. Where uv cannot be installed or a pip setting has no uv equivalent, pip does it all.
+# uv installs the extras (a pinned uv in .venv; pip's own configuration passed to it, see uv_config below):
+# it downloads, unpacks and compiles .pyc in parallel, faster than pip from nothing (results/ci_time.md).
+# It compiles .pyc at install as pip does: with PYTHONDONTWRITEBYTECODE set (this workplace's shells set it)
+# nothing would write them later, and every process would compile torch and vllm from source at import.
+# Where uv cannot be installed or a pip setting has no uv equivalent, pip does it all, as before.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA=cpu
@@ -32,9 +32,9 @@ if [ "$DRY" = 0 ] || [ ! -x .venv/bin/uv ]; then  # a dry run after a set-up nee
 fi
 
 # uv reads no pip configuration. pip's (its files and PIP_* variables, as `pip config list` shows them after
-# precedence) is translated, so uv resolves against the same indexes, wheel folders and constraints as pip would;
-# `unsafe-best-match` is pip's rule for several indexes (the best version from any). Prints one uv argument a
-# line ("env NAME=VALUE" lines are environment for uv); exits 1 naming a setting it cannot translate.
+# precedence) is translated, so uv resolves against the same indexes, wheel folders and constraints as pip
+# would; `unsafe-best-match` is pip's rule for several indexes (the best version from any). Prints one uv
+# argument a line ("env NAME=VALUE" lines are environment for uv); exits 1 naming a setting it cannot translate.
 uv_config() {
   .venv/bin/python - <<'EOF'
 import ast, subprocess, sys
