@@ -5,9 +5,9 @@
 #                                  CUDA 13.0, which needs NVIDIA driver >= 580 on Linux; docs/first_gpu_hour.md)
 #   bash scripts/setup.sh --gpu --dry-run   resolve the `gpu` extra, install none of it (CI: no GPU)
 # Idempotent: re-running only installs what is missing.
-# uv installs the extras (a pinned uv in .venv; pip's own configuration passed to it, see
-# uv_config below): it downloads, unpacks and compiles .pyc in parallel, faster than pip from
-# nothing (results/ci_time.md). It compiles .pyc at install as pip does: with PYTHONDONTWRITEBYTECODE set
+# uv installs the extras (a pinned uv in .venv; pip's own configuration passed to it, see uv_config
+# below): it downloads, unpacks and compiles .pyc in parallel, faster than pip from nothing
+# (results/ci_time.md). It compiles .pyc at install as pip does: with PYTHONDONTWRITEBYTECODE set
 # (this workplace's shells set it) nothing would write them later, and every process would compile
 # torch and vllm from source at import. Where uv cannot be installed or a pip setting has no uv
 # equivalent, pip does it all, as before.
