@@ -52,9 +52,8 @@ DEFAULT_FOCUS = [
 KIND_RANK = {"top": 0, "function": 1, "type": 2}
 
 # Layers of docs/DESIGN.md (its Layers table), lowest first; a module belongs to the longest prefix
-# listed.
-# Imports may point down or sideways, never up. `rlexp` itself (the package's __init__) has no
-# layer.
+# listed. Imports may point down or sideways, never up. `rlexp` itself (the package's __init__) has
+# no layer.
 LAYER_NAMES = ("types and config", "core", "components", "orchestration", "entry points")
 LAYERS: dict[str, int] = {
     **dict.fromkeys(["rlexp.types", "rlexp.errors", "rlexp.config", "rlexp.registry"], 0),
@@ -91,9 +90,8 @@ LAYERS: dict[str, int] = {
     ),
 }
 # Upward imports known today, each to be removed by the change that owns its module; `--check` fails
-# on any
-# other. Stale entries (the import is gone) are reported, not failed, so removing one never breaks
-# the check.
+# on any other. Stale entries (the import is gone) are reported, not failed, so removing one never
+# breaks the check.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 

@@ -297,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         child = children[0]
         winner = tags(parent).get("mlflow.note.content", "").split("\n", 1)[0]
         # A fresh browser without the view query opens MLflow 3.17 on GenAI whatever the
-        # experiment's kind tag
-        # (kept as the record of what a plain link shows); rlexp's links carry UI_VIEW.
+        # experiment's kind tag (kept as the record of what a plain link shows); rlexp's links carry
+        # UI_VIEW.
         pages = [
             ("experiment_plain_link", f"{base}/#/experiments/{eid}", "Tool calls"),
             ("experiment", f"{base}/#/experiments/{eid}{UI_VIEW}", parent["info"]["run_name"]),
@@ -313,8 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 child["info"]["run_name"],
             ),
             # MLflow's compare view of the children: its parallel-coordinates plot takes the
-            # first 3
-            # differing params and the first metric by default (what a user sees before
+            # first 3 differing params and the first metric by default (what a user sees before
             # choosing)
             (
                 "compare_children",

@@ -47,9 +47,8 @@ CONTROL = "defaults (lr 1e-3 constant)"
 
 
 # The defaults rounds 1-6 ran under, which studies/sort_recipe/sort_recipe_pilot.sh pins since round
-# 7's recipe became
-# the sort task's default: not part of a recipe's name, so every round keeps the labels it was
-# analysed with.
+# 7's recipe became the sort task's default: not part of a recipe's name, so every round keeps the
+# labels it was analysed with.
 PINNED = {
     ("trainer.lr_schedule", "constant"),
     ("trainer.warmup_steps", "0"),

@@ -56,8 +56,7 @@ def test_plain_loop_updates_weights_and_logs_accuracy(
     before = {k: v.clone() for k, v in model.state_dict().items()}
     monkeypatch.setattr(peers, "load_model", lambda _task: model)
     # A random policy rarely answers right in 16 samples: rewards 1, 0, 1, ... give every group an
-    # advantage, so
-    # the check is that the loop updates the weights, not the luck of one batch
+    # advantage, so the check is that the loop updates the weights, not the luck of one batch
     monkeypatch.setattr(
         peers,
         "rewards_of",
