@@ -34,16 +34,22 @@ if __name__ == "__main__":
             scored, metrics, _ = loop.score_groups(svc, samples, groups, c)
             informative = [g for g in scored if len({e.reward for e in g}) > 1]  # the custom part
             if informative:
-                metrics.update(svc.trainer.train_step.call(TrainBatch.of([e for g in informative for e in g])))
+                metrics.update(
+                    svc.trainer.train_step.call(TrainBatch.of([e for g in informative for e in g]))
+                )
                 version += 1
                 loop.push_weights(svc, version)
             if step % 10 == 9:
                 held = env.eval_samples()
-                outs = svc.generators.generate.route([tok.encode(s.problem.prompt) for s in held], 1,
-                                                     c.algorithm.max_tokens, 0.0, 0).get()
+                outs = svc.generators.generate.route(
+                    [tok.encode(s.problem.prompt) for s in held], 1, c.algorithm.max_tokens, 0.0, 0
+                ).get()
                 acc = sum(env.check(s, o.text).correct for s, o in zip(held, outs)) / len(held)
-                print(f"step {step + 1}: reward {metrics['reward/mean']:.3f}, {len(informative)} informative "
-                      f"groups, held-out accuracy {acc:.3f}", flush=True)
+                print(
+                    f"step {step + 1}: reward {metrics['reward/mean']:.3f}, {len(informative)} "
+                    f"informative groups, held-out accuracy {acc:.3f}",
+                    flush=True,
+                )
     finally:
         graph.stop()
         release_weights(p.cfg, run_name)

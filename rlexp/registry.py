@@ -27,27 +27,33 @@ from rlexp.config.validate import ConfigError
 
 T = TypeVar("T", bound=type)
 
-# Modules outside rlexp whose classes a lookup in this process returned (a `module:Class` name, or a name such a
-# module registered), in lookup order: what the manifest describes and every actor imports.
+# Modules outside rlexp whose classes a lookup in this process returned (a `module:Class` name, or a
+# name such a module registered), in lookup order: what the manifest describes and every actor
+# imports.
 IMPORTED: dict[str, None] = {}
-# Of those, the modules found by a registered name rather than by import path: a re-run must list them in `plugins`.
+# Of those, the modules found by a registered name rather than by import path: a re-run must list
+# them in `plugins`.
 BY_NAME: dict[str, None] = {}
 
 
 class PluginError(ConfigError):
-    """A plug-in named in config cannot be used: its module does not import, or it is not of the right kind."""
+    """A plug-in named in config cannot be used: its module does not import, or it is not of the
+    right kind."""
 
 
 def _used(cls: type, kind: str, name: str, by_name: bool) -> None:
-    """Record a class outside rlexp as used. One defined in the script that was run (`__main__`) is refused: the
-    actor processes run another `__main__`, so they could never find it (the run would die in its first actor)."""
+    """Record a class outside rlexp as used. One defined in the script that was run (`__main__`) is
+    refused: the actor processes run another `__main__`, so they could never find it (the run would
+    die in its first actor)."""
     module = cls.__module__
     if module == "__main__":
         file = getattr(sys.modules.get("__main__"), "__file__", None) or "the interactive session"
-        raise PluginError(f"{kind} {name}: {cls.__qualname__} is defined in the script being run ({file}); rlexp's "
-                          f"actor processes cannot import a script's own classes. Move it into a module beside the "
-                          f"script (e.g. tasks.py) and name it as tasks:{cls.__qualname__}, or import that module "
-                          f"(plugins=[tasks])")
+        raise PluginError(
+            f"{kind} {name}: {cls.__qualname__} is defined in the script being run ({file}); "
+            "rlexp's actor processes cannot import a script's own classes. Move it into a "
+            f"module beside the script (e.g. tasks.py) and name it as tasks:{cls.__qualname__}, "
+            "or import that module (plugins=[tasks])"
+        )
     if module != "rlexp" and not module.startswith("rlexp."):
         IMPORTED[module] = None
         if by_name:
@@ -60,13 +66,17 @@ def is_path(name: str) -> bool:
 
 
 def import_module(module: str, who: str) -> object:
-    """`module` imported, or a `PluginError` naming it, the error and `sys.path` (the usual cause)."""
+    """`module` imported, or a `PluginError` naming it, the error and `sys.path` (the usual
+    cause)."""
     try:
         mod = importlib.import_module(module)
-    except Exception as e:  # a plug-in's own import can fail any way; all of them mean "cannot use it"
-        raise PluginError(f"{who}: cannot import module {module!r} ({type(e).__name__}: {e}); searched sys.path "
-                          f"{[p for p in sys.path if p]}. Run from the folder that holds it, list its folder "
-                          f"in config_path (its parent is searched), or install it") from None
+    # a plug-in's own import can fail any way; all of them mean "cannot use it"
+    except Exception as e:
+        raise PluginError(
+            f"{who}: cannot import module {module!r} ({type(e).__name__}: {e}); searched sys.path "
+            f"{[p for p in sys.path if p]}. Run from the folder that holds it, list its folder "
+            f"in config_path (its parent is searched), or install it"
+        ) from None
     return mod
 
 
@@ -84,11 +94,15 @@ class Registry(Generic[T]):
         self._classes: dict[str, T] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
-        """Class decorator: `cls.name = name`, and `name` resolves to `cls`. A second class under a taken name
-        is refused (two plug-ins silently replacing each other would change a run without a word)."""
+        """Class decorator: `cls.name = name`, and `name` resolves to `cls`. A second class under a
+        taken name is refused (two plug-ins silently replacing each other would change a run without
+        a word)."""
         def deco(cls: T) -> T:
             old = self._classes.get(name)
-            same = old is not None and (old.__module__, old.__qualname__) == (cls.__module__, cls.__qualname__)
+            same = old is not None and (old.__module__, old.__qualname__) == (
+                cls.__module__,
+                cls.__qualname__,
+            )
             if old is not None and old is not cls and not same:  # `same`: one module imported twice
                 raise PluginError(f"{self.kind} name {name!r} is already registered by "
                                   f"{old.__module__}:{old.__qualname__}; register "
@@ -124,7 +138,8 @@ class Registry(Generic[T]):
         return self._classes.get(name)
 
     def get(self, name: str) -> T:
-        """The class `name` stands for: a registered name, or `package.module:Class` imported now."""
+        """The class `name` stands for: a registered name, or `package.module:Class` imported
+        now."""
         name = str(name)
         if is_path(name):
             return self._by_path(name)
@@ -136,7 +151,8 @@ class Registry(Generic[T]):
                               f"or name your own class as package.module:Class ({self.hint}) or "
                               f"register it by name in a module listed in `plugins`")
         cls = self._classes[name]
-        _used(cls, self.kind, repr(name), by_name=True)  # a user's module registered it: the actors need it too
+        # a user's module registered it: the actors need it too
+        _used(cls, self.kind, repr(name), by_name=True)
         return cls
 
     def _by_path(self, name: str) -> T:

@@ -1,28 +1,31 @@
 #!/usr/bin/env python3
 """Static import graph of the `rlexp` package: edges, package coupling, cycles.
 
-Reads every module under `<root>/rlexp/` with `ast` (nothing is imported or executed) and records each
-import of an `rlexp.*` module:
+Reads every module under `<root>/rlexp/` with `ast` (nothing is imported or executed) and records
+each import of an `rlexp.*` module:
 
 * relative imports are resolved against the importing module's package;
 * `from rlexp.x import y` is an edge to `rlexp.x.y` when `y` is a submodule, else to `rlexp.x`;
 * an import inside a function or method (at any depth) is tagged `function`, one executed when the
   module is imported (top level, class bodies, `if`/`try` blocks) is tagged `top`, and one inside an
   `if TYPE_CHECKING:` block is tagged `type` (type-only: listed, but left out of cycles);
-* only the named module is an edge; the packages above it (whose `__init__` Python also runs) are not,
+* only the named module is an edge; the packages above it (whose `__init__` Python also runs) are
+not,
   so that `pkg/__init__.py` re-exporting `pkg.sub` does not count as a cycle with every `pkg.sub`.
 
 Dynamic imports (`importlib.import_module("rlexp.x")`) are not seen.
 
-Output is plain text that reads as markdown: counts, the cycles of the module graph (strongly connected
-components of size > 1, top-level and function-level imports alike: a function-level import still
-couples two modules), the package cycles (each first component below rlexp is a node: rlexp.models,
-rlexp.run.launcher, ...), the imports that run up a layer (`LAYERS`, the Layers table of docs/DESIGN.md:
-types and config < components < orchestration < entry points), the edges among a focus set, and, with
-`--dot FILE`, the package graph in Graphviz DOT. `--check` exits 1 when any cycle runs through a module of
-the focus set, when packages form a cycle, or when an import runs up a layer and is not in `ALLOWED_UPWARD`.
+Output is plain text that reads as markdown: counts, the cycles of the module graph (strongly
+connected components of size > 1, top-level and function-level imports alike: a function-level
+import still couples two modules), the package cycles (each first component below rlexp is a node:
+rlexp.models, rlexp.run.launcher, ...), the imports that run up a layer (`LAYERS`, the Layers table
+of docs/DESIGN.md: types and config < components < orchestration < entry points), the edges among a
+focus set, and, with `--dot FILE`, the package graph in Graphviz DOT. `--check` exits 1 when any
+cycle runs through a module of the focus set, when packages form a cycle, or when an import runs up
+a layer and is not in `ALLOWED_UPWARD`.
 
-    python scripts/import_graph.py [--root REPO] [--focus rlexp.run.launcher rlexp.config ...] [--dot g.dot] [--check]
+    python scripts/import_graph.py [--root REPO] [--focus rlexp.run.launcher rlexp.config ...]
+    [--dot g.dot] [--check]
 """
 from __future__ import annotations
 
@@ -35,25 +38,60 @@ from itertools import pairwise
 from pathlib import Path
 
 PKG = "rlexp"
-DEFAULT_FOCUS = ["rlexp.run.launcher", "rlexp.run.controller", "rlexp.train", "rlexp.config", "rlexp.run.prepare",
-                 "rlexp.run.checkpoints", "rlexp.algorithm.loop", "rlexp.core.services"]
-KIND_RANK = {"top": 0, "function": 1, "type": 2}  # the strongest occurrence of an edge names its kind
+DEFAULT_FOCUS = [
+    "rlexp.run.launcher",
+    "rlexp.run.controller",
+    "rlexp.train",
+    "rlexp.config",
+    "rlexp.run.prepare",
+    "rlexp.run.checkpoints",
+    "rlexp.algorithm.loop",
+    "rlexp.core.services",
+]
+# the strongest occurrence of an edge names its kind
+KIND_RANK = {"top": 0, "function": 1, "type": 2}
 
-# Layers of docs/DESIGN.md (its Layers table), lowest first; a module belongs to the longest prefix listed.
-# Imports may point down or sideways, never up. `rlexp` itself (the package's __init__) has no layer.
+# Layers of docs/DESIGN.md (its Layers table), lowest first; a module belongs to the longest prefix
+# listed. Imports may point down or sideways, never up. `rlexp` itself (the package's __init__) has
+# no layer.
 LAYER_NAMES = ("types and config", "core", "components", "orchestration", "entry points")
 LAYERS: dict[str, int] = {
     **dict.fromkeys(["rlexp.types", "rlexp.errors", "rlexp.config", "rlexp.registry"], 0),
     "rlexp.core": 1,
-    **dict.fromkeys(["rlexp.algorithm", "rlexp.actors", "rlexp.cluster", "rlexp.envs", "rlexp.evals", "rlexp.models",
-                     "rlexp.rewards", "rlexp.tracking", "rlexp.transport"], 2),
+    **dict.fromkeys(
+        [
+            "rlexp.algorithm",
+            "rlexp.actors",
+            "rlexp.cluster",
+            "rlexp.envs",
+            "rlexp.evals",
+            "rlexp.models",
+            "rlexp.rewards",
+            "rlexp.tracking",
+            "rlexp.transport",
+        ],
+        2,
+    ),
     "rlexp.run": 3,
-    **dict.fromkeys(["rlexp.cli", "rlexp.__main__", "rlexp.train", "rlexp.bench", "rlexp.evals.cli",
-                     "rlexp.cluster.plan_cli", "rlexp.cluster.doctor", "rlexp.tracking.compare",
-                     "rlexp.tracking.sweep_summary", "rlexp.tracking.reproduce"], 4),
+    **dict.fromkeys(
+        [
+            "rlexp.cli",
+            "rlexp.__main__",
+            "rlexp.train",
+            "rlexp.bench",
+            "rlexp.evals.cli",
+            "rlexp.cluster.plan_cli",
+            "rlexp.cluster.doctor",
+            "rlexp.tracking.compare",
+            "rlexp.tracking.sweep_summary",
+            "rlexp.tracking.reproduce",
+        ],
+        4,
+    ),
 }
-# Upward imports known today, each to be removed by the change that owns its module; `--check` fails on any
-# other. Stale entries (the import is gone) are reported, not failed, so removing one never breaks the check.
+# Upward imports known today, each to be removed by the change that owns its module; `--check` fails
+# on any other. Stale entries (the import is gone) are reported, not failed, so removing one never
+# breaks the check.
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {}
 
 
@@ -73,7 +111,8 @@ class Graph:
         self.lines.setdefault((src, dst), []).append(line)
 
     def coupling(self, include_type: bool = False) -> dict[str, set[str]]:
-        """Adjacency of the module graph used for cycles (type-only imports left out unless asked)."""
+        """Adjacency of the module graph used for cycles (type-only imports left out unless
+        asked)."""
         adj: dict[str, set[str]] = {m: set() for m in self.modules}
         for (a, b), kind in self.edges.items():
             if include_type or kind != "type":
@@ -81,7 +120,8 @@ class Graph:
         return adj
 
 
-# ---------------------------------------------------------------------------------------------- parsing
+# ----------------------------------------------------------------------------------------------
+# parsing
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -158,7 +198,9 @@ class _Visitor(ast.NodeVisitor):
         if node.level:
             base = self.package.split(".") if self.package else []
             if node.level - 1 > len(base):
-                self.graph.errors.append(f"{self.module}:{node.lineno}: relative import beyond top level")
+                self.graph.errors.append(
+                    f"{self.module}:{node.lineno}: relative import beyond top level"
+                )
                 return
             base = base[: len(base) - (node.level - 1)]
             if node.module:
@@ -191,11 +233,13 @@ def build_graph(root: Path) -> Graph:
     return graph
 
 
-# ----------------------------------------------------------------------------------------------- graphs
+# -----------------------------------------------------------------------------------------------
+# graphs
 
 
 def package_of(module: str) -> str:
-    """First component below rlexp: rlexp.tracking.base -> rlexp.tracking; rlexp itself stays rlexp."""
+    """First component below rlexp: rlexp.tracking.base -> rlexp.tracking; rlexp itself stays
+    rlexp."""
     parts = module.split(".")
     return ".".join(parts[:2])
 
@@ -289,7 +333,8 @@ def package_kind(counts: dict[str, int]) -> str:
 
 
 def layer_of(module: str) -> int | None:
-    """The layer of the longest `LAYERS` prefix naming `module` (None: unlayered, e.g. the package itself)."""
+    """The layer of the longest `LAYERS` prefix naming `module` (None: unlayered, e.g. the package
+    itself)."""
     name = module
     while name:
         if name in LAYERS:
@@ -299,7 +344,8 @@ def layer_of(module: str) -> int | None:
 
 
 def upward_edges(graph: Graph) -> list[tuple[str, str]]:
-    """Imports (top-level or function-level; type-only ones left out) from a lower layer to a higher one."""
+    """Imports (top-level or function-level; type-only ones left out) from a lower layer to a higher
+    one."""
     out = []
     for (a, b), kind in graph.edges.items():
         la, lb = layer_of(a), layer_of(b)
@@ -312,7 +358,8 @@ def in_focus(module: str, focus: list[str]) -> bool:
     return any(module == f or module.startswith(f + ".") for f in focus)
 
 
-# ----------------------------------------------------------------------------------------------- report
+# -----------------------------------------------------------------------------------------------
+# report
 
 
 def fmt_cycle(path: list[str], graph: Graph) -> str:
@@ -341,19 +388,32 @@ def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[str]]:
     stale = sorted(e for e in ALLOWED_UPWARD if e not in upward)
 
     L: list[str] = [f"# Import graph of `{PKG}` ({root})", ""]
-    L += ["Edge kinds: `top` = runs when the module is imported; `function` = inside a function/method "
-          "(a deferred import, still a coupling); `type` = under `if TYPE_CHECKING:` (ignored for cycles).", ""]
+    L += [
+        "Edge kinds: `top` = runs when the module is imported; `function` = inside a "
+        "function/method (a deferred import, still a coupling); `type` = under `if "
+        "TYPE_CHECKING:` (ignored for cycles).",
+        "",
+    ]
     L += ["## Counts", ""]
     L.append(f"- modules: {len(graph.modules)} in {len(pkgs)} packages")
-    L.append(f"- module edges: {len(graph.edges)} ({kinds['top']} top-level, {kinds['function']} function-level, "
-             f"{kinds['type']} type-only)")
-    L.append(f"- package edges: {len(pedges)} ({pkinds['top']} with a top-level import, {pkinds['function']} "
-             f"only function-level, {pkinds['type']} only type-only)")
-    L.append(f"- module cycles (SCCs > 1): {len(mod_cycles)}, covering {sum(map(len, mod_cycles))} modules; "
-             f"through the focus set: {len(focus_cycles)}")
+    L.append(
+        f"- module edges: {len(graph.edges)} ({kinds['top']} top-level, {kinds['function']} "
+        f"function-level, {kinds['type']} type-only)"
+    )
+    L.append(
+        f"- package edges: {len(pedges)} ({pkinds['top']} with a top-level "
+        f"import, {pkinds['function']} only function-level, {pkinds['type']} only type-only)"
+    )
+    L.append(
+        f"- module cycles (SCCs > 1): {len(mod_cycles)}, covering {sum(map(len, mod_cycles))} "
+        f"modules; through the focus set: {len(focus_cycles)}"
+    )
     L.append(f"- package cycles (SCCs > 1): {len(pkg_cycles)}")
-    L.append(f"- upward imports (a layer importing a higher one): {len(upward)}, {len(upward) - len(disallowed)} of "
-             f"them allowed (ALLOWED_UPWARD: {len(ALLOWED_UPWARD)} entries)")
+    L.append(
+        "- upward imports (a layer importing a higher one): "
+        f"{len(upward)}, {len(upward) - len(disallowed)} of them allowed "
+        f"(ALLOWED_UPWARD: {len(ALLOWED_UPWARD)} entries)"
+    )
     for err in graph.errors:
         L.append(f"- warning: {err}")
     L.append("")
@@ -364,8 +424,13 @@ def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[str]]:
     for i, comp in enumerate(mod_cycles, 1):
         L.append(f"{i}. {len(comp)} modules: {', '.join(comp)}")
         L.append(f"   - e.g. {fmt_cycle(example_cycle(adj, comp), graph)}")
-        inner = sorted((a, b) for (a, b), k in graph.edges.items() if a in comp and b in comp and k != "type")
-        L.append("   - edges inside: " + "; ".join(f"{a} -> {b} ({graph.edges[(a, b)]})" for a, b in inner))
+        inner = sorted(
+            (a, b) for (a, b), k in graph.edges.items() if a in comp and b in comp and k != "type"
+        )
+        L.append(
+            "   - edges inside: "
+            + "; ".join(f"{a} -> {b} ({graph.edges[(a, b)]})" for a, b in inner)
+        )
     L.append("")
 
     L += ["## Package cycles", ""]
@@ -383,13 +448,21 @@ def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[str]]:
     for a, b in upward:
         lines = ",".join(map(str, sorted(set(graph.lines[(a, b)]))))
         note = f"allowed: {ALLOWED_UPWARD[(a, b)]}" if (a, b) in ALLOWED_UPWARD else "NOT ALLOWED"
-        L.append(f"- {a} ({LAYER_NAMES[layer_of(a)]}) -> {b} ({LAYER_NAMES[layer_of(b)]}), "  # type: ignore[index]
-                 f"{graph.edges[(a, b)]} line {lines}: {note}")
+        L.append(
+            f"- {a} ({LAYER_NAMES[layer_of(a)]}) "  # type: ignore[index]
+            f"-> {b} ({LAYER_NAMES[layer_of(b)]}), "  # type: ignore[index]
+            f"{graph.edges[(a, b)]} line {lines}: {note}"
+        )
     for a, b in stale:
         L.append(f"- stale allow-list entry (no such import now; remove it): {a} -> {b}")
     L.append("")
 
-    L += ["## Package edges", "", "`a -> b: N top, M function` (module edges behind each package edge)", ""]
+    L += [
+        "## Package edges",
+        "",
+        "`a -> b: N top, M function` (module edges behind each package edge)",
+        "",
+    ]
     for (a, b) in sorted(pedges):
         c = pedges[(a, b)]
         L.append(f"- {a} -> {b}: " + ", ".join(f"{c[k]} {k}" for k in KIND_RANK if k in c))
@@ -423,8 +496,11 @@ def report(graph: Graph, focus: list[str], root: Path) -> tuple[str, list[str]]:
     L.append("")
     failures = [f"import cycle through the focus set: {', '.join(c)}" for c in focus_cycles]
     failures += [f"package cycle: {' -> '.join(example_cycle(padj, c))}" for c in pkg_cycles]
-    failures += [f"upward import: {a} ({LAYER_NAMES[layer_of(a)]}) -> {b} ({LAYER_NAMES[layer_of(b)]})"  # type: ignore[index]
-                 for a, b in disallowed]
+    failures += [
+        f"upward import: {a} ({LAYER_NAMES[layer_of(a)]}) "  # type: ignore[index]
+        f"-> {b} ({LAYER_NAMES[layer_of(b)]})"  # type: ignore[index]
+        for a, b in disallowed
+    ]
     return "\n".join(L), failures
 
 
@@ -463,8 +539,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--focus", nargs="+", default=DEFAULT_FOCUS,
                     help="modules or packages (a package stands for every module under it)")
     ap.add_argument("--dot", type=Path, help="write the package graph as Graphviz DOT to this file")
-    ap.add_argument("--check", action="store_true", help="exit 1 on an import cycle through the focus set, a package "
-                    "cycle, or an upward import not in ALLOWED_UPWARD")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 on an import cycle through the focus set, a package "
+        "cycle, or an upward import not in ALLOWED_UPWARD",
+    )
     args = ap.parse_args(argv)
 
     root = args.root.resolve()

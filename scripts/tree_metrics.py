@@ -1,13 +1,13 @@
 """How the package's tree reads, counted (issue 21's before/after): modules at the rlexp/ root, longest functions,
-`cfg`/`c` parameters typed `Any`, and (through scripts/import_graph.py) upward imports and package cycles.
-Issue 44 adds: config parameters typed `Any` by any of their names, one-letter parameters (their
-share of all), modules over 500 lines, functions over 80, and (scripts/cfg_trace.py) where the
-launcher's config goes.
+`cfg`/`c` parameters typed `Any`, and (through scripts/import_graph.py) upward imports and package
+cycles. Issue 44 adds: config parameters typed `Any` by any of their names, one-letter parameters
+(their share of all), modules over 500 lines, functions over 80, and (scripts/cfg_trace.py) where
+the launcher's config goes.
 
     python scripts/tree_metrics.py [--root REPO] [--import-graph SCRIPT]
 
-Parses with `ast`; nothing is imported. `--import-graph` names the layer checker whose LAYERS describe that tree
-(an older commit's own scripts/import_graph.py for an older tree)."""
+Parses with `ast`; nothing is imported. `--import-graph` names the layer checker whose LAYERS
+describe that tree (an older commit's own scripts/import_graph.py for an older tree)."""
 from __future__ import annotations
 
 import argparse
@@ -56,11 +56,15 @@ def count(root: Path) -> dict[str, object]:
 
 
 def graph(root: Path, script: Path) -> dict[str, str]:
-    out = subprocess.run([sys.executable, str(script), "--root", str(root)], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(script), "--root", str(root)], capture_output=True, text=True
+    ).stdout
     found = {}
-    for key, pat in (("upward imports", r"upward imports \(a layer importing a higher one\): (\d+)"),
-                     ("package cycles", r"package cycles \(SCCs > 1\): (\d+)"),
-                     ("module cycles", r"module cycles \(SCCs > 1\): (\d+)")):
+    for key, pat in (
+        ("upward imports", r"upward imports \(a layer importing a higher one\): (\d+)"),
+        ("package cycles", r"package cycles \(SCCs > 1\): (\d+)"),
+        ("module cycles", r"module cycles \(SCCs > 1\): (\d+)"),
+    ):
         m = re.search(pat, out)
         found[key] = m.group(1) if m else "?"
     return found

@@ -14,8 +14,8 @@ writing exactly batch x max_tokens tokens; - overhead (`--overhead-steps`): the 
 `sync=async` step against its ideal max(generation, the rest) measured in the same run
 (`perf/overlap_efficiency`, rlexp/algorithm/loop.py).
 
-Writes a markdown table with the command line that produced it (default studies/perf/results/bench_cpu.md). Not a
-timed test: numbers depend on the machine and its load.
+Writes a markdown table with the command line that produced it (default
+studies/perf/results/bench_cpu.md). Not a timed test: numbers depend on the machine and its load.
 """
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""Close matches for what a user mistyped: a config key, a group option, a class path. Pure look-ups over the
-typed schema, the config folders and the files on the module path: nothing here imports or runs user code (a
-class path is judged by finding its module's file and reading its top-level names with `ast`), so a
-suggestion costs milliseconds and is safe to make for any input.
+"""Close matches for what a user mistyped: a config key, a group option, a class path. Pure look-ups
+over the typed schema, the config folders and the files on the module path: nothing here imports or
+runs user code (a class path is judged by finding its module's file and reading its top-level names
+with `ast`), so a suggestion costs milliseconds and is safe to make for any input.
 
-Also the one list of overrides rlexp adds to a command line itself (`INTERNAL_KEYS`): they are never shown to
-a user, in a message or in a command suggested to them."""
+Also the one list of overrides rlexp adds to a command line itself (`INTERNAL_KEYS`): they are never
+shown to a user, in a message or in a command suggested to them."""
 from __future__ import annotations
 
 import ast
@@ -21,8 +21,9 @@ from typing import Any
 from rlexp.config.overrides import _schema, _unwrap, moved_key, schema_path_error
 from rlexp.config.schema import TrainConfig
 
-# Overrides rlexp derives from what the user typed (`config_path=DIR` -> `hydra.searchpath=[file://DIR]`):
-# the user's own key is what they see and what a suggested command repeats.
+# Overrides rlexp derives from what the user typed (`config_path=DIR` ->
+# `hydra.searchpath=[file://DIR]`): the user's own key is what they see and what a suggested command
+# repeats.
 INTERNAL_KEYS = ("hydra.searchpath",)
 _CLASS_PATH = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*):([A-Za-z_][\w.]*)$")
 
@@ -43,7 +44,8 @@ def did_you_mean(matches: Sequence[str]) -> str:
 
 @functools.cache
 def schema_keys(root: type = TrainConfig) -> tuple[str, ...]:
-    """Every dotted key of the schema, nodes and leaves (free-form dicts and lists are not entered)."""
+    """Every dotted key of the schema, nodes and leaves (free-form dicts and lists are not
+    entered)."""
     out: list[str] = []
 
     def walk(tp: Any, prefix: str) -> None:
@@ -62,9 +64,9 @@ def schema_keys(root: type = TrainConfig) -> tuple[str, ...]:
 
 
 def nearest_keys(key: str, extra: Iterable[str] = ()) -> list[str]:
-    """Keys of the schema (and `extra`: group names) close to the mistyped `key`: a sibling spelt alike
-    (`trainer.lrr` -> `trainer.lr`), a key of the same name elsewhere (`algorithm.lr` -> `trainer.lr`), or a
-    whole path spelt alike."""
+    """Keys of the schema (and `extra`: group names) close to the mistyped `key`: a sibling spelt
+    alike (`trainer.lrr` -> `trainer.lr`), a key of the same name elsewhere (`algorithm.lr` ->
+    `trainer.lr`), or a whole path spelt alike."""
     keys = [*schema_keys(), *extra]
     parent, _, leaf = key.rpartition(".")
     siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
@@ -76,14 +78,17 @@ def nearest_keys(key: str, extra: Iterable[str] = ()) -> list[str]:
 
 
 def unknown_key(key: str, extra: Iterable[str] = ()) -> str | None:
-    """None when `key` is a key of the schema (or lies inside a free-form dict); else the message."""
+    """None when `key` is a key of the schema (or lies inside a free-form dict); else the
+    message."""
     why = schema_path_error(key.split("."))
     if why is None:
         return None
     if (moved := moved_key(key.lstrip("+~"))) is not None:
         return moved
-    return (f"unknown key {key}{did_you_mean(nearest_keys(key, extra))} ({why}; `rlexp train --cfg job` prints "
-            f"every key)")
+    return (
+        f"unknown key {key}{did_you_mean(nearest_keys(key, extra))} ({why}; `rlexp train --cfg "
+        "job` prints every key)"
+    )
 
 
 def group_options(group: str, conf_dirs: Sequence[Path]) -> list[str]:
@@ -91,13 +96,17 @@ def group_options(group: str, conf_dirs: Sequence[Path]) -> list[str]:
 
 
 def unknown_option(group: str, value: str, conf_dirs: Sequence[Path]) -> str | None:
-    """None when `group=value` names a config file; else the message with the close matches and the choices."""
+    """None when `group=value` names a config file; else the message with the close matches and the
+    choices."""
     if any((Path(d) / group / f"{value}.yaml").is_file() for d in conf_dirs):
         return None
     options = group_options(group, conf_dirs)
-    return (f"{group}={value}: no such option{did_you_mean([f'{group}={o}' for o in close(value, options)])} "
-            f"(the options of {group}: {', '.join(options) or 'none'}; a file of your own goes in "
-            f"<your config folder>/{group}/{value}.yaml, given with config_path=<your config folder>)")
+    return (
+        f"{group}={value}: no such "
+        f"option{did_you_mean([f'{group}={o}' for o in close(value, options)])} (the options "
+        f"of {group}: {', '.join(options) or 'none'}; a file of your own goes in <your config "
+        f"folder>/{group}/{value}.yaml, given with config_path=<your config folder>)"
+    )
 
 
 def is_class_path(value: Any) -> bool:
@@ -105,9 +114,10 @@ def is_class_path(value: Any) -> bool:
 
 
 def _module_file(module: str, paths: Sequence[str]) -> Path | bool | None:
-    """The source file of `module`, found without importing it; True for one that exists without a source file
-    to read (a built-in, an extension, a namespace package); None when it is not there. Only a top-level name
-    goes through the import system (`find_spec` of a top-level name runs no code)."""
+    """The source file of `module`, found without importing it; True for one that exists without a
+    source file to read (a built-in, an extension, a namespace package); None when it is not there.
+    Only a top-level name goes through the import system (`find_spec` of a top-level name runs no
+    code)."""
     top, *rest = module.split(".")
     root = None
     for p in [*sys.path, *paths]:
@@ -125,7 +135,11 @@ def _module_file(module: str, paths: Sequence[str]) -> Path | bool | None:
         if spec is None:
             return None
         if not spec.submodule_search_locations:
-            return None if rest else (Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else True)
+            return (
+                None
+                if rest
+                else (Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else True)
+            )
         root = Path(next(iter(spec.submodule_search_locations)))
         if not root.is_dir():  # a zip, or a finder of its own: cannot be told without importing
             return True
@@ -158,8 +172,8 @@ def _siblings(module: str, paths: Sequence[str]) -> list[str]:
 
 
 def top_level_names(file: Path) -> list[str] | None:
-    """Names a module file defines at its top level, read with `ast`; None when that cannot be told without
-    running it (a star import or a module `__getattr__`)."""
+    """Names a module file defines at its top level, read with `ast`; None when that cannot be told
+    without running it (a star import or a module `__getattr__`)."""
     try:
         tree = ast.parse(file.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
@@ -179,16 +193,23 @@ def top_level_names(file: Path) -> list[str] | None:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
         else:  # `if`/`try` blocks may define names too: take every name they bind
-            names += [n.name for n in ast.walk(node) if isinstance(n, (ast.ClassDef, ast.FunctionDef))]
-            names += [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+            names += [
+                n.name for n in ast.walk(node) if isinstance(n, (ast.ClassDef, ast.FunctionDef))
+            ]
+            names += [
+                n.id
+                for n in ast.walk(node)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+            ]
             names += [a.asname or a.name.split(".")[0] for n in ast.walk(node)
                       if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names]
     return names
 
 
 def class_path_error(key: str, value: str, paths: Sequence[str]) -> str | None:
-    """None when `module:Class` may well resolve (its module's file is on the path and, read with `ast`,
-    defines `Class`); else the message with the nearest names that exist. Nothing is imported."""
+    """None when `module:Class` may well resolve (its module's file is on the path and, read with
+    `ast`, defines `Class`); else the message with the nearest names that exist. Nothing is
+    imported."""
     m = _CLASS_PATH.match(value)
     if m is None:
         return None
@@ -196,12 +217,16 @@ def class_path_error(key: str, value: str, paths: Sequence[str]) -> str | None:
     file = _module_file(module, paths)
     if file is None:
         parts = module.split(".")
-        i = next(i for i in range(1, len(parts) + 1) if _module_file(".".join(parts[:i]), paths) is None)
+        i = next(
+            i for i in range(1, len(parts) + 1) if _module_file(".".join(parts[:i]), paths) is None
+        )
         missing, rest = ".".join(parts[:i]), "".join(f".{p}" for p in parts[i:])
         near = [f"{s}{rest}:{m.group(2)}" for s in close(missing, _siblings(missing, paths))]
-        return (f"{key}={value}: there is no module {missing!r} on the module path{did_you_mean(near)} (searched "
-                f"the working folder, each config_path folder's parent and sys.path; install it or run from the "
-                f"folder that holds it)")
+        return (
+            f"{key}={value}: there is no module {missing!r} on the module "
+            f"path{did_you_mean(near)} (searched the working folder, each config_path folder's "
+            "parent and sys.path; install it or run from the folder that holds it)"
+        )
     if not isinstance(file, Path):
         return None
     names = top_level_names(file)

@@ -1,8 +1,9 @@
-"""What a `reward=weaver` step reports (rlexp/rewards/weaver.py's metrics), one concept apart from the reward:
-the verifiers' rates and agreement, the label model's fit, and the signs that tell a collapse or a fallback from
-learning. `reward/weaver_fallback` (1 when too few verifiers survived the filters to fit the label model, so the
-reward is the unweighted mean) sits beside `reward/mean`, where a dashboard looks first, and the controller's
-progress line says it in words (rlexp/run/controller.py::weaver_fallback_warning)."""
+"""What a `reward=weaver` step reports (rlexp/rewards/weaver.py's metrics), one concept apart from
+the reward: the verifiers' rates and agreement, the label model's fit, and the signs that tell a
+collapse or a fallback from learning. `reward/weaver_fallback` (1 when too few verifiers survived
+the filters to fit the label model, so the reward is the unweighted mean) sits beside `reward/mean`,
+where a dashboard looks first, and the controller's progress line says it in words
+(rlexp/run/controller.py::weaver_fallback_warning)."""
 from __future__ import annotations
 
 import math
@@ -37,7 +38,9 @@ def step_metrics(r: WeaverReward, rewards: np.ndarray, votes: np.ndarray, win_vo
         m["weaver/em_iters"] = float(r.params.iters)
         m["weaver/loglik"] = float(r.params.loglik)
     active_idx = {n: j for j, n in enumerate(n for n, a in zip(r.names, act) if a)}
-    weighted = r.params is not None and r.opts.weighting != "posterior" and r.opts.combine == "label_model"
+    weighted = (
+        r.params is not None and r.opts.weighting != "posterior" and r.opts.combine == "label_model"
+    )
     weights = r.score_weights() if weighted else None
     for i, name in enumerate(r.names):
         m[f"weaver/{name}/pos_rate"] = float(win_votes[:, i].mean())
@@ -56,10 +59,18 @@ def step_metrics(r: WeaverReward, rewards: np.ndarray, votes: np.ndarray, win_vo
                 (win_votes[:, i] == win_votes[:, k]).mean())
     return m
 
-def paper_metrics(r: WeaverReward, problems: list[Problem], texts: list[str], model_rewards: np.ndarray,
-                   group_size: int, refit: bool, bounded: float) -> dict[str, float]:
-    """What tells a collapse from learning: the label model's belief, the class balance it is held to, the
-    dev budget spent, and how alike the policy answers (the share of each group's most common answer)."""
+def paper_metrics(
+    r: WeaverReward,
+    problems: list[Problem],
+    texts: list[str],
+    model_rewards: np.ndarray,
+    group_size: int,
+    refit: bool,
+    bounded: float,
+) -> dict[str, float]:
+    """What tells a collapse from learning: the label model's belief, the class balance it is held
+    to, the dev budget spent, and how alike the policy answers (the share of each group's most
+    common answer)."""
     prior = r.class_prior()
     m: dict[str, float] = {
         "weaver/est_correct_share": float(np.mean(model_rewards)) if len(model_rewards) else 0.0,
@@ -86,7 +97,10 @@ def paper_metrics(r: WeaverReward, problems: list[Problem], texts: list[str], mo
     if r.env is not None and hasattr(r.env, "extract"):
         shares = []
         for g in range(0, len(texts), group_size):
-            answers = [r.env.extract(p, t) for p, t in zip(problems[g:g + group_size], texts[g:g + group_size])]
+            answers = [
+                r.env.extract(p, t)
+                for p, t in zip(problems[g : g + group_size], texts[g : g + group_size])
+            ]
             top = max(Counter(a for a in answers if a is not None).values(), default=0)
             shares.append(top / max(len(answers), 1))
         m["weaver/top_answer_share"] = float(np.mean(shares)) if shares else 0.0

@@ -4,16 +4,17 @@
         --out studies/crosscheck/results
 
 lm-eval is NOT a dependency of rlexp. It is installed in a separate virtual environment
-(`python3.11 -m venv /tmp/lmeval-venv && /tmp/lmeval-venv/bin/pip install --no-deps lm-eval==0.4.13 pyyaml`)
-and run there as a subprocess: the child reads the `filter_list` of lm-eval's own task YAMLs
-(gpqa/cot_zeroshot/_gpqa_cot_zeroshot_yaml, mmlu_pro/_default_template_yaml) and applies lm-eval's own
-filter classes (looked up in its filter registry) to the responses. Nothing of lm-eval is copied here. The
-final comparison follows the task's `metric_list` (exact_match with ignore_case / ignore_punctuation:
-lower-case, delete `string.punctuation`, compare with the target "(X)" for GPQA and "X" for MMLU-Pro).
+(`python3.11 -m venv /tmp/lmeval-venv && /tmp/lmeval-venv/bin/pip install --no-deps lm-eval==0.4.13
+pyyaml`) and run there as a subprocess: the child reads the `filter_list` of lm-eval's own task
+YAMLs (gpqa/cot_zeroshot/_gpqa_cot_zeroshot_yaml, mmlu_pro/_default_template_yaml) and applies
+lm-eval's own filter classes (looked up in its filter registry) to the responses. Nothing of lm-eval
+is copied here. The final comparison follows the task's `metric_list` (exact_match with ignore_case
+/ ignore_punctuation: lower-case, delete `string.punctuation`, compare with the target "(X)" for
+GPQA and "X" for MMLU-Pro).
 
-The responses below are written for this check (invented questions, no benchmark content) and cover the
-formats models actually produce. Each case that is expected to disagree carries a `why`; a disagreement
-without one is reported as UNEXPLAINED.
+The responses below are written for this check (invented questions, no benchmark content) and cover
+the formats models actually produce. Each case that is expected to disagree carries a `why`; a
+disagreement without one is reported as UNEXPLAINED.
 """
 from __future__ import annotations
 
@@ -29,35 +30,77 @@ from pathlib import Path
 from rlexp.envs.answers import check_choice
 
 GPQA_CHOICES = ["Nitrogen", "Oxygen", "Argon", "Carbon dioxide"]
-MMLU_CHOICES = ["Venus", "Earth", "Mercury", "Mars", "Jupiter", "Saturn", "Uranus", "Neptune", "Pluto", "Ceres"]
+MMLU_CHOICES = [
+    "Venus",
+    "Earth",
+    "Mercury",
+    "Mars",
+    "Jupiter",
+    "Saturn",
+    "Uranus",
+    "Neptune",
+    "Pluto",
+    "Ceres",
+]
 
-W_FIRST = ("lm-eval takes the FIRST 'answer is' statement, rlexp the LAST (models correct themselves; when a "
-           "model rambles on past its answer, as in this case, first-wins is right and rlexp is wrong).")
-W_THINK = "rlexp strips <think>...</think> first; lm-eval also scores the decoy inside the thinking block."
-W_UNCLOSED = ("The response stops inside an unclosed <think> block: rlexp treats it as unfinished reasoning with "
-              "no answer; lm-eval scores the letter found in it.")
-W_S_PHRASE = ("GPQA strict-match needs the exact, case-sensitive phrase 'The answer is ' followed by more text; "
-              "'Answer: C', 'The correct answer is', a box or a bare letter all give [invalid] there.")
-W_S_CASE = "GPQA strict-match's lookbehind is case-sensitive: 'the answer is (C)' with a lower-case t fails."
-W_S_TAIL = ("GPQA strict-match keeps everything after 'The answer is ' except the last character, so any words "
-            "after the letter ('(C) because ...', 'option B', '$\\boxed{D}') make the exact match fail.")
-W_S_END = ("'The answer is B' ending the response: strict-match's (.*)(?=.) drops the last character and "
-           "captures an empty string.")
-W_F_PAREN = ("GPQA flexible-extract needs a parenthesised '(X)' (or the choice text, or ': X'); a bare letter "
-             "('D.', 'option B', '**B**', \\boxed{C}) is [invalid] there.")
-W_F_LAST = ("GPQA flexible-extract takes the LAST '(X)' anywhere in the response; rlexp prefers an explicit "
-            "'answer is' statement and uses a parenthesised letter only when it ends the response.")
-W_F_MID = ("A '(X)' that is neither stated as the answer nor at the end (mid-text, or a response cut off) is "
-           "unparseable for rlexp; GPQA flexible-extract takes it.")
-W_F_TEXT = ("GPQA flexible-extract falls back to matching the choice TEXT ('Nitrogen'); rlexp scores letters only, "
-            "so a choice text without a letter is unparseable.")
-W_CASE = "rlexp requires an upper-case letter; GPQA strict-match compares case-insensitively, so '(c)' counts."
-W_M_PHRASE = ("MMLU-Pro's regex `answer is \\(?([A-J])\\)?` needs 'answer is' directly followed by the letter; "
-              "'Answer: D', 'answer is: A', 'option J', a box or a bare letter give [invalid]; rlexp accepts them.")
-W_M_SPACE = ("MMLU-Pro's regex allows exactly one space and no markup between 'answer is' and the letter; rlexp "
-             "skips markdown '**', '$' and any whitespace (double space, line break).")
-W_M_CASE = ("MMLU-Pro's regex is case-sensitive: 'Answer is (H)' fails there (its prompt asks for lower-case "
-            "'the answer is'); rlexp accepts it.")
+W_FIRST = (
+    "lm-eval takes the FIRST 'answer is' statement, rlexp the LAST (models correct themselves; "
+    "when a model rambles on past its answer, as in this case, first-wins is right and rlexp is "
+    "wrong)."
+)
+W_THINK = ("rlexp strips <think>...</think> first; lm-eval also scores the decoy inside the "
+           "thinking block.")
+W_UNCLOSED = (
+    "The response stops inside an unclosed <think> block: rlexp treats it as unfinished "
+    "reasoning with no answer; lm-eval scores the letter found in it."
+)
+W_S_PHRASE = (
+    "GPQA strict-match needs the exact, case-sensitive phrase 'The answer is ' followed by more "
+    "text; 'Answer: C', 'The correct answer is', a box or a bare letter all give [invalid] there."
+)
+W_S_CASE = ("GPQA strict-match's lookbehind is case-sensitive: 'the answer is (C)' with a "
+            "lower-case t fails.")
+W_S_TAIL = (
+    "GPQA strict-match keeps everything after 'The answer is ' except the last character, so "
+    "any words after the letter ('(C) because ...', 'option B', '$\\boxed{D}') make the exact "
+    "match fail."
+)
+W_S_END = (
+    "'The answer is B' ending the response: strict-match's (.*)(?=.) drops the last character and "
+    "captures an empty string."
+)
+W_F_PAREN = (
+    "GPQA flexible-extract needs a parenthesised '(X)' (or the choice text, or ': X'); a bare "
+    "letter ('D.', 'option B', '**B**', \\boxed{C}) is [invalid] there."
+)
+W_F_LAST = (
+    "GPQA flexible-extract takes the LAST '(X)' anywhere in the response; rlexp prefers an "
+    "explicit 'answer is' statement and uses a parenthesised letter only when it ends the "
+    "response."
+)
+W_F_MID = (
+    "A '(X)' that is neither stated as the answer nor at the end (mid-text, or a response cut "
+    "off) is unparseable for rlexp; GPQA flexible-extract takes it."
+)
+W_F_TEXT = (
+    "GPQA flexible-extract falls back to matching the choice TEXT ('Nitrogen'); rlexp scores "
+    "letters only, so a choice text without a letter is unparseable."
+)
+W_CASE = ("rlexp requires an upper-case letter; GPQA strict-match compares case-insensitively, "
+          "so '(c)' counts.")
+W_M_PHRASE = (
+    "MMLU-Pro's regex `answer is \\(?([A-J])\\)?` needs 'answer is' directly followed by the "
+    "letter; 'Answer: D', 'answer is: A', 'option J', a box or a bare letter give [invalid]; "
+    "rlexp accepts them."
+)
+W_M_SPACE = (
+    "MMLU-Pro's regex allows exactly one space and no markup between 'answer is' and the "
+    "letter; rlexp skips markdown '**', '$' and any whitespace (double space, line break)."
+)
+W_M_CASE = (
+    "MMLU-Pro's regex is case-sensitive: 'Answer is (H)' fails there (its prompt asks for "
+    "lower-case 'the answer is'); rlexp accepts it."
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +109,8 @@ class Case:
     task: str  # "gpqa" (A-D) or "mmlu_pro" (A-J)
     gold: str
     text: str
-    # Why the scorers disagree where they are expected to: one reason, or one per lm-eval filter name.
+    # Why the scorers disagree where they are expected to: one reason, or one per lm-eval filter
+    # name.
     why: str | dict = ""
 
 
@@ -123,7 +167,12 @@ def _cases() -> list[Case]:
         # several statements / self-correction
         (g, "D", "The answer is (B). Hmm, no: the answer is (D).", {S: W_S_TAIL}),
         (g, "B", "The answer is (B). Hmm, no: the answer is (D)."),
-        (g, "C", "I first thought the answer is (A), but recomputing, the answer is (C).", {S: W_S_CASE}),
+        (
+            g,
+            "C",
+            "I first thought the answer is (A), but recomputing, the answer is (C).",
+            {S: W_S_CASE},
+        ),
         (m, "D", "the answer is (B). Checking again, the answer is (D).", W_FIRST),
         (m, "B", "the answer is (B). Checking again, the answer is (D).", W_FIRST),
         (m, "F", "At first the answer is (A)?? No. Recomputing: the answer is (F).", W_FIRST),
@@ -139,7 +188,12 @@ def _cases() -> list[Case]:
         (g, "C", "The answer is (C) because (A) fails the test.", {S: W_S_TAIL, F: W_F_LAST}),
         (g, "C", "The answer is (C), not (D).", {S: W_S_TAIL, F: W_F_LAST}),
         (g, "C", "(C) Nitrogen is by far the most abundant gas in the atmosphere.", {F: W_F_MID}),
-        (g, "A", "Let's think step by step. Option (A) is the first candidate, and it", {F: W_F_MID}),
+        (
+            g,
+            "A",
+            "Let's think step by step. Option (A) is the first candidate, and it",
+            {F: W_F_MID},
+        ),
         (m, "C", "the answer is (C) because (A) fails."),
         (m, "B", "(A) and (B) are both plausible; the answer is (B)"),
         (m, "D", "Comparing (D) with (E): the answer is (D)."),
@@ -188,10 +242,12 @@ def _cases() -> list[Case]:
         (g, "D", "The answer is (D)\n\nThe answer is (A)", {S: W_FIRST}),
         (m, "H", "Answer is (H)", W_M_CASE),
     ]
-    return [Case(f"{t}-{i:03d}", t, gold, text, *rest) for i, (t, gold, text, *rest) in enumerate(raw)]
+    return [
+        Case(f"{t}-{i:03d}", t, gold, text, *rest) for i, (t, gold, text, *rest) in enumerate(raw)
+    ]
 
 
-# --- lm-eval side (runs in the lm-eval virtual environment) ---------------------------------------------
+# --- lm-eval side (runs in the lm-eval virtual environment) ---------------------------------------
 _CHILD = textwrap.dedent(r'''
     import json, sys
     from pathlib import Path
@@ -221,7 +277,10 @@ _CHILD = textwrap.dedent(r'''
     print(json.dumps(out))
 ''')
 
-LM_EVAL_TASKS = {"gpqa": "gpqa/cot_zeroshot/_gpqa_cot_zeroshot_yaml", "mmlu_pro": "mmlu_pro/_default_template_yaml"}
+LM_EVAL_TASKS = {
+    "gpqa": "gpqa/cot_zeroshot/_gpqa_cot_zeroshot_yaml",
+    "mmlu_pro": "mmlu_pro/_default_template_yaml",
+}
 
 
 def run_lm_eval(python: str, cases: list[Case]) -> dict:
@@ -229,14 +288,19 @@ def run_lm_eval(python: str, cases: list[Case]) -> dict:
                          "choices": [GPQA_CHOICES if t == "gpqa" else MMLU_CHOICES
                                      for c in cases if c.task == t]}
                      for t, y in LM_EVAL_TASKS.items()}}
-    proc = subprocess.run([python, "-c", _CHILD], input=json.dumps(req), capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [python, "-c", _CHILD], input=json.dumps(req), capture_output=True, text=True, check=False
+    )
     if proc.returncode:
-        raise SystemExit(f"lm-eval child failed (is lm-eval installed in {python}?):\n{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"lm-eval child failed (is lm-eval installed in {python}?):\n{proc.stderr[-3000:]}"
+        )
     return json.loads(proc.stdout)
 
 
 def lm_eval_correct(extracted: str, gold: str, task: str, metric: dict) -> bool:
-    """exact_match as configured in the task's metric_list; targets are "(X)" (GPQA) and "X" (MMLU-Pro)."""
+    """exact_match as configured in the task's metric_list; targets are "(X)" (GPQA) and "X"
+    (MMLU-Pro)."""
     pred, ref = extracted, f"({gold})" if task == "gpqa" else gold
     if metric.get("ignore_case"):
         pred, ref = pred.lower(), ref.lower()
@@ -262,10 +326,21 @@ def compare(lm: dict, cases: list[Case]) -> tuple[list[dict], dict]:
                 ours = check_choice(c.gold, c.text, 4 if task == "gpqa" else 10)
                 same = ours.correct == lm_ok
                 agree += same
-                rows.append({"case": c.id, "task": task, "filter": fname, "gold": c.gold, "text": c.text,
-                             "rlexp_extracted": ours.extracted, "rlexp_correct": ours.correct,
-                             "lm_eval_extracted": ext, "lm_eval_correct": lm_ok, "agree": same,
-                             "why": "" if same else (_why(c, fname) or "UNEXPLAINED")})
+                rows.append(
+                    {
+                        "case": c.id,
+                        "task": task,
+                        "filter": fname,
+                        "gold": c.gold,
+                        "text": c.text,
+                        "rlexp_extracted": ours.extracted,
+                        "rlexp_correct": ours.correct,
+                        "lm_eval_extracted": ext,
+                        "lm_eval_correct": lm_ok,
+                        "agree": same,
+                        "why": "" if same else (_why(c, fname) or "UNEXPLAINED"),
+                    }
+                )
             summary[f"{task}/{fname}"] = {"n": len(tc), "agree": agree, "rate": agree / len(tc)}
     return rows, summary
 
@@ -275,23 +350,27 @@ def write_report(out: Path, rows: list[dict], summary: dict, lm: dict, command: 
     n_all = sum(s["n"] for s in summary.values())
     agree_all = sum(s["agree"] for s in summary.values())
     lines = [
-        "# Edge cases of multiple-choice answer extraction: rlexp vs lm-evaluation-harness's filters",
+        "# Edge cases of multiple-choice answer extraction: rlexp vs lm-evaluation-harness's "
+        "filters",
         "",
         f"Produced by: `{command}`",
         "",
-        "What this shows: on responses written by hand to probe the edges of answer extraction (odd casing, "
-        "boxes, markdown, answers restated, unfinished thinking), where rlexp's extractor and lm-eval's GPQA and "
-        "MMLU-Pro filters give different verdicts, and the cause of each difference. What it does not show: how "
-        "often the two agree on a model's real outputs. The set is built from the awkward cases, so its agreement "
-        "rate says nothing about benchmark numbers; on responses in the prompt's own format ('The answer is (X).') "
-        "both give the same verdict. Comparing benchmark scores with lm-eval's would need both run on the same "
-        "model's generations, which this machine cannot produce for a real model.",
+        "What this shows: on responses written by hand to probe the edges of answer extraction "
+        "(odd casing, boxes, markdown, answers restated, unfinished thinking), where rlexp's "
+        "extractor and lm-eval's GPQA and MMLU-Pro filters give different verdicts, and the "
+        "cause of each difference. What it does not show: how often the two agree on a model's "
+        "real outputs. The set is built from the awkward cases, so its agreement rate says "
+        "nothing about benchmark numbers; on responses in the prompt's own format ('The answer "
+        "is (X).') both give the same verdict. Comparing benchmark scores with lm-eval's would "
+        "need both run on the same model's generations, which this machine cannot produce for a "
+        "real model.",
         "",
-        f"lm-eval: the filters of `{LM_EVAL_TASKS['gpqa']}` and `{LM_EVAL_TASKS['mmlu_pro']}` read at run time "
-        f"from the installed package (`{lm['lm_eval_file']}`), applied with lm-eval's own filter classes; "
-        "scored with each task's exact_match settings. rlexp: `rlexp.envs.answers.check_choice`.",
-        f"{len({r['case'] for r in rows})} responses written for this check (tricky formats included); "
-        "agreement = both scorers give the same correct/incorrect verdict.",
+        f"lm-eval: the filters of `{LM_EVAL_TASKS['gpqa']}` and `{LM_EVAL_TASKS['mmlu_pro']}` "
+        f"read at run time from the installed package (`{lm['lm_eval_file']}`), applied with "
+        "lm-eval's own filter classes; scored with each task's exact_match settings. rlexp: "
+        "`rlexp.envs.answers.check_choice`.",
+        f"{len({r['case'] for r in rows})} responses written for this check (tricky formats "
+        "included); agreement = both scorers give the same correct/incorrect verdict.",
         "",
         "| task / lm-eval filter | responses | agree | agreement |",
         "|---|---|---|---|",
@@ -304,41 +383,65 @@ def write_report(out: Path, rows: list[dict], summary: dict, lm: dict, command: 
         for fname, fres in info["filters"].items():
             lines.append(f"- {task} / {fname}: `{json.dumps(fres['filter'])}`")
     dis = [r for r in rows if not r["agree"]]
-    lines += ["", "## Causes (each disagreement has exactly one scorer matching the gold letter)", "",
-              "| cause | disagreements | rlexp right | lm-eval right |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "## Causes (each disagreement has exactly one scorer matching the gold letter)",
+        "",
+        "| cause | disagreements | rlexp right | lm-eval right |",
+        "|---|---|---|---|",
+    ]
     for why in dict.fromkeys(r["why"] for r in dis):
         these = [r for r in dis if r["why"] == why]
         ours = sum(r["rlexp_correct"] for r in these)
         lines.append(f"| {why} | {len(these)} | {ours} | {len(these) - ours} |")
-    lines += ["", "The response set over-represents awkward formats on purpose (it is a test of the edges); "
-              "on the canonical 'The answer is (X).' responses the scorers agree. rlexp's gpqa_diamond and "
-              "mmlu_pro numbers are therefore comparable to lm-eval's only for models that follow the prompt's "
-              "format; for other models rlexp is the more lenient scorer (the rows above say where)."]
+    lines += [
+        "",
+        "The response set over-represents awkward formats on purpose (it is a test of the "
+        "edges); on the canonical 'The answer is (X).' responses the scorers agree. rlexp's "
+        "gpqa_diamond and mmlu_pro numbers are therefore comparable to lm-eval's only for "
+        "models that follow the prompt's format; for other models rlexp is the more lenient "
+        "scorer (the rows above say where).",
+    ]
     unexplained = [r for r in rows if not r["agree"] and r["why"] == "UNEXPLAINED"]
-    lines += ["", f"## Disagreements ({sum(not r['agree'] for r in rows)}; unexplained: {len(unexplained)})", "",
-              "| case | filter | gold | response | rlexp | lm-eval | why |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"## Disagreements ({sum(not r['agree'] for r in rows)}; unexplained: {len(unexplained)})",
+        "",
+        "| case | filter | gold | response | rlexp | lm-eval | why |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["agree"]:
             continue
         text = r["text"].replace("\n", "\\n").replace("|", "\\|")
-        lines.append(f"| {r['case']} | {r['filter']} | {r['gold']} | `{text}` | "
-                     f"{r['rlexp_extracted']} ({'right' if r['rlexp_correct'] else 'wrong'}) | "
-                     f"{r['lm_eval_extracted']} ({'right' if r['lm_eval_correct'] else 'wrong'}) | {r['why']} |")
+        lines.append(
+            f"| {r['case']} | {r['filter']} | {r['gold']} | `{text}` | {r['rlexp_extracted']} "
+            f"({'right' if r['rlexp_correct'] else 'wrong'}) | {r['lm_eval_extracted']} "
+            f"({'right' if r['lm_eval_correct'] else 'wrong'}) | {r['why']} |"
+        )
     path = out / "crosscheck_mc.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (out / "crosscheck_mc.json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n")
+    (out / "crosscheck_mc.json").write_text(
+        json.dumps({"summary": summary, "rows": rows}, indent=1) + "\n"
+    )
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--lm-eval-python", required=True, help="python of a venv with lm-eval (and pyyaml) installed")
+    p.add_argument(
+        "--lm-eval-python",
+        required=True,
+        help="python of a venv with lm-eval (and pyyaml) installed",
+    )
     p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     a = p.parse_args(argv)
     cases = _cases()
     lm = run_lm_eval(a.lm_eval_python, cases)
     rows, summary = compare(lm, cases)
-    cmd = "python studies/crosscheck/crosscheck.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python studies/crosscheck/crosscheck.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     path = write_report(Path(a.out), rows, summary, lm, cmd)
     for k, s in summary.items():
         print(f"{k}: {s['agree']}/{s['n']} = {s['rate']:.1%}")

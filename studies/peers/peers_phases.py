@@ -1,12 +1,15 @@
 """Seconds per training step in three phases of each peers run
 (studies/peers/results/peers_phases.md): why a framework with more
-steps per second overall can still reach a threshold later. Reads a finished `studies/peers/peers.py` sweep folder.
+steps per second overall can still reach a threshold later. Reads a finished
+`studies/peers/peers.py` sweep folder.
 
-    python studies/peers/peers_phases.py runs/peers/STAMP --out studies/peers/results/peers_phases.md
+    python studies/peers/peers_phases.py runs/peers/STAMP --out
+    studies/peers/results/peers_phases.md
 
-From `runs.json` (every framework): wall seconds per step, evaluation excluded, over steps 1-30, 31-100 and 201 to
-the end, from the evaluation points every 10 steps. From each rlexp run's `metrics.jsonl`: the median trainer and
-generator seconds per step over the same phases, to say which part changes.
+From `runs.json` (every framework): wall seconds per step, evaluation excluded, over steps 1-30,
+31-100 and 201 to the end, from the evaluation points every 10 steps. From each rlexp run's
+`metrics.jsonl`: the median trainer and generator seconds per step over the same phases, to say
+which part changes.
 """
 from __future__ import annotations
 
@@ -39,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if not (args.sweep / "runs.json").is_file():
-        ap.error(f"{args.sweep} has no runs.json: pass the folder a `studies/peers/peers.py` sweep wrote "
-                 "(runs/peers/STAMP)")
+        ap.error(
+            f"{args.sweep} has no runs.json: pass the folder a `studies/peers/peers.py` sweep "
+            "wrote (runs/peers/STAMP)"
+        )
     runs = json.loads((args.sweep / "runs.json").read_text())
     name = lambda lo, hi: f"steps {lo + 1}-{hi if hi else 'end'}"  # noqa: E731
     lines = ["Produced by `python studies/peers/peers_phases.py " + " ".join(argv or sys.argv[1:])
@@ -49,9 +54,19 @@ def main(argv: list[str] | None = None) -> int:
              "generator medians from its metrics in brackets).", "",
              "| task | framework | seed | " + " | ".join(name(*p) for p in PHASES) + " |",
              "|---|---|---|" + "---|" * len(PHASES)]
-    for r in sorted(runs, key=lambda r: (r["task"], r["framework"] != "rlexp", r["framework"], r["seed"])):
-        metrics = [json.loads(x) for x in (args.sweep / f"{r['task']}-rlexp-s{r['seed']}" / "metrics.jsonl")
-                   .read_text().splitlines()] if r["framework"] == "rlexp" else []
+    for r in sorted(
+        runs, key=lambda r: (r["task"], r["framework"] != "rlexp", r["framework"], r["seed"])
+    ):
+        metrics = (
+            [
+                json.loads(x)
+                for x in (args.sweep / f"{r['task']}-rlexp-s{r['seed']}" / "metrics.jsonl")
+                .read_text()
+                .splitlines()
+            ]
+            if r["framework"] == "rlexp"
+            else []
+        )
         cells = []
         for lo, hi in PHASES:
             cell = f"{per_step(r['curve'], lo, hi):.3f}"
@@ -59,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                 tr, gen = rlexp_split(metrics, lo, hi)
                 cell += f" ({tr:.3f} / {gen:.3f})"
             cells.append(cell)
-        lines.append(f"| {r['task']} | {r['framework']} | {r['seed']} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {r['task']} | {r['framework']} | {r['seed']} | " + " | ".join(cells) + " |"
+        )
     args.out.write_text("\n".join(lines) + "\n")
     print(args.out.read_text())
     return 0

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Paired A/B of the shm transport: this tree's `ShmTransport` against the one at a git revision, on one
-noisy machine. Each repeat measures, back to back, a memcpy of the same bytes into a faulted buffer, the
-old transport's publish + fetch_into and the new one's, so every ratio to memcpy is taken under the same
-load; medians and ranges over repeats are printed as a markdown table.
+"""Paired A/B of the shm transport: this tree's `ShmTransport` against the one at a git revision, on
+one noisy machine. Each repeat measures, back to back, a memcpy of the same bytes into a faulted
+buffer, the old transport's publish + fetch_into and the new one's, so every ratio to memcpy is
+taken under the same load; medians and ranges over repeats are printed as a markdown table.
 
     python studies/perf/shm_ab.py --rev 9a11c76 --mb 256 --reps 9
 """
@@ -27,8 +27,12 @@ from rlexp.transport.probe import synthetic_hf_state_dict  # noqa: E402
 
 
 def load_old(rev: str):
-    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:rlexp/transport/shm.py"], check=True,
-                         capture_output=True, text=True).stdout
+    src = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:rlexp/transport/shm.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     path = Path(tempfile.mkdtemp()) / "old_shm.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("old_shm", path)
@@ -39,7 +43,9 @@ def load_old(rev: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rev", required=True, help="git revision of the baseline rlexp/transport/shm.py")
+    ap.add_argument(
+        "--rev", required=True, help="git revision of the baseline rlexp/transport/shm.py"
+    )
     ap.add_argument("--mb", type=int, default=256)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--keep", type=int, default=2)
@@ -56,7 +62,8 @@ def main() -> None:
     gbps: dict[str, list[float]] = {k: [] for k in [*arms, "memcpy"]}
     version = 0
     try:
-        for r in range(a.reps + 2):  # two warm-ups: the new arm reuses pages from its third publish on
+        # two warm-ups: the new arm reuses pages from its third publish on
+        for r in range(a.reps + 2):
             t0 = time.perf_counter()
             dst.copy_(src)
             mem = time.perf_counter() - t0
@@ -77,15 +84,23 @@ def main() -> None:
     finally:
         for t in arms.values():
             t.close()
-    print(f"| arm ({nbytes / 2**20:.0f} MiB bf16, keep={a.keep}, {a.reps} paired repeats) | GB/s median [range] "
-          f"| share of memcpy bandwidth, median [range] |")
+    print(
+        f"| arm ({nbytes / 2**20:.0f} MiB bf16, keep={a.keep}, {a.reps} paired repeats) | GB/s "
+        "median [range] | share of memcpy bandwidth, median [range] |"
+    )
     print("|---|---|---|")
     for name in [*arms, "memcpy"]:
         g = gbps[name]
-        share = (f"{statistics.median(ratio[name]):.2f} [{min(ratio[name]):.2f}-{max(ratio[name]):.2f}]"
-                 if name in ratio else "1")
-        label = {"old": f"shm publish + fetch_into at {a.rev}", "new": "shm publish + fetch_into (this tree)",
-                 "memcpy": "memcpy into a faulted buffer"}[name]
+        share = (
+            f"{statistics.median(ratio[name]):.2f} [{min(ratio[name]):.2f}-{max(ratio[name]):.2f}]"
+            if name in ratio
+            else "1"
+        )
+        label = {
+            "old": f"shm publish + fetch_into at {a.rev}",
+            "new": "shm publish + fetch_into (this tree)",
+            "memcpy": "memcpy into a faulted buffer",
+        }[name]
         print(f"| {label} | {statistics.median(g):.3g} [{min(g):.3g}-{max(g):.3g}] | {share} |")
 
 

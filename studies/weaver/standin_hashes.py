@@ -6,7 +6,8 @@
 
 The stand-ins: `start`, the warm start every arm of `experiment=weaver_cpu` begins from, and every
 tiny verifier of panels A-E and W (rlexp/rewards/verifiers/tiny_panels.py). The hash of each is
-`hash_files` of its folder, what a run's manifest records and `studies/weaver/weaver_analysis.py` prints.
+`hash_files` of its folder, what a run's manifest records and `studies/weaver/weaver_analysis.py`
+prints.
 
 Why per machine kind: the builds pin threads and ask for deterministic kernels
 (rlexp/models/numerics.py), but the instruction set ATen dispatches to and MKL's vendor path still

@@ -1,11 +1,13 @@
 """Panel W without RL (issue 46 item 4; studies/weaver/preregistration.md addendum v14): does Weaver's label model
-beat the mean and the vote where the paper says it should, with many heterogeneous, partly correlated verifiers?
+beat the mean and the vote where the paper says it should, with many heterogeneous, partly
+correlated verifiers?
 
     python studies/weaver/weaver_wide.py --out studies/weaver/results/weaver_wide
 
-On the starting policy's pool (as studies/weaver/weaver_label_diag.py builds it) and the held-out best-of-10 candidates,
-for each dev budget and filter setting, the label model (weaver_paper), the mean and the vote are run through
-`WeaverReward` itself on the same raw scores (computed once); the figures and the criterion are the addendum's.
+On the starting policy's pool (as studies/weaver/weaver_label_diag.py builds it) and the held-out
+best-of-10 candidates, for each dev budget and filter setting, the label model (weaver_paper), the
+mean and the vote are run through `WeaverReward` itself on the same raw scores (computed once); the
+figures and the criterion are the addendum's.
 """
 from __future__ import annotations
 
@@ -37,9 +39,18 @@ from weaver_label_diag import (  # noqa: E402
 from rlexp.rewards.verifiers.tiny_panels import WIDE_SET  # noqa: E402
 
 BUDGETS = (16, 32, 64, 256)
-FILTERS = {"registered": {}, "none": NO_FILTERS, "no min_quality": {"min_quality": -1.0},
-           "no max_imbalance": {"max_imbalance": 1.0}, "no max_correlation": {"max_correlation": 1.0}}
-ARMS = {"weaver_paper": {}, "verifier_mean": {"combine": "mean"}, "verifier_vote": {"combine": "vote"}}
+FILTERS = {
+    "registered": {},
+    "none": NO_FILTERS,
+    "no min_quality": {"min_quality": -1.0},
+    "no max_imbalance": {"max_imbalance": 1.0},
+    "no max_correlation": {"max_correlation": 1.0},
+}
+ARMS = {
+    "weaver_paper": {},
+    "verifier_mean": {"combine": "mean"},
+    "verifier_vote": {"combine": "vote"},
+}
 
 
 def gather(seed: int) -> dict[str, Any]:
@@ -60,7 +71,8 @@ def gather(seed: int) -> dict[str, Any]:
 
 
 def run(data: dict[str, Any], options: dict[str, Any]) -> tuple[Any, np.ndarray, np.ndarray]:
-    """RL's order: two pool steps (dev labels, fit), the pool rescored by the fitted reward, then the candidates."""
+    """RL's order: two pool steps (dev labels, fit), the pool rescored by the fitted reward, then
+    the candidates."""
     p, c = data["pool"], data["cand"]
     return score_in_rl_order(WIDE_SET, data["env"], p, c, p["raw"], c["raw"], options)
 
@@ -76,54 +88,86 @@ def study(data: dict[str, Any]) -> dict[str, Any]:
             for arm, change in ARMS.items():
                 r, pool_r, cand_r = run(data, {**paper, **filt, **change, "dev_labels": budget})
                 rewards[arm] = pool_r
-                cell["arms"][arm] = {"group_auc": group_auc(pool_r, y, GROUP),
-                                     "best_of_10_balanced": best_of_10(cand_r, data["cand"], boot=200)["balanced"],
-                                     "n_active": len(r.active), "fallback": r.params is None and
-                                     change == {}, "dropped": dict(r.dropped)}
-            cell["paired"] = {b: boot_pool(rewards["weaver_paper"], rewards[b], y, GROUP)["group_auc"]
-                              for b in ("verifier_mean", "verifier_vote")}
+                cell["arms"][arm] = {
+                    "group_auc": group_auc(pool_r, y, GROUP),
+                    "best_of_10_balanced": best_of_10(cand_r, data["cand"], boot=200)["balanced"],
+                    "n_active": len(r.active),
+                    "fallback": r.params is None and change == {},
+                    "dropped": dict(r.dropped),
+                }
+            cell["paired"] = {
+                b: boot_pool(rewards["weaver_paper"], rewards[b], y, GROUP)["group_auc"]
+                for b in ("verifier_mean", "verifier_vote")
+            }
             cell["label_model_wins"] = all(d["low"] > 0 for d in cell["paired"].values())
             cells[f"{budget}/{fname}"] = cell
-            print(f"dev {budget} filters {fname}: " + ", ".join(
-                f"{a} {v['group_auc']:.3f}" for a, v in cell["arms"].items()) + f" | wins {cell['label_model_wins']}",
-                flush=True)
+            print(
+                f"dev {budget} filters {fname}: "
+                + ", ".join(f"{a} {v['group_auc']:.3f}" for a, v in cell["arms"].items())
+                + f" | wins {cell['label_model_wins']}",
+                flush=True,
+            )
     return cells
 
 
 def markdown(cells: dict[str, Any], command: str, pool_acc: float) -> str:
-    L = ["# Panel W without RL: the label model against the mean and the vote (addendum v14)", "",
-         f"Produced by `{command}`. Pool: the starting policy's samples (128 prompts x 16, {pool_acc:.3f} right); "
-         "22 model verifiers (A, D, E and four twins). Within-group AUC on the pool (GRPO's ranking), paired "
-         "differences with a 95% bootstrap over groups; best-of-10 balanced accuracy on the held-out candidates.",
-         "", "| dev labels | filters | active | fallback | AUC label model | mean | vote | LM - mean | LM - vote "
-         "| best-of-10 LM / mean / vote | wins |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    L = [
+        "# Panel W without RL: the label model against the mean and the vote (addendum v14)",
+        "",
+        f"Produced by `{command}`. Pool: the starting policy's samples (128 prompts x "
+        f"16, {pool_acc:.3f} right); 22 model verifiers (A, D, E and four twins). Within-group "
+        "AUC on the pool (GRPO's ranking), paired differences with a 95% bootstrap over "
+        "groups; best-of-10 balanced accuracy on the held-out candidates.",
+        "",
+        "| dev labels | filters | active | fallback | AUC label model | mean | vote | LM - mean "
+        "| LM - vote | best-of-10 LM / mean / vote | wins |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in cells.values():
         a, p = c["arms"], c["paired"]
-        d = [f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]" for x in (p["verifier_mean"], p["verifier_vote"])]
-        L.append(f"| {c['budget']} | {c['filters']} | {a['weaver_paper']['n_active']} | "
-                 f"{'yes' if a['weaver_paper']['fallback'] else 'no'} | {a['weaver_paper']['group_auc']:.3f} | "
-                 f"{a['verifier_mean']['group_auc']:.3f} | {a['verifier_vote']['group_auc']:.3f} | {d[0]} | {d[1]} | "
-                 + " / ".join(f"{a[k]['best_of_10_balanced']:.3f}" for k in ARMS)
-                 + f" | {'yes' if c['label_model_wins'] else 'no'} |")
+        d = [
+            f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]"
+            for x in (p["verifier_mean"], p["verifier_vote"])
+        ]
+        L.append(
+            f"| {c['budget']} | {c['filters']} | {a['weaver_paper']['n_active']} "
+            f"| {'yes' if a['weaver_paper']['fallback'] else 'no'} "
+            f"| {a['weaver_paper']['group_auc']:.3f} | {a['verifier_mean']['group_auc']:.3f} "
+            f"| {a['verifier_vote']['group_auc']:.3f} | {d[0]} | {d[1]} | "
+            + " / ".join(f"{a[k]['best_of_10_balanced']:.3f}" for k in ARMS)
+            + f" | {'yes' if c['label_model_wins'] else 'no'} |"
+        )
     reg = cells.get("256/registered")
     if reg:
-        L += ["", "Criterion (addendum v14): an RL sweep on panel W is registered only if the label model wins at dev "
-              f"256 with the registered filters: **{'it does' if reg['label_model_wins'] else 'it does not'}**."]
+        L += [
+            "",
+            "Criterion (addendum v14): an RL sweep on panel W is registered only if the label "
+            "model wins at dev 256 with the registered filters: "
+            f"**{'it does' if reg['label_model_wins'] else 'it does not'}**.",
+        ]
     return "\n".join(L) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True, help="output prefix: PREFIX.md and PREFIX.json")
+    ap.add_argument(
+        "--out", type=Path, required=True, help="output prefix: PREFIX.md and PREFIX.json"
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    command = "python studies/weaver/weaver_wide.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python studies/weaver/weaver_wide.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     data = gather(a.seed)
     cells = study(data)
     pool_acc = float(correct(data["pool"]).mean())
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.with_suffix(".json").write_text(json.dumps({"command": command, "pool_accuracy": pool_acc,
-                                                      "cells": cells}, indent=1, default=str) + "\n")
+    a.out.with_suffix(".json").write_text(
+        json.dumps(
+            {"command": command, "pool_accuracy": pool_acc, "cells": cells}, indent=1, default=str
+        )
+        + "\n"
+    )
     text = markdown(cells, command, pool_acc)
     a.out.with_suffix(".md").write_text(text)
     print(text)

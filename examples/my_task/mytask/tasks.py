@@ -1,9 +1,11 @@
-"""Count the `a`s in an 8-letter a/b string ("abbabaab:" -> "4"): an environment, a near-miss reward and a rule
-verifier that live in a user's own package. Config names them by import path (`mytask.tasks:CountA`), and
-rlexp imports this module in every process of the run (the config folder's parent is searched).
+"""Count the `a`s in an 8-letter a/b string ("abbabaab:" -> "4"): an environment, a near-miss reward
+and a rule verifier that live in a user's own package. Config names them by import path
+(`mytask.tasks:CountA`), and rlexp imports this module in every process of the run (the config
+folder's parent is searched).
 
-Why this task: one answer token, 256 strings, and the answer depends only on how many `a`s there are, so a
-tiny model on a CPU moves its reward within a few steps. Held-out strings (a fixed quarter) are never trained on.
+Why this task: one answer token, 256 strings, and the answer depends only on how many `a`s there
+are, so a tiny model on a CPU moves its reward within a few steps. Held-out strings (a fixed
+quarter) are never trained on.
 """
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ class CountA(Environment):
 
 
 class NearMiss(Reward):
-    """1.0 for the right count, `options.near` (0.5) for a count one off, 0.0 otherwise: partial credit, so a
-    random policy already sees reward differences within a group."""
+    """1.0 for the right count, `options.near` (0.5) for a count one off, 0.0 otherwise: partial
+    credit, so a random policy already sees reward differences within a group."""
 
     needs_gold = True
 
@@ -56,12 +58,18 @@ class NearMiss(Reward):
             off = abs(int(got) - int(s.answer)) if got is not None else None
             rewards.append(1.0 if off == 0 else near if off == 1 else 0.0)
         n = max(len(rewards), 1)
-        return RewardOutput(rewards=rewards, metrics={"reward/mean": sum(rewards) / n,
-                                                      "reward/correct_frac": rewards.count(1.0) / n})
+        return RewardOutput(
+            rewards=rewards,
+            metrics={
+                "reward/mean": sum(rewards) / n,
+                "reward/correct_frac": rewards.count(1.0) / n,
+            },
+        )
 
 
 class AtMostLength(Rule):
-    """A weak check without the gold answer: the count is a digit no larger than the string is long."""
+    """A weak check without the gold answer: the count is a digit no larger than the string is
+    long."""
 
     def check(self, problem: Problem, text: str) -> float:
         n = len(problem.prompt.rstrip(":"))

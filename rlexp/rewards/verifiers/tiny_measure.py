@@ -1,8 +1,9 @@
-"""The tiny verifiers (`tiny.py`) as functions, and how good they are: scoring through the paths a run uses,
-hard verdicts at their natural thresholds, accuracy on fresh noise-free examples, and a panel's report.
+"""The tiny verifiers (`tiny.py`) as functions, and how good they are: scoring through the paths a
+run uses, hard verdicts at their natural thresholds, accuracy on fresh noise-free examples, and a
+panel's report.
 
-`python -m rlexp.rewards.verifiers.tiny_measure` trains panel A (or reuses it) and prints its accuracies
-and pairwise agreement.
+`python -m rlexp.rewards.verifiers.tiny_measure` trains panel A (or reuses it) and prints its
+accuracies and pairwise agreement.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from rlexp.rewards.verifiers.tiny_data import (
 from rlexp.rewards.verifiers.tiny_panels import PANELS
 from rlexp.types import Problem
 
-_EVAL_SEED = 7_000_003  # measure_accuracy's examples: same for every spec, so predictions can be compared
+# measure_accuracy's examples: same for every spec, so predictions can be compared
+_EVAL_SEED = 7_000_003
 
 
 class TinyJudge:
@@ -61,9 +63,10 @@ class TinyJudge:
 
 
 def score_examples(path: str | Path, examples: list[VerifierExample]) -> np.ndarray:
-    """Scores through the path a run uses: `RewardModelVerifier` (format=auto, so the chat template from
-    the folder) for a reward model; for a judge, `TinyJudge` on the judge template (`JUDGE_TEMPLATE`,
-    the lm_judge verifier's free-form template) rendered from the env's prompt and the response."""
+    """Scores through the path a run uses: `RewardModelVerifier` (format=auto, so the chat template
+    from the folder) for a reward model; for a judge, `TinyJudge` on the judge template
+    (`JUDGE_TEMPLATE`, the lm_judge verifier's free-form template) rendered from the env's prompt
+    and the response."""
     kind = read_meta(path)["spec"]["kind"]
     texts = [e.response for e in examples]
     if kind == "reward_model":
@@ -71,27 +74,34 @@ def score_examples(path: str | Path, examples: list[VerifierExample]) -> np.ndar
         v = RewardModelVerifier("tiny_rm", {"path": str(path), "format": "auto", "batch_size": 256})
         return v.score([Problem(id=e.prompt, prompt=e.prompt) for e in examples], texts)
     judge = TinyJudge(path, batch_size=256)
-    return np.asarray(judge([JUDGE_TEMPLATE.format(prompt=e.prompt, response=t) for e, t in zip(examples, texts)]),
-                      dtype=np.float64)
+    return np.asarray(
+        judge(
+            [JUDGE_TEMPLATE.format(prompt=e.prompt, response=t) for e, t in zip(examples, texts)]
+        ),
+        dtype=np.float64,
+    )
 
 
 def predict(path: str | Path, examples: list[VerifierExample]) -> np.ndarray:
     """Hard verdicts at the natural threshold stored in the folder: RM logit > 0 (BCE was trained on
-    roughly balanced labels, and symmetric label noise leaves the Bayes threshold at 0, so no threshold
-    is tuned on data), judge P(yes) > 0.5."""
+    roughly balanced labels, and symmetric label noise leaves the Bayes threshold at 0, so no
+    threshold is tuned on data), judge P(yes) > 0.5."""
     return score_examples(path, examples) > float(read_meta(path)["threshold"])
 
 
 def evaluation_examples(spec: TinyVerifierSpec, split: str, n: int = 1000,
                         seed: int = _EVAL_SEED) -> list[VerifierExample]:
-    """Noise-free examples on `split` ("verifier" or "held_out"); independent of `spec.seed`, so every
-    verifier of the same task is measured on the same examples and their verdicts can be compared."""
+    """Noise-free examples on `split` ("verifier" or "held_out"); independent of `spec.seed`, so
+    every verifier of the same task is measured on the same examples and their verdicts can be
+    compared."""
     if split == "verifier":
         seqs = verifier_split_sequences(spec.n_terms, spec.max_term, spec.verifier_frac)
     elif split == "held_out":
         seqs = held_out_sequences(spec.n_terms, spec.max_term)
     else:
-        raise ValueError(f"evaluation_examples: split must be 'verifier' or 'held_out', got {split!r}")
+        raise ValueError(
+            f"evaluation_examples: split must be 'verifier' or 'held_out', got {split!r}"
+        )
     return make_examples(seqs, n, seed + (split == "held_out"), mix=spec.mix, n_terms=spec.n_terms,
                          max_term=spec.max_term)
 
@@ -99,8 +109,12 @@ def evaluation_examples(spec: TinyVerifierSpec, split: str, n: int = 1000,
 def _accuracy(pred: np.ndarray, ex: list[VerifierExample]) -> dict[str, float]:
     y = np.array([e.label for e in ex], dtype=bool)
     both = y.any() and (~y).any()
-    out = {"acc": float((pred == y).mean()),
-           "balanced_acc": float(0.5 * (pred[y].mean() + (~pred[~y]).mean())) if both else float("nan")}
+    out = {
+        "acc": float((pred == y).mean()),
+        "balanced_acc": float(0.5 * (pred[y].mean() + (~pred[~y]).mean()))
+        if both
+        else float("nan"),
+    }
     kinds = np.array([e.kind for e in ex])
     for k in MIX_KINDS:
         if (kinds == k).any():
@@ -109,10 +123,11 @@ def _accuracy(pred: np.ndarray, ex: list[VerifierExample]) -> dict[str, float]:
 
 
 def measure_accuracy(path: str | Path, spec: TinyVerifierSpec, n: int = 1000) -> dict[str, float]:
-    """Accuracy on fresh noise-free examples from the verifier split (which the verifier trained on, so
-    close to training accuracy) and from the held-out split (what matters), at the natural threshold
-    (see `predict`). Keys: verifier_acc, held_out_acc, held_out_balanced_acc and held_out_acc_<kind>
-    per response kind; the response mix is `spec.mix` (half correct: 0.5 is chance)."""
+    """Accuracy on fresh noise-free examples from the verifier split (which the verifier trained on,
+    so close to training accuracy) and from the held-out split (what matters), at the natural
+    threshold (see `predict`). Keys: verifier_acc, held_out_acc, held_out_balanced_acc and
+    held_out_acc_<kind> per response kind; the response mix is `spec.mix` (half correct: 0.5 is
+    chance)."""
     out: dict[str, float] = {}
     for split in ("verifier", "held_out"):
         ex = evaluation_examples(spec, split, n)
@@ -127,7 +142,8 @@ def measure_accuracy(path: str | Path, spec: TinyVerifierSpec, n: int = 1000) ->
 
 def panel_report(specs: dict[str, TinyVerifierSpec] | None = None, n: int = 1000,
                  cache_dir: str | Path | None = None) -> dict[str, Any]:
-    """Train (or reuse) every spec, measure it, and compute pairwise agreement of held-out verdicts."""
+    """Train (or reuse) every spec, measure it, and compute pairwise agreement of held-out
+    verdicts."""
     specs = PANELS["A"] if specs is None else specs
     rows: dict[str, dict[str, Any]] = {}
     verdicts: dict[str, np.ndarray] = {}

@@ -14,11 +14,15 @@ pilot = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pilot)
 
 
-def _run(root: Path, name: str, seed: int, overrides: list[str], prompts: int, curve: dict[int, float]) -> None:
+def _run(
+    root: Path, name: str, seed: int, overrides: list[str], prompts: int, curve: dict[int, float]
+) -> None:
     job = root / name
     (job / ".hydra").mkdir(parents=True)
     (job / ".hydra/overrides.yaml").write_text(yaml.safe_dump([f"seed={seed}", *overrides]))
-    (job / ".hydra/config.yaml").write_text(yaml.safe_dump({"algorithm": {"prompts_per_step": prompts}}))
+    (job / ".hydra/config.yaml").write_text(
+        yaml.safe_dump({"algorithm": {"prompts_per_step": prompts}})
+    )
     (job / "manifest.json").write_text(json.dumps({"status": "completed"}))
     (job / "metrics.jsonl").write_text("\n".join(
         json.dumps({"step": s, "eval/accuracy": a, "time/eval_s": 1.0, "time/wall_s": 2.0 * s})
@@ -32,9 +36,24 @@ def test_winner_is_the_stable_recipe_needing_fewest_training_prompts(tmp_path: P
     for seed in range(5):
         _run(tmp_path, f"cos-{seed}", seed, cos, 64, dips)  # never stable: the control
         # stable on every seed, 100 steps x 128 prompts = 12,800 prompts to 0.8
-        _run(tmp_path, f"p128-{seed}", seed, [*cos, "algorithm.prompts_per_step=128"], 128, steady(100))
-        # stable on 4 of 5 seeds, 150 steps x 64 = 9,600 prompts: more steps, fewer prompts, so it wins
-        _run(tmp_path, f"b05-{seed}", seed, [*cos, "trainer.betas=[0.5,0.999]"], 64, dips if seed == 0 else steady(150))
+        _run(
+            tmp_path,
+            f"p128-{seed}",
+            seed,
+            [*cos, "algorithm.prompts_per_step=128"],
+            128,
+            steady(100),
+        )
+        # stable on 4 of 5 seeds, 150 steps x 64 = 9,600 prompts: more steps, fewer prompts, so it
+        # wins
+        _run(
+            tmp_path,
+            f"b05-{seed}",
+            seed,
+            [*cos, "trainer.betas=[0.5,0.999]"],
+            64,
+            dips if seed == 0 else steady(150),
+        )
     runs = [r for job in sorted(tmp_path.iterdir()) if (r := pilot.load(job))]
     control = "trainer.lr_schedule=cosine trainer.warmup_steps=10"
     res = pilot.choose(runs, control)
@@ -49,17 +68,31 @@ def test_winner_is_the_stable_recipe_needing_fewest_training_prompts(tmp_path: P
 
 def test_no_winner_when_no_recipe_has_four_stable_seeds(tmp_path: Path):
     for seed in range(5):
-        _run(tmp_path, f"c-{seed}", seed, [], 64, {s: (0.9 if s in (100, 400) else 0.1) for s in range(0, 401, 10)})
+        _run(
+            tmp_path,
+            f"c-{seed}",
+            seed,
+            [],
+            64,
+            {s: (0.9 if s in (100, 400) else 0.1) for s in range(0, 401, 10)},
+        )
     res = pilot.choose([r for job in sorted(tmp_path.iterdir()) if (r := pilot.load(job))])
     assert res["winner"] is None and res["recipes"][0]["recipe"] == pilot.CONTROL
 
 
 def test_the_defaults_earlier_rounds_pin_are_not_part_of_a_recipes_name(tmp_path: Path):
-    """Since round 7's recipe became the sort default, rounds 1-6 pin the defaults they ran under; their labels (and
-    so their analysis commands' --control) stay what they were."""
+    """Since round 7's recipe became the sort default, rounds 1-6 pin the defaults they ran under;
+    their labels (and so their analysis commands' --control) stay what they were."""
     pinned = ["trainer.lr_schedule=constant", "trainer.warmup_steps=0", "trainer.ema_decay=0"]
     _run(tmp_path, "const", 100, pinned, 64, {0: 0.0})
-    _run(tmp_path, "cos", 100, [*pinned, "trainer.lr_schedule=cosine", "trainer.warmup_steps=10"], 64, {0: 0.0})
+    _run(
+        tmp_path,
+        "cos",
+        100,
+        [*pinned, "trainer.lr_schedule=cosine", "trainer.warmup_steps=10"],
+        64,
+        {0: 0.0},
+    )
     _run(tmp_path, "ema", 100, ["trainer.ema_decay=0.99"], 64, {0: 0.0})
     assert pilot.recipe(tmp_path / "const") == pilot.CONTROL
     assert pilot.recipe(tmp_path / "cos") == "trainer.lr_schedule=cosine trainer.warmup_steps=10"

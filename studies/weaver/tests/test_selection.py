@@ -1,6 +1,7 @@
-"""studies/weaver/selection.py's registered statistics (addendum v15), against hand computations: the exact sign
-test, Holm's step-down correction, the paired bootstrap's verdict, first-of-equal picks, the committed responses
-refused when they are not whole groups, and majority voting through the real arithmetic environment."""
+"""studies/weaver/selection.py's registered statistics (addendum v15), against hand computations:
+the exact sign test, Holm's step-down correction, the paired bootstrap's verdict, first-of-equal
+picks, the committed responses refused when they are not whole groups, and majority voting through
+the real arithmetic environment."""
 from __future__ import annotations
 
 import json
@@ -47,14 +48,24 @@ def test_picks_take_the_first_of_equal_scores_and_score_them_with_gold():
     scores = np.array([0.2, 0.9, 0.9, 0.1, 0, 0, 0, 0] + [0.5] * 8)
     ok = np.array([0, 0, 1, 0, 0, 0, 0, 0] + [1] + [0] * 7, dtype=bool)
     assert sel.picks(scores).tolist() == [1, 0]
-    assert sel.picked_correct(scores, ok).tolist() == [0, 1]  # the tie goes to response 1 (wrong), then 0 (right)
+    # the tie goes to response 1 (wrong), then 0 (right)
+    assert sel.picked_correct(scores, ok).tolist() == [0, 1]
     lo, hi = sel.wilson(63, 126)
     assert lo < 0.5 < hi and math.isclose(hi - 0.5, 0.5 - lo, rel_tol=1e-9)
 
 
 def test_committed_responses_that_are_not_whole_groups_are_refused(tmp_path: Path):
-    rows = [{"prompt_id": "1+1", "prompt": "1+1=", "response": "2", "gold": "2", "correct": True, "sample_index": i}
-            for i in range(sel.N)]
+    rows = [
+        {
+            "prompt_id": "1+1",
+            "prompt": "1+1=",
+            "response": "2",
+            "gold": "2",
+            "correct": True,
+            "sample_index": i,
+        }
+        for i in range(sel.N)
+    ]
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert sel.load_samples(good)["correct"].all()
@@ -69,6 +80,10 @@ def test_majority_picks_the_first_response_of_the_commonest_answer():
     from rlexp.envs.registry import build_env
 
     env = build_env(EnvConfig(name="arithmetic", options={"verifier_frac": 0.25}))
-    part = {"prompts": ["1+2="] * 8, "gold": ["3"] * 8, "texts": ["4", "3", "4", "3", "5", "3", "4", "x"]}
+    part = {
+        "prompts": ["1+2="] * 8,
+        "gold": ["3"] * 8,
+        "texts": ["4", "3", "4", "3", "5", "3", "4", "x"],
+    }
     # "4" and "3" three times each: the answer seen first ("4") wins, at its first response
     assert sel.majority_scores(env, part).tolist() == [1, 0, 0, 0, 0, 0, 0, 0]

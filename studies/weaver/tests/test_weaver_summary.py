@@ -1,6 +1,7 @@
-"""studies/weaver/weaver_summary.py (issue 23, addendum v11): the cross-panel summary reads the committed per-panel
-files, computes each baseline's gap fraction the way the headline's is computed, counts the goal's conditions, refuses
-a missing file by name and keeps the hand-written part of its output."""
+"""studies/weaver/weaver_summary.py (issue 23, addendum v11): the cross-panel summary reads the
+committed per-panel files, computes each baseline's gap fraction the way the headline's is computed,
+counts the goal's conditions, refuses a missing file by name and keeps the hand-written part of its
+output."""
 from __future__ import annotations
 
 import json
@@ -21,21 +22,42 @@ SEEDS = ("0", "1", "2", "3")
 
 def _arm(per_seed: dict[str, float], top: float = 0.25) -> dict:
     m = sum(per_seed.values()) / len(per_seed)
-    return {"auc": {"mean": m, "low": m - 0.01, "high": m + 0.01}, "n_seeds": len(per_seed), "per_seed": per_seed,
-            "top_share": {"mean": top, "low": top, "high": top}}
+    return {
+        "auc": {"mean": m, "low": m - 0.01, "high": m + 0.01},
+        "n_seeds": len(per_seed),
+        "per_seed": per_seed,
+        "top_share": {"mean": top, "low": top, "high": top},
+    }
 
 
 def _replication(mean_frac: float, vote_low: float) -> dict:
     single = {s: 0.2 + 0.01 * i for i, s in enumerate(SEEDS)}
     gold = {s: 0.8 - 0.02 * i for i, s in enumerate(SEEDS)}
     between = {s: single[s] + mean_frac * (gold[s] - single[s]) for s in SEEDS}
-    paired = {"verifier_vote": {"diff": vote_low + 0.05, "low": vote_low, "high": vote_low + 0.1, "p": 0.1, "n": 4},
-              "verifier_mean": {"diff": 0.0, "low": -0.02, "high": 0.02, "p": 0.9, "n": 4}}
-    return {"command": "python studies/weaver/weaver_analysis.py SWEEP --out X",
-            "arms": {"single_rm": _arm(single), "annotated": _arm(gold), "verifier_mean": _arm(between),
-                     "verifier_vote": _arm(single), "weaver_paper": _arm(gold)},
-            "gap_fraction": {"point": 1.0, "low": 0.9, "high": 1.1},
-            "paired": paired, "collapse": {"headline_top_share": 0.25, "gold_top_share": 0.25}, "goal_met": False}
+    paired = {
+        "verifier_vote": {
+            "diff": vote_low + 0.05,
+            "low": vote_low,
+            "high": vote_low + 0.1,
+            "p": 0.1,
+            "n": 4,
+        },
+        "verifier_mean": {"diff": 0.0, "low": -0.02, "high": 0.02, "p": 0.9, "n": 4},
+    }
+    return {
+        "command": "python studies/weaver/weaver_analysis.py SWEEP --out X",
+        "arms": {
+            "single_rm": _arm(single),
+            "annotated": _arm(gold),
+            "verifier_mean": _arm(between),
+            "verifier_vote": _arm(single),
+            "weaver_paper": _arm(gold),
+        },
+        "gap_fraction": {"point": 1.0, "low": 0.9, "high": 1.1},
+        "paired": paired,
+        "collapse": {"headline_top_share": 0.25, "gold_top_share": 0.25},
+        "goal_met": False,
+    }
 
 
 def _label_model(keys: set[str]) -> dict:
@@ -56,8 +78,11 @@ def _root(tmp_path: Path, skip: str | None = None) -> Path:
     for i, p in enumerate(ws.PANELS):
         by_file.setdefault(p.label_model, set()).add(p.key)
         if p.replication != skip:
-            # Panel i: the mean closes half the gap; vote's paired interval is above zero on the first panel only.
-            (tmp_path / p.replication).write_text(json.dumps(_replication(0.5, 0.01 if i == 0 else -0.01)))
+            # Panel i: the mean closes half the gap; vote's paired interval is above zero on the
+            # first panel only.
+            (tmp_path / p.replication).write_text(
+                json.dumps(_replication(0.5, 0.01 if i == 0 else -0.01))
+            )
     for f, keys in by_file.items():
         (tmp_path / f).write_text(json.dumps(_label_model(keys)))
     return tmp_path
@@ -70,8 +95,14 @@ def test_baseline_gap_fraction_and_conditions(tmp_path: Path):
     g = rows[0]["gap"]["verifier_mean"]
     assert g["low"] <= 0.5 + 1e-9 <= g["high"] + 2e-9 and g["n_seeds"] == len(SEEDS)
     assert rows[0]["gap"]["verifier_vote"]["point"] == pytest.approx(0.0)
-    assert rows[0]["conditions"] == {"gap": True, "gap from start": False, "beats vote": True, "beats mean": False,
-                                     "no collapse": True}  # an older file has no gap from the start: not met
+    assert rows[0]["conditions"] == {
+        "gap": True,
+        "gap from start": False,
+        "beats vote": True,
+        "beats mean": False,
+        # an older file has no gap from the start: not met
+        "no collapse": True,
+    }
     assert not rows[1]["conditions"]["beats vote"]
     text = ws.markdown(rows, "cmd")
     assert f"beats vote 1; beats mean 0; no collapse {len(ws.PANELS)}" in text
@@ -97,7 +128,9 @@ def test_rerun_keeps_the_hand_written_part(tmp_path: Path):
     root = _root(tmp_path)
     out = tmp_path / "summary"
     assert ws.main(["--out", str(out), "--root", str(root)]) == 0
-    out.with_suffix(".md").write_text(out.with_suffix(".md").read_text() + "\n" + ws.HAND + ")\n\nkept\n")
+    out.with_suffix(".md").write_text(
+        out.with_suffix(".md").read_text() + "\n" + ws.HAND + ")\n\nkept\n"
+    )
     assert ws.main(["--out", str(out), "--root", str(root)]) == 0
     text = out.with_suffix(".md").read_text()
     assert text.count("# Weaver (issue 23) across") == 1 and text.endswith("kept\n")
@@ -105,9 +138,9 @@ def test_rerun_keeps_the_hand_written_part(tmp_path: Path):
 
 
 def test_the_gap_from_the_start_is_the_panels_own_and_the_rebased_goal_counts_it(tmp_path: Path):
-    """Addendum v12: the summary shows each panel's start_gap_fraction as its analysis computed it, names a
-    degenerate single_rm, and counts the re-based goal (gap from the start >= 0.6 with low > 0, vote, mean,
-    collapse)."""
+    """Addendum v12: the summary shows each panel's start_gap_fraction as its analysis computed it,
+    names a degenerate single_rm, and counts the re-based goal (gap from the start >= 0.6 with low >
+    0, vote, mean, collapse)."""
     root = _root(tmp_path)
     rel = ws.PANELS[0].replication
     rep = json.loads((root / rel).read_text())
@@ -115,7 +148,8 @@ def test_the_gap_from_the_start_is_the_panels_own_and_the_rebased_goal_counts_it
     gold = rep["arms"]["annotated"]["per_seed"]
     paper = {s: 0.6 + 0.7 * (gold[s] - 0.6) for s in SEEDS}  # 0.7 of each seed's start -> gold gain
     rep["start_gap_fraction"] = {"weaver_paper": ws.gap_fraction(paper, start, gold),
-                                 "verifier_mean": ws.gap_fraction(start, start, gold)}  # never moves: 0
+                                 # never moves: 0
+                                 "verifier_mean": ws.gap_fraction(start, start, gold)}
     rep["paired"]["verifier_mean"] = {"diff": 0.05, "low": 0.01, "high": 0.09, "p": 0.01, "n": 4}
     rep["baselines"] = {"no_learning_policy": {"mean": 0.6}}
     rep["degenerate_single_rm"] = True
