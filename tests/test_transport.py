@@ -259,12 +259,16 @@ def test_a_transport_outside_rlexp_is_one_module_and_one_yaml(tmp_path: Path, ta
 
 
 def test_unknown_transport_is_refused_before_spawning_with_the_known_names(tmp_path: Path, tag: str) -> None:
-    from tests.conftest import rlexp
+    from tests.cli_batch import rlexp_each
+    from tests.conftest import tagged_env
 
-    p = rlexp("train", "cluster.transport=nfs", f"hydra.run.dir={tmp_path}", tag=tag, check=False)
+    # both refusals come after torch loads: one child runs the two commands (tests/cli_batch.py)
+    toy = "cluster.transport=tests.toy_transport:FileTransport"
+    p, q = rlexp_each([["train", "cluster.transport=nfs", f"hydra.run.dir={tmp_path}"],
+                       ["train", toy, f"hydra.run.dir={tmp_path}"]], env=tagged_env(tag))
     assert p.returncode == 2, p.stderr
     assert "unknown weight transport 'nfs'; choose one of ['auto', 'monarch', 'shm', 'tcp', 'torchstore']" in p.stderr
     assert "actor graph" not in p.stdout
-    p = rlexp("train", "cluster.transport=tests.toy_transport:FileTransport", f"hydra.run.dir={tmp_path}", tag=tag,
-              check=False)  # its required option is missing
-    assert p.returncode == 2 and "cluster.transport_options.file: missing a required argument: 'dir'" in p.stderr
+    # its required option is missing
+    assert q.returncode == 2
+    assert "cluster.transport_options.file: missing a required argument: 'dir'" in q.stderr
