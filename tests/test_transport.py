@@ -232,6 +232,7 @@ def test_shm_reads_racing_publishes_never_return_torn_weights(tmp_path):
     assert outcome["whole"] > 0, outcome
 
 
+@pytest.mark.slow  # 3 real training steps through Monarch actors: the e2e tier (it ran as a unit test)
 def test_a_transport_outside_rlexp_is_one_module_and_one_yaml(tmp_path: Path, tag: str) -> None:
     """tests/toy_transport.py (a module rlexp never imports) plus a cluster YAML naming it: 3 real training steps
     send every version through it (the generators sample with the trainer's weights bit for bit, which a
