@@ -1,13 +1,16 @@
 """Hydra composition: every option of every group composes into the typed schema; bad input fails early."""
 from __future__ import annotations
 
+import subprocess
+import uuid
+
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from rlexp.config.schema import register_configs
 from rlexp.config.validate import ConfigError, validate
-from tests.conftest import REPO, rlexp
+from tests.conftest import REPO, kill_tagged, tagged_env
 
 CONF = REPO / "conf"
 GROUPS = ["model", "environment", "reward", "verifier_set", "algorithm", "generator", "trainer", "sync", "cluster",
@@ -82,26 +85,45 @@ def test_group_size_one_is_refused() -> None:
     assert "group_size" in compose_error("algorithm.group_size=1")
 
 
-def test_cli_reports_errors_without_traceback_before_spawning() -> None:
-    p = rlexp("train", "sync.mode=sometimes", check=False, timeout=120)
+@pytest.fixture(scope="module")
+def cli() -> dict[str, subprocess.CompletedProcess]:
+    """This file's four `rlexp train` commands, run in one child (tests/cli_batch.py): each
+    keeps its own exit code and output; one interpreter start and torch import, not four."""
+    from tests.cli_batch import rlexp_each
+
+    commands = {"sometimes": ["train", "sync.mode=sometimes"], "help": ["train", "--help"],
+                "job": ["train", "--cfg", "job", "reward=weaver"],
+                "qwen3_8b": ["train", "model=qwen3_8b", "reward=weaver"]}  # it loads torch
+    tag = uuid.uuid4().hex
+    try:
+        done = rlexp_each(list(commands.values()), env=tagged_env(tag), timeout=300)
+    finally:
+        kill_tagged(tag)
+    return dict(zip(commands, done))
+
+
+def test_cli_reports_errors_without_traceback_before_spawning(cli: dict) -> None:
+    p = cli["sometimes"]
     assert p.returncode != 0
     assert "sync.mode=sometimes" in p.stderr and "expected one of [on_policy, async]" in p.stderr
     assert "Traceback" not in p.stderr and "actor graph" not in p.stdout
 
 
-def test_qwen3_8b_weaver_composes_and_says_what_is_missing() -> None:
-    p = rlexp("train", "model=qwen3_8b", "reward=weaver", check=False, timeout=120)
+def test_qwen3_8b_weaver_composes_and_says_what_is_missing(cli: dict) -> None:
+    p = cli["qwen3_8b"]
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr
     assert "cluster=gpu_node" in p.stderr  # how to provide what is missing
 
 
-def test_help_lists_groups_and_cfg_job_prints_config() -> None:
-    h = rlexp("train", "--help", timeout=120).stdout
+def test_help_lists_groups_and_cfg_job_prints_config(cli: dict) -> None:
+    for name in ("help", "job"):
+        assert cli[name].returncode == 0, cli[name].stderr
+    h = cli["help"].stdout
     for g in GROUPS:
         assert f"{g}:" in h or f"{g}/" in h or g in h
     assert "weaver" in h and "qwen3_8b" in h
-    job = rlexp("train", "--cfg", "job", "reward=weaver", timeout=120).stdout
+    job = cli["job"].stdout
     assert "name: weaver" in job and "group_size: 16" in job
 
 

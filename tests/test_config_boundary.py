@@ -6,7 +6,8 @@ import json
 import time
 from pathlib import Path
 
-from conftest import rlexp, tagged_pids
+from cli_batch import rlexp_each
+from conftest import rlexp, tagged_env, tagged_pids
 from omegaconf import OmegaConf
 
 from rlexp.tracking.manifest import write_start_manifest
@@ -59,13 +60,15 @@ def test_reproduce_refuses_resolvers_and_a_config_dir_from_the_manifest(tmp_path
 
 
 def test_train_refuses_nan_learning_rate_before_spawning(tmp_path: Path, tag: str) -> None:
-    for value in ("nan", "inf", "-inf"):
-        start = time.monotonic()
-        p = rlexp("train", f"trainer.lr={value}", f"hydra.run.dir={tmp_path / value}", tag=tag, check=False,
-                  timeout=120)
+    values = ("nan", "inf", "-inf")
+    start = time.monotonic()  # the three in one child (tests/cli_batch.py), each with its own exit and stderr
+    done = rlexp_each([["train", f"trainer.lr={v}", f"hydra.run.dir={tmp_path / v}"] for v in values],
+                      env=tagged_env(tag), timeout=120)
+    for p in done:
         assert p.returncode == 2, p.stdout + p.stderr
         assert "trainer.lr" in p.stderr and "finite" in p.stderr and "Traceback" not in p.stderr
-        assert time.monotonic() - start < 120 and not tagged_pids(tag)  # seconds on a quiet machine; 60+ at load 10
+    # all three within the bound one had: seconds on a quiet machine; 60+ at load 10
+    assert time.monotonic() - start < 120 and not tagged_pids(tag)
 
 
 def test_train_refuses_a_misspelt_environment_option(tmp_path: Path, tag: str) -> None:
@@ -110,10 +113,13 @@ def test_train_refuses_added_keys_outside_the_schema_and_instantiation_keys(tmp_
     from rlexp.config.overrides import check_composed_keys
     from rlexp.config.validate import ConfigError
 
-    for override, named in (("+trainer.x._target_=os.system", "trainer.x._target_: '_target_' would make Hydra"),
-                            ("+environment.options.y._partial_=true", "environment.options.y._partial_"),
-                            ("+reward.options.z._args_=[1]", "reward.options.z._args_")):
-        p = rlexp("train", override, f"hydra.run.dir={tmp_path / 'r'}", check=False, timeout=120)
+    cases = (("+trainer.x._target_=os.system", "trainer.x._target_: '_target_' would make Hydra"),
+             ("+environment.options.y._partial_=true", "environment.options.y._partial_"),
+             ("+reward.options.z._args_=[1]", "reward.options.z._args_"))
+    # the three in one child (tests/cli_batch.py), each with its own exit code and output
+    done = rlexp_each([["train", o, f"hydra.run.dir={tmp_path / 'r'}"] for o, _ in cases],
+                      env=tagged_env(tmp_path.name), timeout=300)
+    for (_, named), p in zip(cases, done):
         assert p.returncode == 2 and named in p.stderr and "Traceback" not in p.stderr, p.stdout + p.stderr
         assert "actors spawned" not in p.stdout
     check_composed_keys(OmegaConf.create({"environment": {"options": {"n_terms": 5}}}))  # free-form options pass

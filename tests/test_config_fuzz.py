@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import rlexp, tagged_pids
+from cli_batch import rlexp_each
+from conftest import tagged_env, tagged_pids
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
@@ -166,17 +167,19 @@ def test_the_gate_refuses_naming_the_override_or_admits_only_schema_keys() -> No
 
 def test_fuzz_cases_through_the_real_cli(tmp_path: Path, tag: str) -> None:
     """A few cases as a user meets them: one line on stderr, no traceback, nothing spawned."""
-    for overrides, code, words in (
-            (["trainer.lr=${oc.env:HOME}"], 2, ["trainer.lr"]),
-            (["algorithm.temperature=-inf"], 2, ["algorithm.temperature"]),
-            ([f"seed={10**30}"], 2, ["seed"]),
-            (["+environment.options._target_=os.system"], 2, ["_target_"]),
-            # refused by rlexp's preflight before Hydra composes, with the close match (exit 2)
-            (["trainer.lrr=1"], 2, ["trainer.lrr", "did you mean trainer.lr?"]),
-    ):
-        p = rlexp("train", *overrides, f"hydra.run.dir={tmp_path / 'r'}", tag=tag, check=False, timeout=120)
-        assert p.returncode == code, (overrides, p.stdout[-2000:], p.stderr[-2000:])
-        assert "Traceback" not in p.stderr and all(w in p.stderr for w in words), (overrides, p.stderr)
-        assert not tagged_pids(tag)
-    p = rlexp("train", "--cfg", "job", "trainer.lrr=1", tag=tag, check=False, timeout=120)
+    cases = (
+        (["trainer.lr=${oc.env:HOME}"], 2, ["trainer.lr"]),
+        (["algorithm.temperature=-inf"], 2, ["algorithm.temperature"]),
+        ([f"seed={10**30}"], 2, ["seed"]),
+        (["+environment.options._target_=os.system"], 2, ["_target_"]),
+        # refused by rlexp's preflight before Hydra composes, with the close match (exit 2)
+        (["trainer.lrr=1"], 2, ["trainer.lrr", "did you mean trainer.lr?"]),
+    )
+    # the six commands in one child (tests/cli_batch.py), each with its own exit code and stderr
+    *done, p = rlexp_each([*(["train", *o, f"hydra.run.dir={tmp_path / 'r'}"] for o, _, _ in cases),
+                           ["train", "--cfg", "job", "trainer.lrr=1"]], env=tagged_env(tag), timeout=300)
+    for (overrides, code, words), q in zip(cases, done):
+        assert q.returncode == code, (overrides, q.stdout[-2000:], q.stderr[-2000:])
+        assert "Traceback" not in q.stderr and all(w in q.stderr for w in words), (overrides, q.stderr)
+    assert not tagged_pids(tag)
     assert p.returncode == 2 and "trainer.lrr" in p.stderr and "Traceback" not in p.stderr

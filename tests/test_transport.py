@@ -232,6 +232,7 @@ def test_shm_reads_racing_publishes_never_return_torn_weights(tmp_path):
     assert outcome["whole"] > 0, outcome
 
 
+@pytest.mark.slow  # 3 real training steps through Monarch actors: the e2e tier (it ran as a unit test)
 def test_a_transport_outside_rlexp_is_one_module_and_one_yaml(tmp_path: Path, tag: str) -> None:
     """tests/toy_transport.py (a module rlexp never imports) plus a cluster YAML naming it: 3 real training steps
     send every version through it (the generators sample with the trainer's weights bit for bit, which a
@@ -259,12 +260,16 @@ def test_a_transport_outside_rlexp_is_one_module_and_one_yaml(tmp_path: Path, ta
 
 
 def test_unknown_transport_is_refused_before_spawning_with_the_known_names(tmp_path: Path, tag: str) -> None:
-    from tests.conftest import rlexp
+    from tests.cli_batch import rlexp_each
+    from tests.conftest import tagged_env
 
-    p = rlexp("train", "cluster.transport=nfs", f"hydra.run.dir={tmp_path}", tag=tag, check=False)
+    # both refusals come after torch loads: one child runs the two commands (tests/cli_batch.py)
+    toy = "cluster.transport=tests.toy_transport:FileTransport"
+    p, q = rlexp_each([["train", "cluster.transport=nfs", f"hydra.run.dir={tmp_path}"],
+                       ["train", toy, f"hydra.run.dir={tmp_path}"]], env=tagged_env(tag))
     assert p.returncode == 2, p.stderr
     assert "unknown weight transport 'nfs'; choose one of ['auto', 'monarch', 'shm', 'tcp', 'torchstore']" in p.stderr
     assert "actor graph" not in p.stdout
-    p = rlexp("train", "cluster.transport=tests.toy_transport:FileTransport", f"hydra.run.dir={tmp_path}", tag=tag,
-              check=False)  # its required option is missing
-    assert p.returncode == 2 and "cluster.transport_options.file: missing a required argument: 'dir'" in p.stderr
+    # its required option is missing
+    assert q.returncode == 2
+    assert "cluster.transport_options.file: missing a required argument: 'dir'" in q.stderr

@@ -202,10 +202,30 @@ def test_plan_cli_prints_each_verifier_mesh_and_counts_its_gpus(tmp_path: Path) 
 # ----------------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def refused_trains(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    """The two `rlexp train` refusals below come after torch loads: one child runs both commands,
+    as `run` would (empty Hugging Face cache, offline); each test reads its own (tests/cli_batch.py)."""
+    from tests.cli_batch import rlexp_each
+
+    tmp = tmp_path_factory.mktemp("refused")
+    gpqa = ["environment=gpqa", f"environment.dataset={GPQA_FIXTURE}", "reward=weaver", "steps=2"]
+    tag = uuid.uuid4().hex
+    env = tagged_env(tag)
+    env.update(HF_HUB_CACHE=str(tmp / "hf_cache"), HF_HUB_OFFLINE="1")
+    try:
+        missing, rules = rlexp_each(
+            [["train", *gpqa, f"hydra.run.dir={tmp / 'missing'}"],
+             ["train", "verifier_set=arithmetic_rules", *gpqa, f"hydra.run.dir={tmp / 'rules'}"]],
+            env=env, timeout=300)
+    finally:
+        kill_tagged(tag)
+    return {"missing": missing, "rules": rules}
+
+
 @pytest.mark.slow  # `rlexp train` in a subprocess or model training: the full suite runs it
-def test_missing_verifier_checkpoints_stop_before_spawning(tmp_path: Path) -> None:
-    p = run("train", "environment=gpqa", f"environment.dataset={GPQA_FIXTURE}", "reward=weaver", "steps=2",
-            f"hydra.run.dir={tmp_path / 'run'}", tmp_path=tmp_path)
+def test_missing_verifier_checkpoints_stop_before_spawning(refused_trains: dict) -> None:
+    p = refused_trains["missing"]
     assert p.returncode == 2, f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
     assert "actor graph" not in p.stdout and "Traceback" not in p.stderr
     first = served(OmegaConf.to_object(composed("verifier_set=gpqa")).verifier_set.members)[0]
@@ -215,9 +235,8 @@ def test_missing_verifier_checkpoints_stop_before_spawning(tmp_path: Path) -> No
 
 
 @pytest.mark.slow  # `rlexp train` in a subprocess or model training: the full suite runs it
-def test_rule_verifiers_cannot_score_gpqa(tmp_path: Path) -> None:
-    p = run("train", "verifier_set=arithmetic_rules", "environment=gpqa", f"environment.dataset={GPQA_FIXTURE}",
-            "reward=weaver", "steps=2", f"hydra.run.dir={tmp_path / 'run'}", tmp_path=tmp_path)
+def test_rule_verifiers_cannot_score_gpqa(refused_trains: dict) -> None:
+    p = refused_trains["rules"]
     assert p.returncode == 2, f"stdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}"
     assert "actor graph" not in p.stdout and "Traceback" not in p.stderr
     assert "verifier_set=arithmetic_rules" in p.stderr and "'mod5'" in p.stderr
