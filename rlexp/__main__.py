@@ -1,5 +1,3 @@
-import sys
+from rlexp.cli import run
 
-from rlexp.cli import main
-
-sys.exit(main())
+run()

@@ -141,6 +141,16 @@ def test_mask_refusals():
     gpu_mask.check_mask(None, {})  # a CPU process: nothing to check
 
 
+def test_cpu_processes_start_with_rlexps_bootstrap_and_no_mask():
+    """A CPU mesh gets the same bootstrap (for its fast exit, `rlexp.core.fast_exit`), with the
+    mask variables removed from what the host passes on: `apply` then sets nothing."""
+    cmd = spawn_masks([])(Point(0, Extent(["procs"], [1])))
+    assert cmd.args == ["-m", "rlexp.core.gpu_mask"]
+    assert cmd.env[gpu_mask.GPUS_ENV] is None and cmd.env[gpu_mask.APPLIED_ENV] is None
+    env = {k: v for k, v in cmd.env.items() if v is not None}
+    assert gpu_mask.apply(env, modules={}) is None and "CUDA_VISIBLE_DEVICES" not in env
+
+
 def test_layout_beyond_the_visible_gpus_is_refused_before_spawning(monkeypatch):
     """check_devices runs for every CUDA run, the tiny model too: 5 GPUs needed, 4 visible under the
     mask."""

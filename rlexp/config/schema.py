@@ -12,15 +12,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import II
-
 from rlexp.config.environment import EnvConfig
 from rlexp.config.eval import EvalConfig
 from rlexp.config.logger import LoggerConfig
 from rlexp.config.model import ModelConfig
 from rlexp.config.reward import RewardConfig, VerifierSetConfig
 from rlexp.config.trust import CODE, DATA, LOCATION, OPTIONS, RUNS, location_meta
+
+
+def II(key: str) -> Any:
+    """OmegaConf's `II`: the interpolation `${key}` as a default. Written here so that the actor
+    processes, which import these dataclasses for their settings, load neither OmegaConf nor
+    Hydra."""
+    return "${" + key + "}"
 
 
 def _choices(name: str, *values: str) -> Any:
@@ -281,4 +285,6 @@ class TrainConfig:
 
 
 def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)

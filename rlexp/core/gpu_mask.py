@@ -9,9 +9,10 @@ from 0). This module, the process's first code, maps them through the mask the p
 scheduler's: Slurm's `CUDA_VISIBLE_DEVICES=4,5,6,7` on a shared node makes rlexp's GPU 0 the
 physical GPU 4), refuses an index beyond what is visible, sets `CUDA_VISIBLE_DEVICES`, records what
 it did in `RLEXP_GPUS_APPLIED`, and then runs Monarch's own bootstrap. The actors check the record
-(`check_mask`) instead of setting a mask themselves.
+(`check_mask`) instead of setting a mask themselves. A CPU run's processes start with it too, with
+no `RLEXP_GPUS` (no mask), for its end: `main` leaves the process through `rlexp.core.fast_exit`.
 
-Imports nothing of rlexp and not torch: it runs before them.
+Imports nothing of rlexp but `rlexp.core.fast_exit`, and not torch: it runs before them.
 """
 from __future__ import annotations
 
@@ -93,7 +94,9 @@ def check_mask(expected: str | None, environ: Mapping[str, str] = os.environ) ->
 
 
 def main() -> None:
-    """The bootstrap: the mask, then Monarch's process main (its argv untouched)."""
+    """The bootstrap: the mask, then Monarch's process main (its argv untouched), then an exit
+    without the interpreter's teardown (`rlexp.core.fast_exit`: over a second of CPU in a process
+    that imported torch and TorchTitan, paid while the run waits for its processes to stop)."""
     try:
         apply()
     except MaskError as e:
@@ -101,7 +104,13 @@ def main() -> None:
         raise SystemExit(3) from None
     import runpy
 
-    runpy.run_module(MONARCH_BOOTSTRAP, run_name="__main__", alter_sys=True)
+    from rlexp.core.fast_exit import fast_exit
+
+    try:  # Monarch's main ends with sys.exit(its status) once every actor here has stopped
+        runpy.run_module(MONARCH_BOOTSTRAP, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        fast_exit(e.code)
+    fast_exit(0)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ from rlexp.core.weights import (
     write_hf_state_dict,
 )
 from rlexp.models.hf import model_config_from_dir
-from rlexp.models.kv_decode import KVDecoder
 from rlexp.models.policy import load_policy, pad_sequences, sequence_logprobs
 from rlexp.models.titan import hf_state_dict as titan_hf_state_dict, load_hf_state_dict, param_tensors
 from rlexp.models.tokenizer import Tokenizer, load_tokenizer
@@ -106,6 +105,11 @@ class TitanBackend:
         self.ignore_eos = ignore_eos  # generator.ignore_eos: rows run to max_tokens (cost measurements)
         self.device = torch.device(device)
         self.model = load_policy(model_cfg, model_dir, device=device).eval()
+        # Here, not at the top: it imports TorchTitan's attention (torch's compiler stack,
+        # seconds of CPU), which the controller, importing the `Generator` actor class to spawn
+        # it, never runs.
+        from rlexp.models.kv_decode import KVDecoder
+
         self.decoder = KVDecoder(self.model)
         self.policy_version = 0
         self.torn = False  # a weight update failed half-way: refuse to sample until the next one succeeds

@@ -90,13 +90,12 @@ class Graph:
         return mesh.spawn(role.name, role.actor, role.settings, **given)
 
     def procs(self, name: str, procs: int = 1, host: Host | None = None) -> Any:
-        """A new proc mesh for `name`, `procs` processes per host, and where each of them runs. On
-        CUDA each process starts with its GPUs masked (`spawn_masks`), before anything in it imports
-        torch."""
+        """A new proc mesh for `name`, `procs` processes per host, and where each of them runs. Each
+        process starts with rlexp's bootstrap (`spawn_masks`): on CUDA its GPUs masked before
+        anything in it imports torch, and on any device a quick exit when the mesh stops."""
         host = host or self.hosts.host(role_of(name))
-        gpus = self.gpus.get(name)
         mesh = host.mesh.spawn_procs(per_host={"procs": procs},
-                                     bootstrap_command=spawn_masks(gpus) if gpus else None)
+                                     bootstrap_command=spawn_masks(self.gpus.get(name) or []))
         self.meshes[name] = (mesh, host)
         self.where[name] = list(mesh.spawn("probe", Probe).where.call().get().values())
         return mesh
@@ -118,10 +117,18 @@ class Graph:
         atomic_write_text(path, json.dumps(data, indent=2))
 
     def stop(self) -> None:
+        """Every mesh's processes stopped, all asked at once (each waits for its processes to exit),
+        newest first; then the job's hosts."""
+        stopping = []
         for name, (mesh, _) in reversed(list(self.meshes.items())):
             try:
-                mesh.stop().get(timeout=30)
+                stopping.append((name, mesh.stop()))
             except Exception as e:  # teardown must go on to the next mesh
+                print(f"[rlexp] stopping {name}: {e}", file=sys.stderr)
+        for name, stopped in stopping:
+            try:
+                stopped.get(timeout=30)
+            except Exception as e:
                 print(f"[rlexp] stopping {name}: {e}", file=sys.stderr)
         self.meshes.clear()
         self.hosts.close()
@@ -321,14 +328,15 @@ def set_up(wired: Wiring, gens: list[Any], trainer: Any, verifiers: dict[str, An
 
 def spawn_masks(gpus: list[str]) -> Callable[[Any], Any]:
     """Monarch's per-rank bootstrap command for a mesh whose rank r gets GPU(s) `gpus[r]` (rlexp's
-    indices on its host): `python -m rlexp.core.gpu_mask` with `RLEXP_GPUS`, which sets
+    indices on its host; none on CPU): `python -m rlexp.core.gpu_mask` with `RLEXP_GPUS`, which sets
     `CUDA_VISIBLE_DEVICES` through the scheduler's mask before Monarch's bootstrap, and before
-    torch, runs. A mesh across hosts numbers its ranks host-major, as `gpus` does
-    (`rlexp.cluster.layout.gpu_layout`)."""
+    torch, runs, and ends the process without the interpreter's teardown. A mesh across hosts
+    numbers its ranks host-major, as `gpus` does (`rlexp.cluster.layout.gpu_layout`)."""
     base = monarch.actor.default_bootstrap_cmd()
 
     def command(point: Any) -> Any:
-        cmd = base.with_env({gpu_mask.GPUS_ENV: gpus[point.rank], gpu_mask.APPLIED_ENV: None})
+        mask = gpus[point.rank] if gpus else None
+        cmd = base.with_env({gpu_mask.GPUS_ENV: mask, gpu_mask.APPLIED_ENV: None})
         cmd.args = ["-m", gpu_mask.MODULE]
         return cmd
 
