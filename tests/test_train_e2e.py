@@ -193,14 +193,14 @@ def test_weaver_paper_over_learned_verifiers_from_the_warm_start(tmp_path: Path,
     the manifest; tiny reward models and LM judges each in a service of its own (its proc mesh is printed), the
     dev budget read in the pool steps, per-answer offsets fixed when the pool fills; majority kept out."""
     run = tmp_path / "run"
-    p = rlexp("train", "experiment=weaver_cpu", "reward=weaver_paper", "steps=2", "eval.every_n_steps=0",
+    p = rlexp("train", "experiment=weaver_cpu", "reward=weaver_paper", "steps=3", "eval.every_n_steps=0",
               "algorithm.prompts_per_step=8", "reward.options.reference_groups=16", "reward.options.dev_labels=64",
               f"hydra.run.dir={run}", tag=tag)
     for name in ("rm_large", "rm_small", "rm_noisy", "rm_overfit", "judge_small", "judge_medium"):
         assert f"verifier_{name}" in p.stdout
         assert f"weaver/{name}/pos_rate_batch" in metrics(run)[1]
     rows = metrics(run)
-    assert [r.get("weaver/answer_offsets_fixed") for r in rows[1:]] == [0.0, 1.0]  # the pool filled at step 2
+    assert [r.get("weaver/answer_offsets_fixed") for r in rows[1:]] == [0.0, 1.0, 1.0]  # the pool filled at step 2
     assert rows[-1]["weaver/answer_offset_max"] > 0
     assert rows[-1]["weaver/dev_labels"] == 64 and "weaver/majority/dropped" in rows[-1]
     manifest = json.loads((run / "manifest.json").read_text())
