@@ -226,10 +226,10 @@ def test_a_reply_cut_short_names_the_missing_bytes() -> None:
 
 @pytest.mark.slow
 def test_train_by_tcp_matches_shm(tmp_path: Path, tag: str, short_run: FinishedRun) -> None:
-    """cluster=process puts the trainer and the generators on hosts of their own; tcp over loopback feeds the
-    generators the same weights as shm, so the metrics (timings aside) are identical. The shm run is the
-    session's shared default run (`short_run`: one host, shm), which computes what the same run on
-    `cluster=process` hosts computes (placement changes no number): one `rlexp train` less."""
+    """cluster=process puts the trainer and the generators on hosts of their own; tcp over loopback
+    feeds the generators the same weights as shm, so the metrics (timings aside) are identical. The
+    shm run is the session's shared default run (`short_run`: one host, shm), which computes what
+    the same run on `cluster=process` hosts computes (placement changes no number)."""
     from rlexp.tracking.reproduce import compare_metrics
 
     assert "trainer -> generators by shm" in short_run.stdout
