@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,16 @@ from omegaconf import OmegaConf
 from rlexp.cluster.hosts import job_spec
 from rlexp.cluster.jobs import slurm_queue as q
 from rlexp.config.schema import TrainConfig, register_configs
-from tests.conftest import REPO, metrics, rlexp, tagged_env, wait_no_orphans
+from tests.conftest import (
+    REPO,
+    SHORT,
+    FinishedRun,
+    kill_tagged,
+    metrics,
+    rlexp,
+    tagged_env,
+    wait_no_orphans,
+)
 
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
 CONF = REPO / "conf"
@@ -204,7 +215,8 @@ def wait_queue_empty(timeout: float) -> tuple[list[str], float]:
 
 
 def start(
-    run: Path, tag: str, *overrides: str, env: dict[str, str] | None = None
+    run: Path, tag: str, *overrides: str, env: dict[str, str] | None = None,
+    quick: tuple[str, ...] | list[str] = tuple(QUICK),
 ) -> subprocess.Popen:
     return subprocess.Popen(
         [
@@ -213,7 +225,7 @@ def start(
             "rlexp",
             "train",
             "cluster=slurm_cpu",
-            *QUICK,
+            *quick,
             *overrides,
             f"hydra.run.dir={run}",
         ],
@@ -237,27 +249,61 @@ def read_until(proc: subprocess.Popen, needle: str, timeout: float = 300) -> str
     raise AssertionError(f"{needle!r} not seen in {timeout} s:\n{seen[-3000:]}")
 
 
+@dataclass(frozen=True)
+class StoppedAndResumed:
+    """One run on Slurm (the session's default run, `SHORT`), stopped by SIGTERM at step 2, what
+    was seen right after the stop, then `resume=auto` to the end: both tests below read it."""
+
+    run: Path
+    stopped_out: str  # the controller's output up to its exit after SIGTERM
+    left: list[str]  # Slurm's queue GONE_S after the stop
+    orphans: list[int]  # processes of the run still alive GONE_S after the stop
+    resume_from: Path | None  # the checkpoint `resume=auto` finds after the stop
+    status: str  # the manifest's status after the stop
+    resumed: subprocess.CompletedProcess  # `resume=auto` to the end
+
+
 @pytest.fixture(scope="module")
-def straight(
+def stopped_and_resumed(
     slurm_up: object, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, subprocess.CompletedProcess]:
-    run = tmp_path_factory.mktemp("slurm") / "straight"
-    p = rlexp("train", "cluster=slurm_cpu", "steps=4", *QUICK, f"hydra.run.dir={run}")
-    return run, p
+) -> StoppedAndResumed:
+    """SIGTERM is what Slurm sends a controller running inside an allocation at its time limit or
+    preemption. Two `rlexp train` starts serve two tests: the run that trains on Slurm and ends
+    with its allocation, and the one stopped by SIGTERM and resumed (its uninterrupted reference is
+    the session's `short_run`, the same config on one host: placement changes no number)."""
+    from rlexp.run import checkpoints
+
+    run, tag = tmp_path_factory.mktemp("slurm") / "run", uuid.uuid4().hex
+    try:
+        proc = start(run, tag, quick=SHORT)
+        seen = read_until(proc, "step 2/6")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=180)
+        out = seen + out
+        left, _ = wait_queue_empty(GONE_S)
+        orphans = wait_no_orphans(tag, timeout=GONE_S)
+        resume_from = checkpoints.find_resume("auto", run)
+        status = json.loads((run / "manifest.json").read_text())["status"]
+        resumed = rlexp("train", "cluster=slurm_cpu", *SHORT, "resume=auto",
+                        f"hydra.run.dir={run}", tag=tag)
+    except BaseException:
+        kill_tagged(tag)
+        raise
+    return StoppedAndResumed(run, out, left, orphans, resume_from, status, resumed)
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_rlexp_trains_on_slurm_and_the_allocation_ends_with_the_run(straight: tuple) -> None:
-    run, p = straight
-    assert [r["step"] for r in metrics(run) if "loss" in r] == [1, 2, 3, 4]
-    assert (
-        "generator0  {'procs': 1} on host generator_0" in p.stdout
-    )  # the generator ran inside the allocation
-    job = next(
-        f.stem for f in (run / "slurm").glob("*.out")
-    )  # the job's output is in the run folder
-    assert (run / "slurm" / f"{job}.err").exists() and (run / "slurm" / "heartbeat").exists()
+def test_rlexp_trains_on_slurm_and_the_allocation_ends_with_the_run(
+    stopped_and_resumed: StoppedAndResumed,
+) -> None:
+    run, p = stopped_and_resumed.run, stopped_and_resumed.resumed
+    assert [r["step"] for r in metrics(run) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    for out in (stopped_and_resumed.stopped_out, p.stdout):  # the generator ran in the allocation
+        assert "generator0  {'procs': 1} on host generator_0" in out
+    jobs = [f.stem for f in (run / "slurm").glob("*.out")]  # each start's job output, in the run
+    assert len(jobs) == 2 and all((run / "slurm" / f"{job}.err").exists() for job in jobs)
+    assert (run / "slurm" / "heartbeat").exists()
     assert queue() == []
 
 
@@ -271,7 +317,7 @@ def test_a_seed_sweep_runs_as_slurm_jobs_through_the_packaged_launcher(
         "train",
         "-m",
         "seed=0,1",
-        "steps=2",
+        "steps=1",
         *QUICK,
         "+launchers=slurm_cpu",
         "hydra.launcher.timeout_min=15",
@@ -280,7 +326,7 @@ def test_a_seed_sweep_runs_as_slurm_jobs_through_the_packaged_launcher(
         timeout=900,
     )
     for member in ("0", "1"):
-        assert [r["step"] for r in metrics(sweep / member) if "loss" in r] == [1, 2]
+        assert [r["step"] for r in metrics(sweep / member) if "loss" in r] == [1]
     assert (
         len(list((sweep / ".submitit").glob("*/*_log.out"))) == 2
     )  # each member was a Slurm job of its own
@@ -347,7 +393,7 @@ def test_a_job_that_cannot_start_times_out_saying_why_and_is_cancelled(
         "cluster.hosts=2",
         "cluster.hosts_per_role.trainer=1",
         "steps=2",
-        "cluster.job_options.start_timeout_s=10",
+        "cluster.job_options.start_timeout_s=5",
         *QUICK,
         f"hydra.run.dir={tmp_path / 'run'}",
         tag=tag,
@@ -355,7 +401,7 @@ def test_a_job_that_cannot_start_times_out_saying_why_and_is_cancelled(
     )
     assert p.returncode == 3, p.stderr[-3000:]
     line = next(x for x in p.stderr.splitlines() if x.startswith("rlexp: stopped:"))
-    assert "did not start within 10 s: pending (PartitionNodeLimit): 2 node(s) asked" in line
+    assert "did not start within 5 s: pending (PartitionNodeLimit): 2 node(s) asked" in line
     assert "partition debug: 1 node (1 idle)" in line and "It is cancelled" in line
     assert "Traceback" not in p.stderr
     assert queue() == [] and wait_no_orphans(tag) == []
@@ -364,35 +410,19 @@ def test_a_job_that_cannot_start_times_out_saying_why_and_is_cancelled(
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_sigterm_checkpoints_ends_the_allocation_and_resume_continues_identically(
-    straight: tuple, tmp_path: Path, tag: str
+    stopped_and_resumed: StoppedAndResumed, short_run: FinishedRun
 ) -> None:
-    """SIGTERM is what Slurm sends a controller running inside an allocation at its time limit or
-    preemption. The allocation must be gone at once, a checkpoint written and the manifest marked,
-    and `resume=auto` must end with the metrics of an uninterrupted run (`compare_metrics`: the
+    """The allocation must be gone at once, a checkpoint written and the manifest marked, and
+    `resume=auto` must end with the metrics of an uninterrupted run (`compare_metrics`: the
     services' per-process request counters and timings aside)."""
-    from rlexp.run import checkpoints
     from rlexp.tracking.reproduce import compare_metrics
 
-    run = tmp_path / "run"
-    proc = start(run, tag, "steps=4", "checkpoint.every_n_steps=0")
-    read_until(proc, "step 2/4")
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=180)
-    left, _ = wait_queue_empty(GONE_S)
-    assert left == [] and wait_no_orphans(tag, timeout=GONE_S) == [], out[-2000:]
-    assert checkpoints.find_resume("auto", run) is not None, out[-2000:]
-    assert json.loads((run / "manifest.json").read_text())["status"] == "interrupted"
-    rlexp(
-        "train",
-        "cluster=slurm_cpu",
-        "steps=4",
-        "checkpoint.every_n_steps=0",
-        *QUICK,
-        "resume=auto",
-        f"hydra.run.dir={run}",
-        tag=tag,
-    )
-    assert compare_metrics(straight[0] / "metrics.jsonl", run / "metrics.jsonl") is None
+    r = stopped_and_resumed
+    assert r.left == [] and r.orphans == [], r.stopped_out[-2000:]
+    assert r.resume_from is not None, r.stopped_out[-2000:]
+    assert r.status == "interrupted"
+    assert "resumed from" in r.resumed.stdout
+    assert compare_metrics(short_run.run / "metrics.jsonl", r.run / "metrics.jsonl") is None
 
 
 @pytest.mark.slurm

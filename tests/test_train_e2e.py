@@ -180,7 +180,7 @@ def test_readme_custom_loop_example_runs(tag: str) -> None:
 
 def test_weaver_with_an_lm_judge_served_by_the_generator(tmp_path: Path, tag: str) -> None:
     run = tmp_path / "run"
-    rlexp("train", "reward=weaver", "verifier_set=arithmetic_rules_judge", "steps=2", "eval.every_n_steps=0",
+    rlexp("train", "reward=weaver", "verifier_set=arithmetic_rules_judge", "steps=1", "eval.every_n_steps=0",
           "algorithm.prompts_per_step=8", f"hydra.run.dir={run}", tag=tag)
     rows = metrics(run)
     assert "weaver/policy_judge/pos_rate_batch" in rows[1]  # the judge scored every response

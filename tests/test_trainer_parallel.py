@@ -227,12 +227,12 @@ def test_rlexp_train_with_fsdp2_trainer_end_to_end(tmp_path: Path, tag: str) -> 
 def test_the_weight_average_on_two_ranks_is_the_single_ranks(tmp_path: Path, tag: str) -> None:
     """`trainer.ema_decay` on a sharded trainer: each rank averages its shards, the export gathers them, and a
     resume on two ranks reloads them; the result is the single-rank average up to summation order."""
-    common = ["steps=3", "eval.every_n_steps=1", "algorithm.prompts_per_step=8", "trainer.ema_decay=0.5",
-              "checkpoint.every_n_steps=2"]
+    common = ["steps=2", "eval.every_n_steps=1", "algorithm.prompts_per_step=8", "trainer.ema_decay=0.5",
+              "checkpoint.every_n_steps=1"]  # a step before the resumed checkpoint and one after it
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
     rlexp("train", *common, f"hydra.run.dir={one}", tag=tag)
     rlexp("train", *common, "model.parallelism.trainer_fsdp=2", f"hydra.run.dir={two}", tag=tag)
-    rlexp("train", *common, "model.parallelism.trainer_fsdp=2", f"resume={two / 'checkpoints' / 'step_000002'}",
+    rlexp("train", *common, "model.parallelism.trainer_fsdp=2", f"resume={two / 'checkpoints' / 'step_000001'}",
           f"hydra.run.dir={resumed}", tag=tag)
     a, b, c = (read_hf_state_dict(r / "checkpoints" / "final") for r in (one, two, resumed))
     assert max_diff(b, a) < 1e-4  # summation order (the gradients of two ranks are added, then averaged)

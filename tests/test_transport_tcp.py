@@ -30,7 +30,7 @@ from rlexp.transport.tcp_wire import (
     read_body,
     unpack,
 )
-from tests.conftest import metrics, rlexp
+from tests.conftest import SHORT, FinishedRun, metrics, rlexp
 
 
 def _odd_state_dict(seed: int) -> dict[str, torch.Tensor]:
@@ -225,20 +225,21 @@ def test_a_reply_cut_short_names_the_missing_bytes() -> None:
 
 
 @pytest.mark.slow
-def test_train_by_tcp_matches_shm(tmp_path: Path, tag: str) -> None:
-    """cluster=process puts the trainer and the generators on hosts of their own; tcp over loopback feeds the
-    generators the same weights as shm, so the metrics (timings aside) are identical."""
+def test_train_by_tcp_matches_shm(tmp_path: Path, tag: str, short_run: FinishedRun) -> None:
+    """cluster=process puts the trainer and the generators on hosts of their own; tcp over loopback
+    feeds the generators the same weights as shm, so the metrics (timings aside) are identical. The
+    shm run is the session's shared default run (`short_run`: one host, shm), which computes what
+    the same run on `cluster=process` hosts computes (placement changes no number)."""
     from rlexp.tracking.reproduce import compare_metrics
 
-    args = ["train", "cluster=process", "steps=5", "eval.every_n_steps=0", "algorithm.prompts_per_step=8",
-            "algorithm.group_size=4"]
-    runs = {}
-    for t, extra in (("shm", []), ("tcp", ["+cluster.transport_options.tcp.host=127.0.0.1"])):
-        runs[t] = tmp_path / t
-        p = rlexp(*args, f"cluster.transport={t}", *extra, f"hydra.run.dir={runs[t]}", tag=tag)
-        assert f"trainer -> generators by {t} (cluster.transport={t})" in p.stdout
-    assert len(metrics(runs["tcp"])) == len(metrics(runs["shm"])) >= 5
-    assert compare_metrics(runs["shm"] / "metrics.jsonl", runs["tcp"] / "metrics.jsonl") is None
+    assert "trainer -> generators by shm" in short_run.stdout
+    run = tmp_path / "tcp"
+    p = rlexp("train", *SHORT, "cluster=process", "cluster.transport=tcp",
+              "+cluster.transport_options.tcp.host=127.0.0.1", f"hydra.run.dir={run}",
+              f"cluster.shm_dir={tmp_path / 'shm'}", tag=tag)
+    assert "trainer -> generators by tcp (cluster.transport=tcp)" in p.stdout
+    assert len(metrics(run)) == len(metrics(short_run.run)) >= 7
+    assert compare_metrics(short_run.run / "metrics.jsonl", run / "metrics.jsonl") is None
 
 
 def test_plan_estimates_the_weight_sync_of_each_preset(capsys: pytest.CaptureFixture[str]) -> None:
