@@ -103,7 +103,8 @@ def unknown_option(group: str, value: str, conf_dirs: Sequence[Path]) -> str | N
 def option_naming(group: str, name: str, conf_dirs: Sequence[Path]) -> str | None:
     """The option of `group` a user types for what the config calls `name`: `count_a` for a plug-in
     environment named by class path (`environment.name: mytask.tasks:CountA` in `count_a.yaml`).
-    `name` itself when a file of that name exists; None when no file names it. YAML read, nothing run."""
+    `name` itself when a file of that name exists; None when no file names it. YAML is read,
+    nothing is run."""
     import yaml
 
     if any((Path(d) / group / f"{name}.yaml").is_file() for d in conf_dirs):
@@ -114,13 +115,15 @@ def option_naming(group: str, name: str, conf_dirs: Sequence[Path]) -> str | Non
                 data = yaml.safe_load(p.read_text(encoding="utf-8"))
             except (OSError, yaml.YAMLError, UnicodeDecodeError):
                 continue
-            node = data.get(group, data) if isinstance(data, dict) else None  # `_global_` or own package
+            # `# @package _global_` (`environment: {name: ...}`) or the group's own package
+            node = data.get(group, data) if isinstance(data, dict) else None
             if isinstance(node, dict) and node.get("name") == name:
                 return p.stem
     return None
 
 
-def unknown_options_key(prefix: str, given: Iterable[str], known: Sequence[str], owner: str) -> str | None:
+def unknown_options_key(prefix: str, given: Iterable[str], known: Sequence[str],
+                        owner: str) -> str | None:
     """A free-form options mapping (`cluster.job_options`) against the fields its owner declares:
     None when every name is one; else the message naming the whole key and its close matches."""
     for name in given:

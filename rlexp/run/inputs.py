@@ -101,7 +101,8 @@ def check_verifier_kinds(cfg: TrainConfig, env: Environment) -> None:
     for v in cfg.reward.verifiers:
         if not supports(env, v):
             option = env_option(cfg)
-            shown = f"environment={option}" + (f" ({env.name})" if option != env.name else "")
+            shown = f"environment={env.name}" + (f" (preset environment={option})"
+                                                 if option != env.name else "")
             if cfg.verifier_set.name == option:  # the set made for it is the one in use
                 fix = (f"Make that set's verifiers (verifier_set/{option}.yaml) of those kinds, "
                        f"or declare {v.kind!r} in the environment's own_verifier_kinds")

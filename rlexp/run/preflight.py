@@ -189,23 +189,26 @@ def _first_values(overrides: Sequence[str]) -> list[str]:
 
 
 def _into_options(overrides: Sequence[str]) -> list[str]:
-    """Plain overrides of a key inside a free-form options mapping (`cluster.job_options.partiton=gpu`)
-    as `++key=...`: composed, the key is there for `check_job_options` (and `check_env_options`) to judge
-    against its owner's declared fields with the close matches, where Hydra's own refusal ("Key
-    'partiton' is not in struct") names no fix. Only this composition is changed, not the command."""
+    """Plain overrides of a key inside a free-form options mapping
+    (`cluster.job_options.partiton=gpu`) as `++key=...`: composed, the key is there for
+    `check_job_options` (and `check_env_options`) to judge against its owner's declared fields
+    with the close matches, where Hydra's own refusal ("Key 'partiton' is not in struct") names
+    no fix. Only this composition is changed, not the command Hydra runs."""
     out = []
     for raw in overrides:
         key = raw.split("=", 1)[0]
         if ("=" in raw and key[:1] not in "+~" and "." in key and "/" not in key
-                and not key.startswith("hydra") and key not in schema_keys() and unknown_key(key) is None):
+                and not key.startswith("hydra") and key not in schema_keys()
+                and unknown_key(key) is None):
             raw = f"++{raw}"
         out.append(raw)
     return out
 
 
 def check_job_options(t: Any) -> None:
-    """`cluster.job_options` against the chosen backend's `Settings` fields (`rlexp.cluster.registry`),
-    before torch loads; `JobBackend.settings` judges the values the same way after it."""
+    """`cluster.job_options` against the chosen backend's `Settings` fields
+    (`rlexp.cluster.registry`), before torch loads; `JobBackend.settings` judges the values the
+    same way after it."""
     import dataclasses
 
     from rlexp.cluster.registry import job_backend
@@ -248,7 +251,8 @@ def compose(flags: Sequence[str], overrides: Sequence[str], dirs: Sequence[Path]
     given = [a for a in overrides if a.split("=", 1)[0].lstrip("+") not in INTERNAL_KEYS]
     try:
         with _composer(dirs, flag_value(flags, "--config-name", "-cn") or "train", with_hydra) as run:
-            return run([*_into_options(_first_values(given)), *([f"hydra.searchpath=[{search}]"] if search else [])])
+            internal = [f"hydra.searchpath=[{search}]"] if search else []
+            return run([*_into_options(_first_values(given)), *internal])
     except ConfigError:
         raise
     except Exception as e:  # Hydra's composition errors: the file and the key, in rlexp's words
