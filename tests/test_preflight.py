@@ -282,7 +282,9 @@ def test_a_typo_in_a_backends_options_is_named_with_its_fix_before_torch_loads(
                        (["cluster=slurm", "+cluster.job_options.partiton=gpu"], fix),
                        (["cluster=local", "cluster.job_options.partition=gpu"],
                         "unknown key cluster.job_options.partition (the options of "
-                        "cluster.job=local: none)")):
+                        "cluster.job=local: none)"),
+                       (["cluster=slurm", "cluster.job_options.port=80"],
+                        "cluster.job_options.port=80: give a port from 1024 to 65000")):
         p, _ = _train(project, *args)
         assert p.returncode == 2 and says in p.stderr, (args, p.stderr)
         assert "not in struct" not in p.stderr and "HYDRA_FULL_ERROR" not in p.stderr, p.stderr

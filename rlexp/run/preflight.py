@@ -207,8 +207,8 @@ def _into_options(overrides: Sequence[str]) -> list[str]:
 
 def check_job_options(t: Any) -> None:
     """`cluster.job_options` against the chosen backend's `Settings` fields
-    (`rlexp.cluster.registry`), before torch loads; `JobBackend.settings` judges the values the
-    same way after it."""
+    (`rlexp.cluster.registry`), then their types and values (`JobBackend.settings`, `.check`:
+    `port=80` is refused), before torch loads."""
     import dataclasses
 
     from rlexp.cluster.registry import job_backend
@@ -224,6 +224,7 @@ def check_job_options(t: Any) -> None:
         raise ConfigError(why)
     try:
         backend.settings(t.cluster)
+        backend.check(t.cluster)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
