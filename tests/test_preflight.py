@@ -278,3 +278,51 @@ def test_machine_checks_wait_for_the_job_when_a_launcher_sends_it_elsewhere() ->
     for launcher, here in (([], True), (["+launchers=local"], True), (["+launchers=slurm"], False)):
         cfg = compose(["-m"], ["seed=0,1", *launcher], [CONF_DIR], with_hydra=True)
         assert runs_here(cfg) is here, launcher
+
+
+def test_a_typo_in_a_backends_options_is_named_with_its_fix_before_torch_loads(
+        project: Path) -> None:
+    """A key inside `cluster.job_options` is judged against the chosen backend's `Settings` fields
+    (`rlexp.cluster.jobs.slurm.SlurmSettings`) before torch loads, not by Hydra ("Key 'partiton'
+    is not in struct": no fix) nor, with `+`, after torch loads."""
+    fix = "unknown key cluster.job_options.partiton; did you mean cluster.job_options.partition?"
+    for args, says in ((["cluster=slurm", "cluster.job_options.partiton=gpu"], fix),
+                       (["cluster=slurm", "+cluster.job_options.partiton=gpu"], fix),
+                       (["cluster=local", "cluster.job_options.partition=gpu"],
+                        "unknown key cluster.job_options.partition (the options of "
+                        "cluster.job=local: none)"),
+                       (["cluster=slurm", "cluster.job_options.port=80"],
+                        "cluster.job_options.port=80: give a port from 1024 to 65000")):
+        p, _ = _train(project, *args)
+        assert p.returncode == 2 and says in p.stderr, (args, p.stderr)
+        assert "not in struct" not in p.stderr and "HYDRA_FULL_ERROR" not in p.stderr, p.stderr
+        assert not _imported(p.stderr, "torch"), f"{args}: torch was imported before the refusal"
+        assert not (project / "runs").exists() and not (project / "outputs").exists(), args
+    q, plain, cpu = _timed(project, "cluster=slurm", "cluster.job_options.partiton=gpu",
+                           importtime=False)
+    assert q.returncode == 2 and fix in q.stderr, q.stderr
+    assert plain < _limit() and cpu < LIMIT_S, (plain, cpu)
+
+
+def test_a_verifier_set_that_does_not_fit_a_plugin_names_the_options_a_user_types(
+        project: Path) -> None:
+    """A plug-in environment is `environment=count_a` to its user: the refusal's fix names that
+    option (and the set of that name), never the class path `mytask.tasks:CountA` as an option."""
+    p, _ = _train(project, "config_path=conf", "environment=count_a", "reward=weaver",
+                  "verifier_set=arithmetic_rules")
+    assert p.returncode == 2, p.stderr
+    assert ("environment=count_a reward=weaver: verifier_set=arithmetic_rules: verifier 'mod5'"
+            in p.stderr), p.stderr
+    assert "cannot score environment=mytask.tasks:CountA (preset environment=count_a)" in p.stderr
+    assert "Use the set made for it (verifier_set=count_a," in p.stderr, p.stderr
+    # the set in use is already the environment's own: no advice to switch to it
+    q, _ = _train(project, "config_path=conf", "environment=count_a", "reward=single_rm")
+    assert q.returncode == 2, q.stderr
+    assert "verifier_set=count_a: verifier 'at_most_length' (kind rule)" in q.stderr, q.stderr
+    fix = "Make that set's verifiers (verifier_set/count_a.yaml) of those kinds"
+    assert fix in q.stderr, q.stderr
+    for r in (p, q):
+        assert "verifier_set=mytask" not in r.stderr, r.stderr
+        assert "verifier_set/mytask" not in r.stderr, r.stderr
+        assert not _imported(r.stderr, "torch"), r.stderr
+    assert not (project / "runs").exists() and not (project / "outputs").exists()

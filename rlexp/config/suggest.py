@@ -109,6 +109,40 @@ def unknown_option(group: str, value: str, conf_dirs: Sequence[Path]) -> str | N
     )
 
 
+def option_naming(group: str, name: str, conf_dirs: Sequence[Path]) -> str | None:
+    """The option of `group` a user types for what the config calls `name`: `count_a` for a plug-in
+    environment named by class path (`environment.name: mytask.tasks:CountA` in `count_a.yaml`).
+    `name` itself when a file of that name exists; None when no file names it. YAML is read,
+    nothing is run."""
+    import yaml
+
+    if any((Path(d) / group / f"{name}.yaml").is_file() for d in conf_dirs):
+        return name
+    for d in conf_dirs:
+        for p in sorted((Path(d) / group).glob("*.yaml")):
+            try:
+                data = yaml.safe_load(p.read_text(encoding="utf-8"))
+            except (OSError, yaml.YAMLError, UnicodeDecodeError):
+                continue
+            # `# @package _global_` (`environment: {name: ...}`) or the group's own package
+            node = data.get(group, data) if isinstance(data, dict) else None
+            if isinstance(node, dict) and node.get("name") == name:
+                return p.stem
+    return None
+
+
+def unknown_options_key(prefix: str, given: Iterable[str], known: Sequence[str],
+                        owner: str) -> str | None:
+    """A free-form options mapping (`cluster.job_options`) against the fields its owner declares:
+    None when every name is one; else the message naming the whole key and its close matches."""
+    for name in given:
+        if name not in known:
+            near = [f"{prefix}.{m}" for m in close(str(name), known)]
+            return (f"unknown key {prefix}.{name}{did_you_mean(near)} (the options of {owner}: "
+                    f"{', '.join(known) or 'none'})")
+    return None
+
+
 def is_class_path(value: Any) -> bool:
     return isinstance(value, str) and _CLASS_PATH.match(value) is not None
 

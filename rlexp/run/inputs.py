@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from rlexp.config.model import ModelConfig
+from rlexp.config.paths import CONF_DIR
 from rlexp.config.schema import TrainConfig
+from rlexp.config.suggest import option_naming
 from rlexp.config.validate import ConfigError
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env
@@ -76,8 +78,7 @@ def load_inputs(cfg: TrainConfig, keep: bool = False) -> Inputs:
         cfg.reward.verifiers = [v for v in cfg.reward.verifiers if v.name in used]
         check_verifier_kinds(cfg, env)
     except (ValueError, FileNotFoundError) as e:  # a bad environment/reward/benchmark: one line
-        raise ConfigError(f"environment={cfg.environment.name} reward={cfg.reward.name}: {e}"
-                          ) from e
+        raise ConfigError(f"environment={env_option(cfg)} reward={cfg.reward.name}: {e}") from e
     inputs = Inputs(env, train, held, benchmarks, reward)
     if keep:
         _KEPT.clear()
@@ -85,18 +86,34 @@ def load_inputs(cfg: TrainConfig, keep: bool = False) -> Inputs:
     return inputs
 
 
+def env_option(cfg: TrainConfig) -> str:
+    """The `environment=` option a user types for this environment: a plug-in's class path
+    (`mytask.tasks:CountA`) as the preset that names it (`count_a`); the name itself otherwise."""
+    dirs = [CONF_DIR, *(Path(d) for d in cfg.config_path)]
+    name = cfg.environment.name
+    return option_naming("environment", name, dirs) or name
+
+
 def check_verifier_kinds(cfg: TrainConfig, env: Environment) -> None:
-    """Every verifier the reward uses must be of a kind the environment supports."""
+    """Every verifier the reward uses must be of a kind the environment supports. The fix names
+    the options a user types (`verifier_set=count_a`), never a plug-in's class path."""
     kinds = supported_kinds(env)
     for v in cfg.reward.verifiers:
         if not supports(env, v):
+            option = env_option(cfg)
+            shown = f"environment={env.name}" + (f" (preset environment={option})"
+                                                 if option != env.name else "")
+            if cfg.verifier_set.name == option:  # the set made for it is the one in use
+                fix = (f"Make that set's verifiers (verifier_set/{option}.yaml) of those kinds, "
+                       f"or declare {v.kind!r} in the environment's own_verifier_kinds")
+            else:
+                fix = (f"Use the set made for it (verifier_set={option}, the default when the "
+                       f"file verifier_set/{option}.yaml exists in a config folder) or list "
+                       f"verifiers of those kinds")
             raise ConfigError(
                 f"verifier_set={cfg.verifier_set.name or '?'}: verifier {v.name!r} "
-                f"(kind {v.kind}) cannot score "
-                f"environment={env.name}, which supports the kinds {sorted(kinds)}. Use the set "
-                f"made for it (verifier_set={env.name}, the default when the file "
-                f"conf/verifier_set/{env.name}.yaml "
-                f"exists) or list verifiers of those kinds")
+                f"(kind {v.kind}) cannot score {shown}, which supports the kinds "
+                f"{sorted(kinds)}. {fix}")
 
 
 def char_tokenizer_dir(model: ModelConfig) -> Path | None:

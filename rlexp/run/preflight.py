@@ -24,8 +24,10 @@ from rlexp.config.suggest import (
     INTERNAL_KEYS,
     class_path_error,
     is_class_path,
+    schema_keys,
     unknown_key,
     unknown_option,
+    unknown_options_key,
     user_args,
 )
 from rlexp.config.trust import Trust
@@ -186,6 +188,47 @@ def _first_values(overrides: Sequence[str]) -> list[str]:
     return out
 
 
+def _into_options(overrides: Sequence[str]) -> list[str]:
+    """Plain overrides of a key inside a free-form options mapping
+    (`cluster.job_options.partiton=gpu`) as `++key=...`: composed, the key is there for
+    `check_job_options` (and `check_env_options`) to judge against its owner's declared fields
+    with the close matches, where Hydra's own refusal ("Key 'partiton' is not in struct") names
+    no fix. Only this composition is changed, not the command Hydra runs."""
+    out = []
+    for raw in overrides:
+        key = raw.split("=", 1)[0]
+        if ("=" in raw and key[:1] not in "+~" and "." in key and "/" not in key
+                and not key.startswith("hydra") and key not in schema_keys()
+                and unknown_key(key) is None):
+            raw = f"++{raw}"
+        out.append(raw)
+    return out
+
+
+def check_job_options(t: Any) -> None:
+    """`cluster.job_options` against the chosen backend's `Settings` fields
+    (`rlexp.cluster.registry`), then their types and values (`JobBackend.settings`, `.check`:
+    `port=80` is refused), before torch loads."""
+    import dataclasses
+
+    from rlexp.cluster.registry import job_backend
+
+    try:
+        backend = job_backend(t.cluster.job)
+    except ValueError:  # an unknown backend: `validate` names it
+        return
+    known = [f.name for f in dataclasses.fields(backend.Settings)] if backend.Settings else []
+    why = unknown_options_key("cluster.job_options", t.cluster.job_options or {}, known,
+                              f"cluster.job={t.cluster.job}")
+    if why is not None:
+        raise ConfigError(why)
+    try:
+        backend.settings(t.cluster)
+        backend.check(t.cluster)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 @contextlib.contextmanager
 def _composer(dirs: Sequence[Path], config_name: str, with_hydra: bool) -> Iterator[Any]:
     from hydra import compose, initialize_config_dir
@@ -209,7 +252,8 @@ def compose(flags: Sequence[str], overrides: Sequence[str], dirs: Sequence[Path]
     given = [a for a in overrides if a.split("=", 1)[0].lstrip("+") not in INTERNAL_KEYS]
     try:
         with _composer(dirs, flag_value(flags, "--config-name", "-cn") or "train", with_hydra) as run:
-            return run([*_first_values(given), *([f"hydra.searchpath=[{search}]"] if search else [])])
+            internal = [f"hydra.searchpath=[{search}]"] if search else []
+            return run([*_into_options(_first_values(given)), *internal])
     except ConfigError:
         raise
     except Exception as e:  # Hydra's composition errors: the file and the key, in rlexp's words
@@ -237,6 +281,7 @@ def check_composed(cfg: DictConfig, dirs: Sequence[Path], argv: Sequence[str] = 
         cfg.pop("hydra")
     check_composed_keys(cfg)
     t = typed_config(cfg)  # the one conversion `prepare` runs too, with its error naming the key
+    check_job_options(t)
     paths = search_paths(t.config_path)
     check_class_paths(OmegaConf.to_container(cfg, resolve=True), paths)
     if t.trainer.micro_batch_size == 0:  # derived later from the memory plan (`check_config`)
