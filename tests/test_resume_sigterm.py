@@ -182,8 +182,9 @@ def test_the_resume_command_names_the_folder_and_resume_auto(tmp_path: Path) -> 
 # The session's shared default run (`short_run`, conftest.py: SHORT, 6 steps) is the uninterrupted
 # run every signalled run is compared with (no periodic checkpoint): one `rlexp train` fewer.
 STEPS = int(next(a for a in SHORT if a.startswith("steps=")).split("=")[1])
-# The signal goes once step 3 is logged (its row holds step 3's evaluation): the run stops at a step in
-# [3, STEPS) with no evaluation left before it checkpoints, as the old signal at step 5 of 12 did.
+# The signal goes once step 3 is logged (its row holds step 3's evaluation): the run stops at a
+# step in [3, STEPS) with no evaluation left before it checkpoints, as the old signal at step 5 of
+# 12 did.
 SIGNAL_AT = 3
 
 
