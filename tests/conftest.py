@@ -112,6 +112,81 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> FinishedRun:
     return FinishedRun(base / "run", base / "shm", p.stdout, tag)
 
 
+
+# ------------------------------------------------- Monarch's supervision poll (issue 44 item 6)
+# Monarch reads its HYPERACTOR_* settings once, when its Rust bindings load. This pytest process's
+# own meshes (tests/test_service_faults.py kills replicas in them) poll their processes' state every
+# second instead of every ~10 s, so a kill is seen within about a second: the same supervision path,
+# and nothing asserted depends on when. Taken out of the environment again at once: `rlexp train`
+# subprocesses and every spawned process keep the product's default.
+SUPERVISION_POLL = "HYPERACTOR_MESH_SUPERVISION_POLL_FREQUENCY"
+if SUPERVISION_POLL not in os.environ:
+    os.environ[SUPERVISION_POLL] = "1s"
+    try:
+        import monarch._rust_bindings  # noqa: F401  (reads the setting now)
+    finally:
+        del os.environ[SUPERVISION_POLL]
+
+
+# ------------------------------------------------- shared checkpointed run (issue 44 item 6)
+# A run with a checkpoint and an evaluation at every step, made once per session by
+# `checkpointed_run` and read by tests/test_run_folder_links.py (copies it, plants links,
+# resumes it) and tests/test_run_integrity.py (a second `rlexp train` tried while it was live).
+CHECKPOINTED = ["eval.every_n_steps=1", "checkpoint.every_n_steps=1",
+                "algorithm.prompts_per_step=8"]
+CHECKPOINTED_STEPS = 2
+
+
+@dataclass(frozen=True)
+class CheckpointedRun:
+    run: Path  # finished: checkpoints at steps 1 and 2, eval samples, metrics.jsonl, manifest.json
+    pid: int  # the `rlexp train` that made it
+    returncode: int  # its exit status
+    stderr: str
+    # `rlexp train ... resume=auto` on the same folder while the first was live
+    second: subprocess.CompletedProcess
+    second_s: float  # how long the second took to be refused
+    first_was_live: bool  # the first was still running when the second had ended
+    manifest_kept: bool  # manifest.json then: byte for byte the first's, written before spawning
+    overrides_kept: bool  # .hydra/overrides.yaml then: the first's (not Hydra's, with resume=auto)
+    orphans: list[int]  # processes of the run still alive after it ended
+
+
+@pytest.fixture(scope="session")
+def checkpointed_run(tmp_path_factory: pytest.TempPathFactory) -> CheckpointedRun:
+    """`rlexp train` of CHECKPOINTED_STEPS steps (CHECKPOINTED); once its manifest is written
+    (under the run folder's lock, before anything spawns), the same command with resume=auto is
+    started on the folder and recorded. Read it, never write into it: copy it to change it."""
+    run = tmp_path_factory.mktemp("checkpointed_run") / "run"
+    tag = uuid.uuid4().hex
+    args = ["train", f"steps={CHECKPOINTED_STEPS}", *CHECKPOINTED, f"hydra.run.dir={run}"]
+    first = subprocess.Popen([sys.executable, "-m", "rlexp", *args], cwd=REPO, env=tagged_env(tag),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not (run / "manifest.json").exists():
+            if first.poll() is not None or time.time() > deadline:
+                why = first.stderr.read()[-3000:] if first.poll() is not None else "slow"
+                raise AssertionError(f"no manifest.json from `rlexp {' '.join(args)}`: {why}")
+            time.sleep(0.2)
+        started = (run / "manifest.json").read_bytes()
+        overrides = (run / ".hydra" / "overrides.yaml").read_bytes()
+        t = time.time()
+        second = rlexp(*args, "resume=auto", check=False, tag=tag)
+        second_s = time.time() - t
+        live = first.poll() is None
+        manifest_kept = (run / "manifest.json").read_bytes() == started
+        overrides_kept = (run / ".hydra" / "overrides.yaml").read_bytes() == overrides
+        _, err = first.communicate(timeout=600)
+        orphans = wait_no_orphans(tag)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        kill_tagged(tag)
+    return CheckpointedRun(run, first.pid, first.returncode, err, second, second_s, live,
+                           manifest_kept, overrides_kept, orphans)
+
+
 @pytest.fixture
 def offline_trackers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """W&B offline and MLflow local, with their caches inside the test's folder: nothing leaves the machine."""

@@ -1,6 +1,7 @@
 """Resume that never logs a step twice, and SIGTERM/SIGUSR1 that checkpoint before the run stops (issue 41,
 findings 6 and 7). Fast tests use the real functions in-process on real files; the `slow` ones signal a real
-`rlexp train` and resume it, the default cluster and `cluster=process`."""
+`rlexp train` and resume it, the default cluster and `cluster=process`, and compare it with the
+session's shared default run (`short_run`)."""
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ from rlexp.tracking import files
 from rlexp.tracking.base import status_from_exception
 from rlexp.tracking.manifest import write_start_manifest
 from rlexp.tracking.reproduce import compare_metrics
-from tests.conftest import REPO, metrics, rlexp, tagged_env, wait_no_orphans
+from tests.conftest import REPO, SHORT, FinishedRun, metrics, rlexp, tagged_env, wait_no_orphans
 
 EXIT_BOUND_S = 60  # README: a signalled run has checkpointed, torn down and exited within this
 
@@ -178,18 +179,17 @@ def test_the_resume_command_names_the_folder_and_resume_auto(tmp_path: Path) -> 
 
 
 # --------------------------------------------------------------------------------------------- end to end
-COMMON = ["steps=12", "eval.every_n_steps=4", "algorithm.prompts_per_step=8"]
+# The session's shared default run (`short_run`, conftest.py: SHORT, 6 steps) is the uninterrupted
+# run every signalled run is compared with (no periodic checkpoint): one `rlexp train` fewer.
+STEPS = int(next(a for a in SHORT if a.startswith("steps=")).split("=")[1])
+# The signal goes once step 3 is logged (its row holds step 3's evaluation): the run stops at a
+# step in [3, STEPS) with no evaluation left before it checkpoints, as the old signal at step 5 of
+# 12 did.
+SIGNAL_AT = 3
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One uninterrupted run of the seed every signalled run is compared with (no periodic checkpoint)."""
-    run = tmp_path_factory.mktemp("straight") / "run"
-    rlexp("train", *COMMON, f"hydra.run.dir={run}")
-    return run
-
-
-def _signal_at_step(run: Path, args: list[str], sig: int, tag: str, step: int = 5) -> tuple[int, float]:
+def _signal_at_step(run: Path, args: list[str], sig: int, tag: str,
+                    step: int = SIGNAL_AT) -> tuple[int, float]:
     proc = subprocess.Popen([sys.executable, "-m", "rlexp", "train", *args, f"hydra.run.dir={run}"], cwd=REPO,
                             env=tagged_env(tag), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
@@ -206,10 +206,11 @@ def _signal_at_step(run: Path, args: list[str], sig: int, tag: str, step: int = 
 
 @pytest.mark.slow  # `rlexp train` in subprocesses, signalled and resumed
 @pytest.mark.parametrize(("cluster", "sig"), [("local", signal.SIGTERM), ("process", signal.SIGUSR1)])
-def test_a_signalled_run_checkpoints_and_resumes_to_identical_metrics(tmp_path: Path, tag: str, straight: Path,
+def test_a_signalled_run_checkpoints_and_resumes_to_identical_metrics(tmp_path: Path, tag: str,
+                                                                      short_run: FinishedRun,
                                                                       cluster: str, sig: int) -> None:
-    run = tmp_path / "run"
-    args = [*COMMON, f"cluster={cluster}"]  # no checkpoint.every_n_steps: the signal alone writes one
+    run, straight = tmp_path / "run", short_run.run
+    args = [*SHORT, f"cluster={cluster}"]  # no checkpoint.every_n_steps: the signal writes one
     code, took = _signal_at_step(run, args, sig, tag)
     assert code == 128 + sig and took < EXIT_BOUND_S, (code, took)
     m = json.loads((run / "manifest.json").read_text())
@@ -217,34 +218,43 @@ def test_a_signalled_run_checkpoints_and_resumes_to_identical_metrics(tmp_path: 
     assert m["status"] == "interrupted" and stop["signal"] == signal.Signals(sig).name, m
     ckpt = run / "checkpoints" / f"step_{stop['step']:06d}"
     assert stop["checkpoint"] == str(ckpt) and (ckpt / "COMPLETE").is_file()
-    assert 5 <= stop["step"] < 12 and [r["step"] for r in metrics(run)] == list(range(stop["step"] + 1))
+    assert SIGNAL_AT <= stop["step"] < STEPS
+    assert [r["step"] for r in metrics(run)] == list(range(stop["step"] + 1))
     resume = shlex.split(stop["resume"])
     assert resume[:2] == ["rlexp", "train"] and resume[-2:] == [f"hydra.run.dir={run}", "resume=auto"]
 
-    if stop["step"] > 5:  # a resume cannot go back: steps below the checkpoint is refused, naming both
-        back = rlexp("train", *args, "steps=5", f"hydra.run.dir={run}", "resume=auto", check=False, tag=tag)
-        assert back.returncode == 2 and f"steps=5 is below the step of the checkpoint being resumed, " \
-                                       f"{stop['step']}" in back.stderr, back.stderr[-2000:]
+    # The refusal of steps below the checkpoint and the finished-run check come before the
+    # cluster is chosen (rlexp.train.RunFolderGuard; rlexp.run.launcher.run before
+    # Hosts(...)): checked once, on `local`. A resume cannot go back: steps below the
+    # checkpoint is refused, naming both.
+    if cluster == "local":
+        below = stop["step"] - 1
+        back = rlexp("train", *args, f"steps={below}", f"hydra.run.dir={run}", "resume=auto",
+                     check=False, tag=tag)
+        said = f"steps={below} is below the step of the checkpoint being resumed, {stop['step']}"
+        assert back.returncode == 2 and said in back.stderr, back.stderr[-2000:]
     p = rlexp(*resume[1:], tag=tag)  # the recorded command, as a scheduler's requeue would run it
     assert f"resumed from {ckpt} at step {stop['step']}" in p.stdout
     assert compare_metrics(straight / "metrics.jsonl", run / "metrics.jsonl") is None
-    assert [r["step"] for r in metrics(run)] == list(range(13))  # each step once
+    assert [r["step"] for r in metrics(run)] == list(range(STEPS + 1))  # each step once
     assert json.loads((run / "manifest.json").read_text())["status"] == "completed"
-    # The original command plus resume=auto on the finished run: complete, although `prepare` derives
-    # cluster.threads_per_proc (it no longer enters the resume hash).
-    done = rlexp("train", *args, f"hydra.run.dir={run}", "resume=auto", tag=tag)
-    assert "is already complete (12 steps" in done.stdout
+    if cluster == "local":
+        # The original command plus resume=auto on the finished run: complete, although `prepare`
+        # derives cluster.threads_per_proc (it no longer enters the resume hash).
+        done = rlexp("train", *args, f"hydra.run.dir={run}", "resume=auto", tag=tag)
+        assert f"is already complete ({STEPS} steps" in done.stdout
 
 
 @pytest.mark.slow  # `rlexp train` in subprocesses
-def test_resume_auto_without_a_checkpoint_refuses_and_changes_nothing(tmp_path: Path, tag: str,
-                                                                      straight: Path) -> None:
+def test_resume_auto_without_a_checkpoint_refuses_and_changes_nothing(
+        tmp_path: Path, tag: str, short_run: FinishedRun) -> None:
     """The finished run has no checkpoint (every_n_steps=0): more steps cannot continue it, and starting at
     step 0 would append a second history."""
-    run = tmp_path / "run"
+    run, straight = tmp_path / "run", short_run.run
     subprocess.run(["cp", "-r", str(straight), str(run)], check=True)
     before = (run / "metrics.jsonl").read_bytes()
-    p = rlexp("train", *COMMON, "steps=14", f"hydra.run.dir={run}", "resume=auto", check=False, tag=tag)
+    p = rlexp("train", *SHORT, f"steps={STEPS + 2}", f"hydra.run.dir={run}", "resume=auto",
+              check=False, tag=tag)
     assert p.returncode == 2 and "no checkpoint to continue from" in p.stderr and "resume=restart" in p.stderr
     assert (run / "metrics.jsonl").read_bytes() == before
     assert "actor graph" not in p.stdout  # refused before anything spawned

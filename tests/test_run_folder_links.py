@@ -3,7 +3,8 @@ cannot be used ends in one message naming the problem and the fix: links and spe
 that is not a regular file, a read-only folder, `checkpoint.keep=0`, a W&B project that reads as a path.
 
 Fast tests use the real writers, a real MLflow SQLite store and W&B offline in-process; the `slow` ones run
-`rlexp train` on a copy of one short finished run, as finding 5 did."""
+`rlexp train` on a copy of one short finished run (the session's `checkpointed_run`), as finding 5
+did."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ from rlexp.tracking.base import JsonlTracker
 from rlexp.tracking.files import atomic_write_text
 from rlexp.tracking.manifest import Manifest, write_start_manifest
 from rlexp.tracking.registry import build_trackers
-from tests.conftest import REPO, tagged_env
+from tests.conftest import CHECKPOINTED, REPO, CheckpointedRun, tagged_env
 
 SECRET = f"S3CRET-{uuid.uuid4().hex}"
 
@@ -302,17 +303,15 @@ def test_a_wandb_project_that_is_not_a_wandb_name_is_refused(name: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------- end to end
-TINY = ["eval.every_n_steps=1", "checkpoint.every_n_steps=1", "algorithm.prompts_per_step=8"]
+TINY = CHECKPOINTED  # the config of the session's `checkpointed_run`, which a resume must keep
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One short finished run (a checkpoint at step 1, eval samples), copied by each test."""
-    run = tmp_path_factory.mktemp("base") / "run"
-    p = subprocess.run([sys.executable, "-m", "rlexp", "train", "steps=2", *TINY, f"hydra.run.dir={run}"],
-                       cwd=REPO, env=tagged_env(uuid.uuid4().hex), capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return run
+def finished_run(checkpointed_run: CheckpointedRun) -> Path:
+    """One short finished run (a checkpoint at step 1, eval samples), copied by each test: the
+    session's `checkpointed_run` (conftest.py), which tests/test_run_integrity.py reads too."""
+    assert checkpointed_run.returncode == 0, checkpointed_run.stderr[-3000:]
+    return checkpointed_run.run
 
 
 def _train(run: Path, *args: str, cwd: Path, tag: str, setpriv: bool = False) -> subprocess.CompletedProcess:

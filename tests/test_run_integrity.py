@@ -25,7 +25,7 @@ from rlexp.tracking.files import atomic_write_text
 from rlexp.tracking.manifest import write_start_manifest
 from rlexp.tracking.metrics_file import MetricsFileError, read_metrics
 from rlexp.tracking.reproduce import compare_metrics
-from tests.conftest import REPO, metrics, rlexp, tagged_env, wait_no_orphans
+from tests.conftest import CHECKPOINTED_STEPS, CheckpointedRun, metrics, rlexp, wait_no_orphans
 
 TINY = ["eval.every_n_steps=0", "algorithm.prompts_per_step=8", "checkpoint.every_n_steps=2"]
 
@@ -209,35 +209,23 @@ def _snapshot(run: Path) -> dict[str, bytes]:
             if p.is_file() and p.name != LOCK_FILE}
 
 
-@pytest.mark.slow  # `rlexp train` in subprocesses
-def test_second_train_on_a_live_run_folder_is_refused_at_once(tmp_path: Path, tag: str) -> None:
-    run = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "rlexp", "train", "steps=4", *TINY, f"hydra.run.dir={run}"],
-                             cwd=REPO, env=tagged_env(tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 120
-        while not (run / "manifest.json").exists():  # written under the lock, before anything spawns
-            assert first.poll() is None and time.time() < deadline, first.stderr.read() if first.poll() else "slow"
-            time.sleep(0.2)
-        started = (run / "manifest.json").read_bytes()
-        overrides = (run / ".hydra" / "overrides.yaml").read_bytes()
-        t = time.time()
-        second = rlexp("train", "steps=4", *TINY, f"hydra.run.dir={run}", "resume=auto", check=False, tag=tag)
-        assert second.returncode == 2, second.stderr[-2000:]
-        assert time.time() - t < 30  # no torch, no actors: refused at once
-        assert f"in use by pid {first.pid} on host {socket.gethostname()}" in second.stderr
-        assert "Traceback" not in second.stderr and "actor graph" not in second.stdout
-        assert (run / ".hydra" / "overrides.yaml").read_bytes() == overrides  # not Hydra's copy of `resume=auto`
-        if first.poll() is None:
-            assert (run / "manifest.json").read_bytes() == started  # not rewritten by the refused process
-        _, err = first.communicate(timeout=300)
-        assert first.returncode == 0, err[-3000:]
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert [r["step"] for r in metrics(run)] == [0, 1, 2, 3, 4]  # once, not twice
-    assert json.loads((run / "manifest.json").read_text())["status"] == "completed"
-    assert wait_no_orphans(tag) == []
+@pytest.mark.slow  # reads the session's `checkpointed_run` (conftest.py), which tried the second
+def test_second_train_on_a_live_run_folder_is_refused_at_once(
+        checkpointed_run: CheckpointedRun) -> None:
+    c = checkpointed_run
+    second = c.second  # the same command with resume=auto, started once the first's manifest was
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert c.second_s < 30  # no torch, no actors: refused at once
+    assert f"in use by pid {c.pid} on host {socket.gethostname()}" in second.stderr
+    assert "Traceback" not in second.stderr and "actor graph" not in second.stdout
+    assert c.overrides_kept  # .hydra/overrides.yaml is not Hydra's copy of `resume=auto`
+    if c.first_was_live:
+        assert c.manifest_kept  # not rewritten by the refused process
+    assert c.returncode == 0, c.stderr[-3000:]
+    steps = [r["step"] for r in metrics(c.run)]
+    assert steps == list(range(CHECKPOINTED_STEPS + 1))  # once, not twice
+    assert json.loads((c.run / "manifest.json").read_text())["status"] == "completed"
+    assert c.orphans == []
 
 
 @pytest.mark.slow  # `rlexp train` in subprocesses

@@ -15,7 +15,7 @@ from rlexp.core.services import Service, ServiceDown
 from tests.conftest import REPO
 from tests.service_actors import Tally, Versioned
 
-pytestmark = pytest.mark.slow  # each kill waits for Monarch's supervision (~10 s)
+pytestmark = pytest.mark.slow  # each kill waits for Monarch's supervision poll (1 s: conftest.py)
 
 
 @pytest.fixture
