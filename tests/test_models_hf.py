@@ -171,6 +171,27 @@ def _fake_hub_cache(cache: Path, repo: str, commit: str, arch: ArchConfig) -> Pa
     return write_checkpoint(root / "snapshots" / commit, arch)
 
 
+def test_a_checkpoints_own_files_cannot_choose_what_is_read(tmp_path):
+    """The index and the safetensors headers are data from whoever wrote the checkpoint: a shard
+    name outside the folder and a header that does not parse are refused naming the file, read
+    without torch (`rlexp.models.hf_files`)."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / hf.INDEX_FILE).write_text(json.dumps({"weight_map": {"a": "../../etc/passwd"}}))
+    with pytest.raises(hf.CheckpointError, match=r"not file names in .*every shard must be a file"):
+        hf.read_tensor_infos(tmp_path)
+    (tmp_path / hf.INDEX_FILE).write_text("[1, 2]")
+    with pytest.raises(hf.CheckpointError, match=r"not a safetensors index"):
+        hf.weight_files(tmp_path)
+    (tmp_path / hf.INDEX_FILE).unlink()
+    (tmp_path / "model.safetensors").write_bytes((2**40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(hf.CheckpointError,
+                       match=r"model.safetensors: not a safetensors file .*header length"):
+        hf.read_tensor_infos(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes((5).to_bytes(8, "little") + b"{bad}")
+    with pytest.raises(hf.CheckpointError, match=r"not a safetensors file \(JSONDecodeError"):
+        hf.read_tensor_infos(tmp_path)
+
+
 def test_resolve_from_hf_cache_without_network(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     arch = _arch(False)

@@ -326,3 +326,34 @@ def test_a_verifier_set_that_does_not_fit_a_plugin_names_the_options_a_user_type
         assert "verifier_set/mytask" not in r.stderr, r.stderr
         assert not _imported(r.stderr, "torch"), r.stderr
     assert not (project / "runs").exists() and not (project / "outputs").exists()
+
+
+def test_a_models_missing_or_mismatched_files_are_refused_before_torch_loads(
+        project: Path, tmp_path: Path) -> None:
+    """`model.path` (or `model.hf_repo`) is found and its config.json and safetensors headers read
+    against `model.arch` before torch loads (`rlexp.models.hf_files`, `rlexp.run.inputs`), every
+    problem at once, naming the file and the key; nothing is written."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "ckpt"  # a Qwen3 config with one layer, and weights for none of it
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        '{"architectures": ["Qwen3ForCausalLM"], "vocab_size": 128, "hidden_size": 128, '
+        '"intermediate_size": 256, "num_hidden_layers": 1, "num_attention_heads": 2, '
+        '"num_key_value_heads": 1, "head_dim": 64, "tie_word_embeddings": false}')
+    save_file({"model.norm.weight": np.ones(3, dtype=np.float32)},
+              str(folder / "model.safetensors"))
+    cases = ((["model.path=/nonexistent/ckpt"], ["model.path='/nonexistent/ckpt': no such folder"]),
+             ([f"model.path={folder}"],
+              ["config.json: key 'num_hidden_layers' is 1, model.arch.n_layers is 2",
+               "key 'model.norm.weight' has shape [3], expected [128]",
+               "missing key 'model.embed_tokens.weight' (expected shape [128, 128])"]))
+    for args, says in cases:
+        p, wall, cpu = _timed(project, *args)
+        assert p.returncode == 2, (args, p.stderr)
+        for text in says:
+            assert text in p.stderr, (args, text, p.stderr[-2000:])
+        assert not _imported(p.stderr, "torch"), f"{args}: torch was imported before the refusal"
+        assert not (project / "runs").exists() and not (project / "outputs").exists(), args
+        assert cpu < LIMIT_S and wall < _limit() * 2, (args, wall, cpu)

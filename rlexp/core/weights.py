@@ -16,27 +16,15 @@ from typing import Any
 
 import torch
 
-INDEX_FILE = "model.safetensors.index.json"
-# HF keys that may be present but carry no weights we load.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# re-exported: the torch-free part (checks before torch loads use it)
+from rlexp.core.weight_files import (
+    IGNORED_SUFFIXES,
+    INDEX_FILE,
+    CheckpointError,
+    weight_files,
+)
+
 SHM = Path("/dev/shm")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message lists every problem found."""
-
-
-
-
-def weight_files(path: Path) -> list[Path]:
-    """Safetensors files of a checkpoint: those named by the index when there is one, else all."""
-    index = path / INDEX_FILE
-    if index.exists():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / n for n in names]
-    return sorted(path.glob("*.safetensors"))
-
-
 
 
 def read_hf_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -1,9 +1,8 @@
-"""Hugging Face checkpoints: find them, check them before anything launches, load and save them.
+"""Hugging Face checkpoints: load them into TorchTitan models and save them back.
 
-Why a separate validation pass: a wrong or half-downloaded checkpoint otherwise surfaces minutes later
-as an opaque `load_state_dict` error inside a remote actor. Validation reads only safetensors headers
-(no tensor data), so the launcher can run it on a 64 GB checkpoint in well under a second and stop
-with every problem at once, each naming the file and the key.
+Finding and checking a checkpoint needs no torch and lives in `rlexp.models.hf_files` (re-exported
+here), so `rlexp train` refuses a missing or mismatched model before torch loads; this module adds
+the tiny model's fallback (`resolve_checkpoint`) and everything that touches tensors.
 
 Weights always leave the trainer in HF naming (what vLLM's `reload_weights` and the Hub expect);
 the TorchTitan <-> HF key mapping lives in `rlexp.models.titan` (TorchTitan's own state-dict adapter).
@@ -11,28 +10,61 @@ the TorchTitan <-> HF key mapping lives in `rlexp.models.titan` (TorchTitan's ow
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from rlexp.config.model import ArchConfig, ModelConfig
-from rlexp.core.weights import (  # re-exported: the safetensors I/O moved to the neutral rlexp.core.weights
-    IGNORED_SUFFIXES,
+from rlexp.config.model import ModelConfig
+from rlexp.core.weights import read_hf_state_dict, write_hf_state_dict
+from rlexp.models.hf_files import (  # re-exported: found and checked without torch
     INDEX_FILE,
+    QWEN3_ARCHITECTURE,
     CheckpointError,
-    read_hf_state_dict,
+    CheckpointInfo,
+    TensorInfo,
+    download_hint,
+    expected_hf_shapes,
+    find_checkpoint,
+    hf_offline,
+    model_config_from_dir,
+    read_tensor_infos,
+    validate_checkpoint,
     weight_files,
-    write_hf_state_dict,
 )
 from rlexp.models.tiny import ensure_tiny_checkpoint, hf_config_dict
 from rlexp.models.titan import hf_to_titan, load_hf_state_dict, titan_to_hf
 
-QWEN3_ARCHITECTURE = "Qwen3ForCausalLM"
+__all__ = [
+    "INDEX_FILE",
+    "QWEN3_ARCHITECTURE",
+    "QWEN_SPECIAL_TOKENS",
+    "SIDECAR_FILES",
+    "CheckpointError",
+    "CheckpointInfo",
+    "TensorInfo",
+    "check_model_files",
+    "download_hint",
+    "expected_hf_shapes",
+    "find_checkpoint",
+    "full_tensors_to_cpu",
+    "hf_offline",
+    "load_hf_into_sharded_titan",
+    "load_hf_into_titan",
+    "model_config_from_dir",
+    "read_hf_state_dict",
+    "read_tensor_infos",
+    "resolve_checkpoint",
+    "save_titan_as_hf",
+    "titan_full_hf_state_dict",
+    "validate_checkpoint",
+    "weight_files",
+    "write_hf_state_dict",
+    "write_qwen_tokenizer",
+]
+
 # Files that make a saved folder loadable on its own (tokenizer, chat template, generation defaults).
 SIDECAR_FILES = (
     "generation_config.json",
@@ -45,204 +77,14 @@ SIDECAR_FILES = (
     "added_tokens.json",
     "rlexp_char_tokenizer.json",
 )
-# config.json key -> ArchConfig field, checked against the model config.
-_HF_ARCH_KEYS = {
-    "hidden_size": "dim",
-    "num_hidden_layers": "n_layers",
-    "num_attention_heads": "n_heads",
-    "num_key_value_heads": "n_kv_heads",
-    "head_dim": "head_dim",
-    "intermediate_size": "hidden_dim",
-    "vocab_size": "vocab_size",
-    "tie_word_embeddings": "tie_embeddings",
-}
-@dataclass
-class TensorInfo:
-    file: str  # file name inside the checkpoint folder
-    shape: tuple[int, ...]
-    dtype: str
 
 
-@dataclass
-class CheckpointInfo:
-    path: Path
-    config: dict
-    tensors: dict[str, TensorInfo] = field(default_factory=dict)
-
-    @property
-    def num_params(self) -> int:
-        n = 0
-        for t in self.tensors.values():
-            k = 1
-            for d in t.shape:
-                k *= d
-            n += k
-        return n
-
-
-# ----------------------------------------------------------------------------------------------------
-# Resolution
-# ----------------------------------------------------------------------------------------------------
-
-
-def download_hint(repo: str, revision: str) -> str:
-    return (f"get it with `hf download {repo} --revision {revision}` "
-            f"(older huggingface_hub: `huggingface-cli download {repo} --revision {revision}`), "
-            f"or set model.path to a local folder")
-
-
-def hf_offline() -> bool:
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
-
-
-def resolve_checkpoint(cfg: ModelConfig, *, allow_download: bool = False, cache_dir: str | Path | None = None) -> Path:
-    """The local folder holding `cfg`'s weights.
-
-    Order: `cfg.path` (a local folder wins), then the HF cache entry for `hf_repo@revision`, then the
-    embedded tiny model when no repo is named. The cache is read with `local_files_only=True`, so
-    resolving never touches the network unless `allow_download` is set and HF_HUB_OFFLINE is not.
-    """
-    if cfg.path:
-        p = Path(cfg.path).expanduser()
-        if not p.is_dir():
-            hint = f"; {download_hint(cfg.hf_repo, cfg.revision)}" if cfg.hf_repo else ""
-            raise CheckpointError(f"model.path={cfg.path!r}: no such folder{hint}")
-        return p
-    if cfg.hf_repo:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-
-        try:
-            return Path(snapshot_download(cfg.hf_repo, revision=cfg.revision, cache_dir=cache_dir,
-                                          local_files_only=True))
-        except LocalEntryNotFoundError:
-            pass
-        if allow_download and not hf_offline():
-            return Path(snapshot_download(cfg.hf_repo, revision=cfg.revision, cache_dir=cache_dir,
-                                          allow_patterns=["*.json", "*.safetensors", "*.txt", "*.jinja"]))
-        from huggingface_hub import constants
-
-        where = cache_dir or constants.HF_HUB_CACHE
-        offline = " (HF_HUB_OFFLINE is set)" if hf_offline() else ""
-        raise CheckpointError(f"checkpoint {cfg.hf_repo}@{cfg.revision} is not in the Hugging Face cache "
-                              f"{where}{offline}: {download_hint(cfg.hf_repo, cfg.revision)}")
-
-    return ensure_tiny_checkpoint(cfg)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Validation
-# ----------------------------------------------------------------------------------------------------
-
-
-def expected_hf_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
-    """Every weight a Qwen3ForCausalLM checkpoint of this architecture holds, with its shape."""
-    q, kv, d = arch.n_heads * arch.head_dim, arch.n_kv_heads * arch.head_dim, arch.dim
-    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (arch.vocab_size, d), "model.norm.weight": (d,)}
-    if not arch.tie_embeddings:
-        out["lm_head.weight"] = (arch.vocab_size, d)
-    for i in range(arch.n_layers):
-        p = f"model.layers.{i}."
-        out.update({
-            p + "self_attn.q_proj.weight": (q, d),
-            p + "self_attn.k_proj.weight": (kv, d),
-            p + "self_attn.v_proj.weight": (kv, d),
-            p + "self_attn.o_proj.weight": (d, q),
-            p + "self_attn.q_norm.weight": (arch.head_dim,),
-            p + "self_attn.k_norm.weight": (arch.head_dim,),
-            p + "mlp.gate_proj.weight": (arch.hidden_dim, d),
-            p + "mlp.up_proj.weight": (arch.hidden_dim, d),
-            p + "mlp.down_proj.weight": (d, arch.hidden_dim),
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-        })
-    return out
-
-
-def read_tensor_infos(path: Path) -> dict[str, TensorInfo]:
-    """Names, shapes and dtypes from safetensors headers only (no tensor data is read)."""
-    from safetensors import safe_open
-
-    infos: dict[str, TensorInfo] = {}
-    for f in weight_files(path):
-        if not f.exists():
-            raise CheckpointError(f"{path / INDEX_FILE}: names {f.name}, which is missing from {path}")
-        with safe_open(str(f), framework="pt") as st:
-            for k in st.keys():  # noqa: SIM118 - safe_open has keys() but is not iterable
-                sl = st.get_slice(k)
-                infos[k] = TensorInfo(f.name, tuple(sl.get_shape()), str(sl.get_dtype()))
-    return infos
-
-
-def validate_checkpoint(path: str | Path, cfg: ModelConfig) -> CheckpointInfo:
-    """Check that the folder holds a Qwen3ForCausalLM matching `cfg.arch`; raise listing every problem."""
-    path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise CheckpointError(f"{cfg_file}: missing (not a Hugging Face checkpoint folder)"
-                              + (f"; {download_hint(cfg.hf_repo, cfg.revision)}" if cfg.hf_repo else ""))
-    hf_cfg = json.loads(cfg_file.read_text())
-    errors: list[str] = []
-    archs = hf_cfg.get("architectures") or []
-    if archs != [QWEN3_ARCHITECTURE]:
-        raise CheckpointError(f"{cfg_file}: key 'architectures' is {archs}, expected [{QWEN3_ARCHITECTURE!r}] "
-                              f"(rlexp builds dense Qwen3 only)")
-    for hf_key, field_name in _HF_ARCH_KEYS.items():
-        want = getattr(cfg.arch, field_name)
-        if hf_key not in hf_cfg:
-            if hf_key == "tie_word_embeddings":  # HF default is True for Qwen3Config
-                got = True
-            else:
-                errors.append(f"{cfg_file}: key {hf_key!r} missing (model.arch.{field_name}={want})")
-                continue
-        else:
-            got = hf_cfg[hf_key]
-        if got != want:
-            errors.append(f"{cfg_file}: key {hf_key!r} is {got}, model.arch.{field_name} is {want}")
-    hint = [f"incomplete or wrong download? {download_hint(cfg.hf_repo, cfg.revision)}"] if cfg.hf_repo else []
-    if not weight_files(path):
-        errors.append(f"{path}: no *.safetensors files")
-        raise CheckpointError(_format(path, errors, hint))
-    infos = read_tensor_infos(path)
-    expected = expected_hf_shapes(cfg.arch)
-    for k, shape in expected.items():
-        if k not in infos:
-            errors.append(f"{path}: missing key {k!r} (expected shape {list(shape)})")
-        elif infos[k].shape != shape:
-            errors.append(f"{path / infos[k].file}: key {k!r} has shape {list(infos[k].shape)}, expected {list(shape)}")
-    for k, info in infos.items():
-        if k in expected or k.endswith(IGNORED_SUFFIXES):
-            continue
-        if k == "lm_head.weight" and cfg.arch.tie_embeddings:
-            # Some tied checkpoints store the (identical) head anyway; accept it if its shape fits.
-            if info.shape != (cfg.arch.vocab_size, cfg.arch.dim):
-                errors.append(f"{path / info.file}: key {k!r} has shape {list(info.shape)}, "
-                              f"expected {[cfg.arch.vocab_size, cfg.arch.dim]}")
-            continue
-        errors.append(f"{path / info.file}: unexpected key {k!r} (shape {list(info.shape)})")
-    if errors:
-        raise CheckpointError(_format(path, errors, hint))
-    return CheckpointInfo(path=path, config=hf_cfg, tensors=infos)
-
-
-def _format(path: Path, errors: list[str], tail: list[str] | None = None, limit: int = 20) -> str:
-    shown = errors[:limit] + ([f"... and {len(errors) - limit} more"] if len(errors) > limit else []) + (tail or [])
-    return f"checkpoint {path} cannot be loaded:\n  " + "\n  ".join(shown)
-
-
-def model_config_from_dir(model_dir: str | Path) -> ModelConfig:
-    """Architecture numbers read back from an HF `config.json` (for evaluating a bare checkpoint)."""
-    c = json.loads((Path(model_dir) / "config.json").read_text())
-    c.setdefault("head_dim", c["hidden_size"] // c["num_attention_heads"])
-    c.setdefault("tie_word_embeddings", False)
-    # transformers 5 writes rope_theta inside rope_parameters; older versions at the top level.
-    rope_theta = c.get("rope_theta", (c.get("rope_parameters") or {}).get("rope_theta", 1e6))
-    arch = ArchConfig(**{field_name: c[key] for key, field_name in _HF_ARCH_KEYS.items()},
-                      max_seq_len=c.get("max_position_embeddings", 4096), rope_theta=rope_theta)
-    dtype = str(c.get("torch_dtype") or c.get("dtype") or "float32")
-    return ModelConfig(name=Path(str(model_dir).rstrip("/")).name, path=str(model_dir), dtype=dtype, arch=arch)
+def resolve_checkpoint(cfg: ModelConfig, *, allow_download: bool = False,
+                       cache_dir: str | Path | None = None) -> Path:
+    """The local folder holding `cfg`'s weights (`rlexp.models.hf_files.find_checkpoint`), else the
+    embedded tiny model's, written from `cfg.arch` on first use."""
+    found = find_checkpoint(cfg, allow_download=allow_download, cache_dir=cache_dir)
+    return found if found is not None else ensure_tiny_checkpoint(cfg)
 
 
 def check_model_files(cfg: ModelConfig, *, cache_dir: str | Path | None = None) -> CheckpointInfo:

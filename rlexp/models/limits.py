@@ -109,11 +109,11 @@ def cached_limits(model: ModelConfig,
     """The limits of `model`'s checkpoint when it is on this machine (`model.path`, or the Hugging
     Face cache: never a download); None when it is not, and the run checks them when it resolves the
     checkpoint."""
-    from rlexp.models.hf import CheckpointError, resolve_checkpoint
+    from rlexp.models.hf_files import CheckpointError, find_checkpoint
 
-    if not model.path and not model.hf_repo:
-        return None  # the tiny model: its checkpoint is written from model.arch
     try:
-        return read_limits(resolve_checkpoint(model, cache_dir=cache_dir))
+        found = find_checkpoint(model, cache_dir=cache_dir)
+        # None: the tiny model, whose checkpoint is written from model.arch
+        return None if found is None else read_limits(found)
     except CheckpointError:
         return None

@@ -6,14 +6,15 @@ tokenizer (a JSON file).
 reward that does not fit the task or a character outside the vocabulary costs a second and leaves
 no run folder. `rlexp.run.prepare.prepare` runs them for every caller (a sweep's later jobs, the
 Python API); what it loaded in preflight it takes over once (`load_inputs(keep=True)`), so a
-dataset is not read twice. What needs torch stays in `prepare`: verifier checkpoints (a tiny
-stand-in is trained, an `hf_repo` is resolved by `rlexp.models.hf`), the model's files, and the
-prompt lengths of a Hugging Face tokenizer (loaded through `transformers`)."""
+dataset is not read twice. The model's files and every served verifier's checkpoint are found
+and their headers checked here too (`rlexp.models.hf_files`, no torch). What needs torch stays in
+`prepare`: the tiny model's checkpoint and the tiny verifier stand-ins (written or trained on first
+use), and the prompt lengths of a Hugging Face tokenizer (loaded through `transformers`)."""
 from __future__ import annotations
 
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,14 @@ from rlexp.config.validate import ConfigError
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import build_env
 from rlexp.evals.benchmarks import load_benchmarks
+from rlexp.models.hf_files import CheckpointError, find_checkpoint, validate_checkpoint
+from rlexp.models.limits import LimitError, apply_limits, read_limits
 from rlexp.models.tokenizer import ASSET, CHAR_TOKENIZER_FILE
 from rlexp.rewards.base import Reward
 from rlexp.rewards.registry import build_reward
+from rlexp.rewards.verifiers.base import ServedVerifier
 from rlexp.rewards.verifiers.kinds import supported_kinds, supports
+from rlexp.rewards.verifiers.registry import verifier_checkpoint
 from rlexp.types import Sample
 
 
@@ -218,8 +223,47 @@ def check_inputs(cfg: TrainConfig) -> None:
     inputs loaded and kept for `prepare`, then, for the character tokenizer, every prompt's length
     and the vocabulary (its `map` warning is `prepare`'s to print, once)."""
     inputs = load_inputs(cfg, keep=True)
+    served_checkpoints(cfg, inputs.reward, stand_ins=False)
+    check_model_checkpoint(cfg.model, cfg.algorithm.max_prompt_tokens, cfg.algorithm.max_tokens)
     if (tok_dir := char_tokenizer_dir(cfg.model)) is None:
         return
     splits = {"train": inputs.train, "eval": inputs.held}
     check_prompt_lengths(cfg, inputs.env.name, splits, tok_dir)
     check_vocabulary(cfg, inputs.train, inputs.held, tok_dir, warn=False)
+
+
+def served_checkpoints(cfg: TrainConfig, reward: Reward, *, stand_ins: bool = True) -> list[Any]:
+    """The verifiers `reward` serves with a model, each with `options.path` set to its checkpoint
+    folder (`verifier_checkpoint`); every missing one at once in one `CheckpointError`, each with
+    its download command. `stand_ins=False` (before torch loads) leaves out the tiny stand-ins,
+    which are trained on first use."""
+    served, missing = [], []
+    try:
+        for v in reward.verifiers:
+            if not isinstance(v, ServedVerifier) or (not stand_ins and "tiny" in v.cfg.options):
+                continue
+            try:
+                served.append(verifier_checkpoint(v.cfg))
+            except CheckpointError as e:
+                missing.append(str(e))
+    except (ValueError, FileNotFoundError) as e:  # a verifier's checkpoint options: one clear line
+        raise ConfigError(f"environment={env_option(cfg)} reward={cfg.reward.name}: {e}") from e
+    if missing:
+        raise CheckpointError("\n  - ".join(["missing verifier checkpoints:", *missing]))
+    return served
+
+
+def check_model_checkpoint(model: ModelConfig, max_prompt_tokens: int, max_tokens: int) -> None:
+    """A model with files of its own (`model.path`, `model.hf_repo`) found and its safetensors
+    headers and config.json checked against `model.arch` and the run's lengths, without torch; the
+    tiny model's checkpoint is written from `model.arch`, so there is nothing to check."""
+    folder = find_checkpoint(model)
+    if folder is None:
+        return
+    validate_checkpoint(folder, model)
+    if (limits := read_limits(folder)) is not None:
+        try:  # on a copy: `prepare` applies them, and says what it lowered
+            apply_limits(replace(model, arch=replace(model.arch)), limits, max_prompt_tokens,
+                         max_tokens)
+        except LimitError as e:
+            raise ConfigError(str(e)) from None

@@ -41,13 +41,16 @@ from rlexp.core.plugins import (
 from rlexp.core.seeding import DETERMINISM_ENV, apply_process_determinism, component_seeds
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import check_env_options
-from rlexp.models.hf import CheckpointError, check_model_files
+from rlexp.models.hf import check_model_files
 from rlexp.models.limits import LimitError, apply_limits, read_limits
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.rewards.base import Reward
-from rlexp.rewards.verifiers.base import ServedVerifier
-from rlexp.rewards.verifiers.registry import verifier_checkpoint
-from rlexp.run.inputs import check_prompt_lengths, check_vocabulary, load_inputs
+from rlexp.run.inputs import (
+    check_prompt_lengths,
+    check_vocabulary,
+    load_inputs,
+    served_checkpoints,
+)
 from rlexp.run.preflight import check_multi_turn  # torch-free: `rlexp train` runs it before torch loads
 from rlexp.run.warmup import ensure_warm_checkpoint
 from rlexp.tracking.files import fingerprint_examples, hash_files
@@ -166,19 +169,7 @@ def prepare(composed: DictConfig, phase: Callable[[str], object] | None = None) 
     inputs = load_inputs(cfg)  # data, benchmarks, reward: `rlexp train` checked them before torch loaded
     env, train, held, benchmarks, reward = (inputs.env, inputs.train, inputs.held, inputs.benchmarks,
                                             inputs.reward)
-    try:
-        # Every model the reward scores with, its own list's or one given inline (single_rm options.kind).
-        served, missing = [], []
-        for v in reward.verifiers:
-            if isinstance(v, ServedVerifier):
-                try:
-                    served.append(verifier_checkpoint(v.cfg))
-                except CheckpointError as e:
-                    missing.append(str(e))
-        if missing:  # every missing checkpoint at once, each with its download command
-            raise CheckpointError("\n  - ".join(["missing verifier checkpoints:", *missing]))
-    except (ValueError, FileNotFoundError) as e:  # a verifier's checkpoint options: one clear line
-        raise ConfigError(f"environment={cfg.environment.name} reward={cfg.reward.name}: {e}") from e
+    served = served_checkpoints(cfg, reward)  # every model the reward scores with
     gpus = assign_gpus(cfg)  # after the reward's verifiers are known: each served one gets GPUs
     check_multi_turn(cfg, env)
     model_dir = str(resolve_model(cfg.model))

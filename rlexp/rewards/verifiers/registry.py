@@ -44,14 +44,15 @@ def build_verifier(cfg: VerifierConfig | dict[str, Any], env: Any = None, *, ser
 def verifier_checkpoint(v: VerifierConfig) -> VerifierConfig:
     """`v` with `options.path` set to its checkpoint folder; `tiny` builds a stand-in, `hf_repo` reads the
     Hugging Face cache and never downloads (the error gives the command)."""
-    # torch: imported here, not when the layout reads a reward's verifiers
-    from rlexp.models.hf import CheckpointError, resolve_checkpoint
-    from rlexp.rewards.verifiers.tiny import ensure_tiny_verifier
-    from rlexp.rewards.verifiers.tiny_panels import TINY_VERIFIERS
+    from rlexp.models.hf_files import CheckpointError, find_checkpoint
 
     v = VerifierConfig(**v) if isinstance(v, dict) else v
     o = dict(v.options)
     if "tiny" in o:
+        # torch (a stand-in is trained on first use): imported only here
+        from rlexp.rewards.verifiers.tiny import ensure_tiny_verifier
+        from rlexp.rewards.verifiers.tiny_panels import TINY_VERIFIERS
+
         name = o.pop("tiny")
         if name not in TINY_VERIFIERS:
             raise ValueError(f"verifier {v.name!r}: options.tiny={name!r} is not a tiny verifier; choose one of "
@@ -60,7 +61,7 @@ def verifier_checkpoint(v: VerifierConfig) -> VerifierConfig:
     elif "hf_repo" in o:
         repo, revision = o.pop("hf_repo"), str(o.pop("revision", "main"))
         try:
-            o["path"] = str(resolve_checkpoint(ModelConfig(name=v.name, hf_repo=repo, revision=revision)))
+            o["path"] = str(find_checkpoint(ModelConfig(name=v.name, hf_repo=repo, revision=revision)))
         except CheckpointError as e:
             msg = str(e).replace("set model.path to a local folder", f"set options.path of verifier {v.name}")
             raise CheckpointError(f"verifier {v.name!r} ({v.kind}): {msg}") from None
