@@ -52,4 +52,4 @@ if __name__ == "__main__":
                 )
     finally:
         graph.stop()
-        release_weights(p.cfg, run_name)
+        release_weights(p.cfg.cluster, run_name)
