@@ -45,6 +45,8 @@ MISTAKES: list[tuple[list[str], list[str]]] = [
                                     "benchmark=gsm8k?"]),
     (["benchmark=gsm8k"], ["a training run evaluates extra benchmarks with eval.benchmarks=[gsm8k]"]),
     (["scale=one_node"], ["write +scale=one_node"]),
+    # the built-in losses' names are read from rlexp/algorithm/grpo.py without importing it
+    (["algorithm.loss=grpoo"], ["algorithm.loss=grpoo: unknown loss 'grpoo'; did you mean grpo?"]),
 ]
 
 
@@ -131,17 +133,18 @@ def test_help_lists_the_users_own_options(project: Path) -> None:
 
 
 def test_a_refusal_after_torch_loads_removes_the_run_folder_it_created(project: Path) -> None:
-    """A loss name is looked up after torch loads (`rlexp.run.prepare.check_config`): the refusal names it, and
-    the run folder Hydra and the lock had created (`.hydra/`, `train.log`, `.lock`) is gone again. A folder
-    that existed before is left as it was."""
+    """With `plugins` listed, a loss name is looked up after torch loads (a user's module may
+    register it: `rlexp.run.prepare.check_config`): the refusal names it, and the run folder Hydra
+    and the lock had created (`.hydra/`, `train.log`, `.lock`) is gone again. A folder that existed
+    before is left as it was."""
     from tests.cli_batch import rlexp_each
 
     mine = project / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     # both refusals come after torch loads: one child runs the two commands (tests/cli_batch.py)
-    p, q = rlexp_each([["train", "algorithm.loss=grpoo"],
-                       ["train", "algorithm.loss=grpoo", f"hydra.run.dir={mine}"]],
+    late = ["train", "config_path=conf", "plugins=[mytask.tasks]", "algorithm.loss=grpoo"]
+    p, q = rlexp_each([late, [*late, f"hydra.run.dir={mine}"]],
                       cwd=project, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert p.returncode == 2 and "unknown loss 'grpoo'" in p.stderr, p.stdout + p.stderr
     assert "the run folder" in p.stderr and "is removed" in p.stderr
@@ -357,3 +360,15 @@ def test_a_models_missing_or_mismatched_files_are_refused_before_torch_loads(
         assert not _imported(p.stderr, "torch"), f"{args}: torch was imported before the refusal"
         assert not (project / "runs").exists() and not (project / "outputs").exists(), args
         assert cpu < LIMIT_S and wall < _limit() * 2, (args, wall, cpu)
+
+
+def test_cfg_job_names_a_backend_option_typo_in_rlexps_words(project: Path) -> None:
+    """`--cfg job` only prints, but a typo inside `cluster.job_options` is still named with its
+    close match, never with Hydra's "not in struct" and `+key` advice."""
+    p, _ = _train(project, "--cfg", "job", "cluster=slurm", "cluster.job_options.partiton=gpu")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert ("unknown key cluster.job_options.partiton; did you mean cluster.job_options.partition?"
+            in p.stderr), p.stderr
+    assert "not in struct" not in p.stderr and "+cluster" not in p.stderr, p.stderr
+    q, _ = _train(project, "--cfg", "job", "cluster=slurm", "cluster.job_options.partition=gpu")
+    assert q.returncode == 0 and "partition: gpu" in q.stdout, q.stdout + q.stderr

@@ -288,6 +288,7 @@ def check_composed(cfg: DictConfig, dirs: Sequence[Path], argv: Sequence[str] = 
         t.trainer.micro_batch_size = 1
     if not too_big_for_cpu(t):  # that refusal lists the missing weights too, which needs torch: left to prepare
         validate(t)
+    check_loss_name(str(t.algorithm.loss), bool(t.plugins))
     activate(list(t.plugins), paths)  # the user's own modules (their command line names them)
     check_env_options(t.environment)
     check_multi_turn(t, build_env(t.environment))  # building reads no data: only the options and the class
@@ -371,6 +372,39 @@ def check_multi_turn(t: Any, env: Any) -> None:
                               f"environment.step_timeout_s={e.step_timeout_s} >= 0 (0: no time limit)")
 
 
+def check_loss_name(name: str, plugins: bool) -> None:
+    """`algorithm.loss` by a plain name is one `rlexp.algorithm.grpo` registers: the names are read
+    from its `@LOSSES.register("...")` lines with `ast` (that module imports torch). A class path is
+    judged by `check_class_paths`; with `plugins` listed a user's module may register more names,
+    which only its import can tell (`rlexp.run.prepare.check_config`, after torch loads)."""
+    import ast
+
+    from rlexp.config.suggest import did_you_mean, is_class_path
+
+    if is_class_path(name) or plugins:
+        return
+    source = Path(__file__).resolve().parents[1] / "algorithm" / "grpo.py"
+    names = sorted(
+        arg.value
+        for node in ast.walk(ast.parse(source.read_text()))
+        if isinstance(node, ast.ClassDef)
+        for deco in node.decorator_list
+        if isinstance(deco, ast.Call) and isinstance(deco.func, ast.Attribute)
+        and deco.func.attr == "register" and isinstance(deco.func.value, ast.Name)
+        and deco.func.value.id == "LOSSES"
+        for arg in deco.args[:1]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str))
+    if name not in names:
+        import difflib
+
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.7)
+        raise ConfigError(
+            f"algorithm.loss={name}: unknown loss {name!r}{did_you_mean(close)} Choose one of "
+            f"{names}, or name your own class as package.module:Class (a subclass of "
+            "rlexp.algorithm.grpo.PolicyLoss) or register it by name in a module listed in "
+            "`plugins`")
+
+
 def check_class_paths(node: dict[str, Any], paths: Sequence[str]) -> None:
     """Every `module:Class` the config names as code, found on disk without importing it (`class_path_error`)."""
     for key, kind, value in refusals([], node):
@@ -411,11 +445,17 @@ def preflight(argv: Sequence[str]) -> list[str]:
     dirs = conf_dirs(flags, overrides)
     check_overrides(overrides, dirs)
     show_only = any(f.split("=", 1)[0] in SHOW_ONLY for f in flags)
-    if not show_only:
-        multirun = any(f in ("-m", "--multirun") for f in flags)
-        cfg = compose(flags, overrides, dirs, with_hydra=multirun)
-        if cfg is not None:
-            check_composed(cfg, dirs, overrides)
+    multirun = any(f in ("-m", "--multirun") for f in flags)
+    if show_only:
+        # `--cfg job` prints what Hydra composes; a typo inside `cluster.job_options` (free-form to
+        # Hydra) would be refused in Hydra's words ("not in struct", `+key` advice): named here
+        if any(o.lstrip("+~").startswith("cluster.job_options.") for o in overrides):
+            from rlexp.config.typed import typed_config
+
+            if (cfg := compose(flags, overrides, dirs, with_hydra=False)) is not None:
+                check_job_options(typed_config(cfg))
+    elif (cfg := compose(flags, overrides, dirs, with_hydra=multirun)) is not None:
+        check_composed(cfg, dirs, overrides)
     return [*flags, *overrides]
 
 
