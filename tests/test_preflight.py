@@ -363,8 +363,9 @@ def test_a_models_missing_or_mismatched_files_are_refused_before_torch_loads(
 
 
 def test_cfg_job_names_a_backend_option_typo_in_rlexps_words(project: Path) -> None:
-    """`--cfg job` only prints, but a typo inside `cluster.job_options` is still named with its
-    close match, never with Hydra's "not in struct" and `+key` advice."""
+    """`--cfg job` only prints, but a typo inside an options mapping (`cluster.job_options`,
+    `environment.options`) is still named in rlexp's words, never with Hydra's "not in struct" and
+    `+key` advice."""
     p, _ = _train(project, "--cfg", "job", "cluster=slurm", "cluster.job_options.partiton=gpu")
     assert p.returncode == 2, p.stdout + p.stderr
     assert ("unknown key cluster.job_options.partiton; did you mean cluster.job_options.partition?"
@@ -372,3 +373,6 @@ def test_cfg_job_names_a_backend_option_typo_in_rlexps_words(project: Path) -> N
     assert "not in struct" not in p.stderr and "+cluster" not in p.stderr, p.stderr
     q, _ = _train(project, "--cfg", "job", "cluster=slurm", "cluster.job_options.partition=gpu")
     assert q.returncode == 0 and "partition: gpu" in q.stdout, q.stdout + q.stderr
+    r, _ = _train(project, "--cfg", "job", "environment.options.lenght=3")
+    assert r.returncode == 2 and "unknown option 'lenght'" in r.stderr, r.stdout + r.stderr
+    assert "not in struct" not in r.stderr and "+environment" not in r.stderr, r.stderr

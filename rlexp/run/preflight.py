@@ -447,13 +447,16 @@ def preflight(argv: Sequence[str]) -> list[str]:
     show_only = any(f.split("=", 1)[0] in SHOW_ONLY for f in flags)
     multirun = any(f in ("-m", "--multirun") for f in flags)
     if show_only:
-        # `--cfg job` prints what Hydra composes; a typo inside `cluster.job_options` (free-form to
+        # `--cfg job` prints what Hydra composes; a typo inside an options mapping (free-form to
         # Hydra) would be refused in Hydra's words ("not in struct", `+key` advice): named here
-        if any(o.lstrip("+~").startswith("cluster.job_options.") for o in overrides):
+        if any(".options." in o or "job_options." in o for o in overrides):
             from rlexp.config.typed import typed_config
+            from rlexp.envs.registry import check_env_options
 
             if (cfg := compose(flags, overrides, dirs, with_hydra=False)) is not None:
-                check_job_options(typed_config(cfg))
+                typed = typed_config(cfg)
+                check_job_options(typed)
+                check_env_options(typed.environment)
     elif (cfg := compose(flags, overrides, dirs, with_hydra=multirun)) is not None:
         check_composed(cfg, dirs, overrides)
     return [*flags, *overrides]
