@@ -261,9 +261,18 @@ def check_model_checkpoint(model: ModelConfig, max_prompt_tokens: int, max_token
     if folder is None:
         return
     validate_checkpoint(folder, model)
-    if (limits := read_limits(folder)) is not None:
-        try:  # on a copy: `prepare` applies them, and says what it lowered
-            apply_limits(replace(model, arch=replace(model.arch)), limits, max_prompt_tokens,
-                         max_tokens)
-        except LimitError as e:
-            raise ConfigError(str(e)) from None
+    # on a copy: `prepare` applies them, and says what it lowered
+    apply_checkpoint_limits(replace(model, arch=replace(model.arch)), folder, max_prompt_tokens,
+                            max_tokens)
+
+
+def apply_checkpoint_limits(model: ModelConfig, folder: str | Path, max_prompt_tokens: int,
+                            max_tokens: int) -> list[str]:
+    """The checkpoint's own config.json limits (`rlexp.models.limits`) applied to `model`: what was
+    changed, one line each; `ConfigError` for what cannot be adjusted."""
+    if (limits := read_limits(folder)) is None:
+        return []
+    try:
+        return apply_limits(model, limits, max_prompt_tokens, max_tokens)
+    except LimitError as e:
+        raise ConfigError(str(e)) from None

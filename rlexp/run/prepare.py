@@ -42,10 +42,10 @@ from rlexp.core.seeding import DETERMINISM_ENV, apply_process_determinism, compo
 from rlexp.envs.base import Environment
 from rlexp.envs.registry import check_env_options
 from rlexp.models.hf import check_model_files
-from rlexp.models.limits import LimitError, apply_limits, read_limits
 from rlexp.models.tiny import ensure_tiny_checkpoint
 from rlexp.rewards.base import Reward
 from rlexp.run.inputs import (
+    apply_checkpoint_limits,
     check_prompt_lengths,
     check_vocabulary,
     load_inputs,
@@ -213,13 +213,8 @@ def check_checkpoint_limits(cfg: TrainConfig, model_dir: str) -> list[str]:
     nothing to compare. Returns what was changed."""
     if cfg.model.flavor == "tiny" and not cfg.model.path:
         return []
-    limits = read_limits(model_dir)
-    if limits is None:
-        return []
-    try:
-        notes = apply_limits(cfg.model, limits, cfg.algorithm.max_prompt_tokens, cfg.algorithm.max_tokens)
-    except LimitError as e:
-        raise ConfigError(str(e)) from None
+    notes = apply_checkpoint_limits(cfg.model, model_dir, cfg.algorithm.max_prompt_tokens,
+                                    cfg.algorithm.max_tokens)
     for note in notes:
         print(f"[rlexp] {note}", file=sys.stderr, flush=True)
     return notes
