@@ -3,12 +3,14 @@
 `.ci/run` writes the XML (`pytest --junitxml=...`) and prints this summary, so every run records
 where its minutes went and a growing file is seen the day it grows. A test's time is its setup,
 call and teardown (a module- or session-scoped fixture counts in the first test that uses it).
-The tier of each test is the `tier` property tests/conftest.py records (unit, e2e, slurm, soak).
+The tier of each test is the `tier` property tests/conftest.py records (unit, e2e, slurm, soak), and
+its CPU seconds the `cpu_s` property (this process and the children it reaped): CPU well under the
+wall time is a test that waits, which is where running tiers side by side pays.
 
     python scripts/ci_durations.py results.xml [more.xml ...] [--top 10] [--all]
 
-Several reports (`.ci/run` writes one for the unit tier, run on two workers, and one for the
-rest) are summed as one run.
+Several reports (scripts/test.sh writes one for the `slurm` tier, run beside the others, and one
+for the rest) are summed as one run; each one's own wall time is printed first.
 """
 from __future__ import annotations
 
@@ -17,9 +19,19 @@ import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
-Case = tuple[str, str, float, str]  # file, test name, seconds, tier
+
+
+class Case(NamedTuple):
+    file: str
+    name: str
+    seconds: float  # wall: setup + call + teardown
+    tier: str
+    cpu: float  # user + system of pytest and its reaped children; 0 in reports without it
+
+
 UNIT_S = 10.0  # a unit test slower than this is listed: it belongs in the e2e tier
 
 
@@ -34,42 +46,50 @@ def test_file(classname: str) -> str:
 
 
 def read(xml_path: Path) -> list[Case]:
-    """(file, test name, seconds, tier) for every test case in the report."""
+    """Every test case in the report."""
     cases = []
     for case in ET.parse(xml_path).getroot().iter("testcase"):
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
-        cases.append((test_file(case.get("classname", "")), case.get("name", ""),
-                      float(case.get("time") or 0.0), props.get("tier", "?")))
+        cases.append(Case(test_file(case.get("classname", "")), case.get("name", ""),
+                          float(case.get("time") or 0.0), props.get("tier", "?"),
+                          float(props.get("cpu_s") or 0.0)))
     return cases
+
+
+def session_seconds(xml_path: Path) -> float:
+    """The report's whole pytest session (collection included), as junit's <testsuite time=> says."""
+    return sum(float(s.get("time") or 0.0) for s in ET.parse(xml_path).getroot().iter("testsuite"))
 
 
 def summary(cases: list[Case], top: int = 10, every_file: bool = False) -> str:
     per_file: dict[str, float] = defaultdict(float)
     count: dict[str, int] = defaultdict(int)
     per_tier: dict[str, float] = defaultdict(float)
+    tier_cpu: dict[str, float] = defaultdict(float)
     tier_count: dict[str, int] = defaultdict(int)
-    for file, _, secs, tier in cases:
-        per_file[file] += secs
-        count[file] += 1
-        per_tier[tier] += secs
-        tier_count[tier] += 1
+    for c in cases:
+        per_file[c.file] += c.seconds
+        count[c.file] += 1
+        per_tier[c.tier] += c.seconds
+        tier_cpu[c.tier] += c.cpu
+        tier_count[c.tier] += 1
     total = sum(per_tier.values())
     lines = [f"CI durations: {len(cases)} tests, {total:.0f} s of test time "
-             f"({total / 60:.1f} min)"]
-    lines += [f"  tier {t:<6} {tier_count[t]:>5} tests {s:>8.1f} s" for t, s in
-              sorted(per_tier.items(), key=lambda kv: -kv[1])]
+             f"({total / 60:.1f} min), {sum(tier_cpu.values()):.0f} s of CPU"]
+    lines += [f"  tier {t:<6} {tier_count[t]:>5} tests {s:>8.1f} s  cpu {tier_cpu[t]:>7.1f} s"
+              for t, s in sorted(per_tier.items(), key=lambda kv: -kv[1])]
     ranked = sorted(per_file.items(), key=lambda kv: -kv[1])
     lines.append(f"Slowest {min(top, len(ranked))} files (s, tests):")
     lines += [f"  {s:>8.1f} {count[f]:>5}  {f}" for f, s in ranked[:top]]
-    slow_cases = sorted(cases, key=lambda c: -c[2])[:top]
-    lines.append(f"Slowest {len(slow_cases)} tests (s):")
-    lines += [f"  {c[2]:>8.1f}  {c[0]}::{c[1]}" for c in slow_cases]
-    slow_units = [c for c in cases if c[3] == "unit" and c[2] > UNIT_S]
+    slow_cases = sorted(cases, key=lambda c: -c.seconds)[:top]
+    lines.append(f"Slowest {len(slow_cases)} tests (s wall, s cpu):")
+    lines += [f"  {c.seconds:>8.1f} {c.cpu:>7.1f}  {c.file}::{c.name}" for c in slow_cases]
+    slow_units = [c for c in cases if c.tier == "unit" and c.seconds > UNIT_S]
     # A unit test that takes this long spawns processes: mark it `slow` (the e2e tier).
     if slow_units:
         lines.append(f"Unit tests over {UNIT_S:.0f} s (e2e work in the unit tier? mark them slow):")
-        slow_units.sort(key=lambda c: -c[2])
-        lines += [f"  {c[2]:>8.1f}  {c[0]}::{c[1]}" for c in slow_units]
+        slow_units.sort(key=lambda c: -c.seconds)
+        lines += [f"  {c.seconds:>8.1f}  {c.file}::{c.name}" for c in slow_units]
     if every_file:
         lines.append("Every file (s, tests):")
         lines += [f"  {s:>8.1f} {count[f]:>5}  {f}" for f, s in sorted(per_file.items())]
@@ -88,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ci_durations: no junit XML at {', '.join(missing)} (did pytest run with "
               f"--junitxml?)", file=sys.stderr)
         return 2
+    for x in args.xml:
+        print(f"{x}: pytest session {session_seconds(x):.0f} s wall")
     print(summary([c for x in args.xml for c in read(x)], args.top, args.all))
     return 0
 

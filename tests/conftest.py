@@ -290,3 +290,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, name))
         # In the junit XML, so that scripts/ci_durations.py sums the seconds per tier.
         item.user_properties.append(("tier", name))
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU of this process and of the children it has reaped (Monarch's meshes and every
+    `rlexp` subprocess a test waits for). A Slurm job's processes are slurmd's, not ours: not counted."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item.stash[_CPU_START] = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test's CPU seconds (setup + call + teardown) in the junit XML beside its wall time, so
+    scripts/ci_durations.py can tell a test that computes from one that waits."""
+    outcome = yield
+    if call.when == "teardown" and _CPU_START in item.stash:
+        spent = _cpu_seconds() - item.stash[_CPU_START]
+        outcome.get_result().user_properties.append(("cpu_s", f"{spent:.2f}"))
+
+
+_CPU_START = pytest.StashKey[float]()

@@ -8,15 +8,17 @@ from tests.conftest import load_script
 ci_durations = load_script("ci_durations")
 
 XML = """<?xml version="1.0" encoding="utf-8"?>
-<testsuites><testsuite name="pytest" tests="4">
+<testsuites><testsuite name="pytest" tests="4" time="75.5">
 <testcase classname="tests.test_design_doc" name="test_a" time="0.5">
   <properties><property name="tier" value="unit"/></properties></testcase>
 <testcase classname="tests.test_design_doc" name="test_b" time="11.5">
   <properties><property name="tier" value="unit"/></properties></testcase>
 <testcase classname="tests.test_train_e2e" name="test_run" time="40.0">
-  <properties><property name="tier" value="e2e"/></properties></testcase>
+  <properties><property name="tier" value="e2e"/><property name="cpu_s" value="52.50"/></properties>
+</testcase>
 <testcase classname="tests.test_slurm.TestJobs" name="test_job" time="20.0">
-  <properties><property name="tier" value="slurm"/></properties></testcase>
+  <properties><property name="tier" value="slurm"/><property name="cpu_s" value="3.25"/></properties>
+</testcase>
 </testsuite></testsuites>
 """
 
@@ -25,11 +27,14 @@ def test_per_file_per_tier_and_slowest(tmp_path: Path) -> None:
     xml = tmp_path / "junit.xml"
     xml.write_text(XML)
     cases = ci_durations.read(xml)
-    assert ("tests/test_slurm.py", "test_job", 20.0, "slurm") in cases  # class name -> its file
+    assert ("tests/test_slurm.py", "test_job", 20.0, "slurm", 3.25) in cases  # class name -> its file
+    assert cases[0].cpu == 0.0  # a report written without the cpu_s property
     text = ci_durations.summary(cases, top=2, every_file=True)
     lines = text.splitlines()
-    assert lines[0] == "CI durations: 4 tests, 72 s of test time (1.2 min)"
-    assert lines[1].split() == ["tier", "e2e", "1", "tests", "40.0", "s"]
+    assert lines[0] == "CI durations: 4 tests, 72 s of test time (1.2 min), 56 s of CPU"
+    assert lines[1].split() == ["tier", "e2e", "1", "tests", "40.0", "s", "cpu", "52.5", "s"]
+    # The test that waits is told from the one that computes by its CPU beside its wall time.
+    assert "      20.0     3.2  tests/test_slurm.py::test_job" in lines
     first = lines.index("Slowest 2 files (s, tests):") + 1
     assert [ln.split()[-1] for ln in lines[first:first + 2]] == [
         "tests/test_train_e2e.py", "tests/test_slurm.py"]
@@ -46,14 +51,41 @@ def test_a_missing_report_says_what_to_do(tmp_path: Path, capsys) -> None:
 
 
 def test_two_reports_are_summed_as_one_run(tmp_path: Path, capsys) -> None:
-    """`.ci/run` writes one report for the unit tier (two workers) and one for the rest."""
+    """scripts/test.sh writes one report for the slurm tier (run beside the rest) and one for the rest."""
     unit, rest = tmp_path / "unit.xml", tmp_path / "rest.xml"
     unit.write_text(XML)
     rest.write_text(XML.replace("test_run", "test_other"))
     assert ci_durations.main([str(unit), str(rest)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0] == "CI durations: 8 tests, 144 s of test time (2.4 min)"
+    assert out.splitlines()[:2] == [f"{unit}: pytest session 76 s wall", f"{rest}: pytest session 76 s wall"]
+    assert out.splitlines()[2] == "CI durations: 8 tests, 144 s of test time (2.4 min), 112 s of CPU"
     assert "tests/test_train_e2e.py::test_other" in out
     assert "tests/test_train_e2e.py::test_run" in out
     assert ci_durations.main([str(unit), str(tmp_path / "none.xml")]) == 2
     assert "none.xml" in capsys.readouterr().err
+
+
+
+def test_the_test_script_runs_the_slurm_tier_beside_the_rest_and_fails_if_it_fails(tmp_path: Path) -> None:
+    """scripts/test.sh (README's test command): the run in the background keeps its tests, its output
+    and its failure; the other run's pass does not hide it."""
+    import os
+    import subprocess
+
+    from tests.conftest import REPO
+
+    suite = tmp_path / "test_two_tiers.py"
+    suite.write_text("import pytest\n\n"
+                     "def test_computes():\n    assert True\n\n"
+                     "@pytest.mark.slurm\ndef test_waits():\n    assert 1 == 2, 'slurm side failed'\n")
+    env = {**os.environ, "RLEXP_TEST_JUNIT_DIR": str(tmp_path / "junit")}
+    proc = subprocess.run(["bash", str(REPO / "scripts/test.sh"), str(suite), "-p", "no:cacheprovider"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    one = ci_durations.read(tmp_path / "junit/junit.xml")
+    beside = ci_durations.read(tmp_path / "junit/junit_slurm.xml")
+    assert [c.name for c in one] == ["test_computes"] and [c.name for c in beside] == ["test_waits"]
+    out = proc.stdout
+    assert out.index("1 passed") < out.index("--- the slurm tier, run beside the tests above:") < out.index(
+        "slurm side failed")
+    assert "CI durations: 2 tests" in out
