@@ -57,7 +57,7 @@ def read(xml_path: Path) -> list[Case]:
 
 
 def session_seconds(xml_path: Path) -> float:
-    """The report's whole pytest session (collection included), as junit's <testsuite time=> says."""
+    """The report's whole pytest session (collection included): junit's <testsuite time=>."""
     return sum(float(s.get("time") or 0.0) for s in ET.parse(xml_path).getroot().iter("testsuite"))
 
 

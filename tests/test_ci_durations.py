@@ -17,7 +17,8 @@ XML = """<?xml version="1.0" encoding="utf-8"?>
   <properties><property name="tier" value="e2e"/><property name="cpu_s" value="52.50"/></properties>
 </testcase>
 <testcase classname="tests.test_slurm.TestJobs" name="test_job" time="20.0">
-  <properties><property name="tier" value="slurm"/><property name="cpu_s" value="3.25"/></properties>
+  <properties><property name="tier" value="slurm"/><property name="cpu_s" value="3.25"/>
+  </properties>
 </testcase>
 </testsuite></testsuites>
 """
@@ -27,7 +28,8 @@ def test_per_file_per_tier_and_slowest(tmp_path: Path) -> None:
     xml = tmp_path / "junit.xml"
     xml.write_text(XML)
     cases = ci_durations.read(xml)
-    assert ("tests/test_slurm.py", "test_job", 20.0, "slurm", 3.25) in cases  # class name -> its file
+    # The class name gives its file.
+    assert ("tests/test_slurm.py", "test_job", 20.0, "slurm", 3.25) in cases
     assert cases[0].cpu == 0.0  # a report written without the cpu_s property
     text = ci_durations.summary(cases, top=2, every_file=True)
     lines = text.splitlines()
@@ -51,14 +53,15 @@ def test_a_missing_report_says_what_to_do(tmp_path: Path, capsys) -> None:
 
 
 def test_two_reports_are_summed_as_one_run(tmp_path: Path, capsys) -> None:
-    """scripts/test.sh writes one report for the slurm tier (run beside the rest) and one for the rest."""
+    """scripts/test.sh writes one report for the slurm tier (run beside the rest), one for the rest."""
     unit, rest = tmp_path / "unit.xml", tmp_path / "rest.xml"
     unit.write_text(XML)
     rest.write_text(XML.replace("test_run", "test_other"))
     assert ci_durations.main([str(unit), str(rest)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[:2] == [f"{unit}: pytest session 76 s wall", f"{rest}: pytest session 76 s wall"]
-    assert out.splitlines()[2] == "CI durations: 8 tests, 144 s of test time (2.4 min), 112 s of CPU"
+    lines = out.splitlines()
+    assert lines[:2] == [f"{unit}: pytest session 76 s wall", f"{rest}: pytest session 76 s wall"]
+    assert lines[2] == "CI durations: 8 tests, 144 s of test time (2.4 min), 112 s of CPU"
     assert "tests/test_train_e2e.py::test_other" in out
     assert "tests/test_train_e2e.py::test_run" in out
     assert ci_durations.main([str(unit), str(tmp_path / "none.xml")]) == 2
@@ -66,8 +69,9 @@ def test_two_reports_are_summed_as_one_run(tmp_path: Path, capsys) -> None:
 
 
 
-def test_the_test_script_runs_the_slurm_tier_beside_the_rest_and_fails_if_it_fails(tmp_path: Path) -> None:
-    """scripts/test.sh (README's test command): the run in the background keeps its tests, its output
+def test_the_test_script_runs_the_slurm_tier_beside_the_rest_and_fails_if_it_fails(
+        tmp_path: Path) -> None:
+    """scripts/test.sh (README's test command): the run in the background keeps its tests, output
     and its failure; the other run's pass does not hide it."""
     import os
     import subprocess
@@ -77,15 +81,16 @@ def test_the_test_script_runs_the_slurm_tier_beside_the_rest_and_fails_if_it_fai
     suite = tmp_path / "test_two_tiers.py"
     suite.write_text("import pytest\n\n"
                      "def test_computes():\n    assert True\n\n"
-                     "@pytest.mark.slurm\ndef test_waits():\n    assert 1 == 2, 'slurm side failed'\n")
+                     "@pytest.mark.slurm\ndef test_waits():\n"
+                     "    assert 1 == 2, 'slurm side failed'\n")
     env = {**os.environ, "RLEXP_TEST_JUNIT_DIR": str(tmp_path / "junit")}
-    proc = subprocess.run(["bash", str(REPO / "scripts/test.sh"), str(suite), "-p", "no:cacheprovider"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(["bash", str(REPO / "scripts/test.sh"), str(suite), "-p",
+                           "no:cacheprovider"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     one = ci_durations.read(tmp_path / "junit/junit.xml")
     beside = ci_durations.read(tmp_path / "junit/junit_slurm.xml")
     assert [c.name for c in one] == ["test_computes"] and [c.name for c in beside] == ["test_waits"]
     out = proc.stdout
-    assert out.index("1 passed") < out.index("--- the slurm tier, run beside the tests above:") < out.index(
-        "slurm side failed")
+    beside_at = out.index("--- the slurm tier, run beside the tests above:")
+    assert out.index("1 passed") < beside_at < out.index("slurm side failed")
     assert "CI durations: 2 tests" in out
