@@ -293,8 +293,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _cpu_seconds() -> float:
-    """User + system CPU of this process and of the children it has reaped (Monarch's meshes and
-    every `rlexp` subprocess a test waits for). A Slurm job's processes are slurmd's: not counted."""
+    """User + system CPU of this process and of the children it has reaped (Monarch's meshes
+    and every `rlexp` subprocess a test waits for). A Slurm job's processes are slurmd's: not
+    counted."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
 

@@ -53,7 +53,8 @@ def test_a_missing_report_says_what_to_do(tmp_path: Path, capsys) -> None:
 
 
 def test_two_reports_are_summed_as_one_run(tmp_path: Path, capsys) -> None:
-    """scripts/test.sh writes one report for the slurm tier (run beside the rest), one for the rest."""
+    """scripts/test.sh writes one report for the slurm tier (run beside the rest) and one
+    for the rest."""
     unit, rest = tmp_path / "unit.xml", tmp_path / "rest.xml"
     unit.write_text(XML)
     rest.write_text(XML.replace("test_run", "test_other"))
@@ -84,8 +85,8 @@ def test_the_test_script_runs_the_slurm_tier_beside_the_rest_and_fails_if_it_fai
                      "@pytest.mark.slurm\ndef test_waits():\n"
                      "    assert 1 == 2, 'slurm side failed'\n")
     env = {**os.environ, "RLEXP_TEST_JUNIT_DIR": str(tmp_path / "junit")}
-    proc = subprocess.run(["bash", str(REPO / "scripts/test.sh"), str(suite), "-p",
-                           "no:cacheprovider"], env=env, capture_output=True, text=True, timeout=300)
+    cmd = ["bash", str(REPO / "scripts/test.sh"), str(suite), "-p", "no:cacheprovider"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     one = ci_durations.read(tmp_path / "junit/junit.xml")
     beside = ci_durations.read(tmp_path / "junit/junit_slurm.xml")
