@@ -26,12 +26,16 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torchtitan.models.common.attention import (
+
+from rlexp.models.titan import import_titan_models
+
+import_titan_models()  # TorchTitan's attention module first imported there (see why)
+from torchtitan.models.common.attention import (  # noqa: E402
     FusedQKVLinear,
     GQAttention,
     ScaledDotProductAttention,
 )
-from torchtitan.models.common.rope import CosSinRoPE
+from torchtitan.models.common.rope import CosSinRoPE  # noqa: E402
 
 _Norm = tuple[torch.Tensor | None, float | None]  # (weight, eps) of an RMSNorm
 _Lin = tuple[torch.Tensor, torch.Tensor | None]  # (weight, bias) of a Linear

@@ -8,6 +8,11 @@ is what vLLM loads and what checkpoints on the Hub use.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import pairwise
 from typing import Any
@@ -26,8 +31,56 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
+@contextlib.contextmanager
+def _compile_on_first_call() -> Iterator[None]:
+    """`torch.compile(fn)` compiles when `fn` is first called, not when the call is made.
+
+    Why: TorchTitan's attention module calls `torch.compile` on flex attention and its block-mask
+    builder when it is imported, and building those wrappers imports torch's Inductor (about a
+    fifth of the CPU an actor process spends importing what it needs). rlexp's model uses SDPA,
+    never flex attention, so every actor process paid that at start for nothing. Under this
+    context a function given to `torch.compile` gets a wrapper that calls the real `torch.compile`
+    on its first call (compilation happens at the first call either way), so code that does use
+    them gets what `torch.compile` returns; a module, or anything that is not a plain function,
+    goes to `torch.compile` at once.
+    """
+    real = torch.compile
+
+    def deferred(model: Any = None, **options: Any) -> Any:
+        if model is None:  # the decorator form, `@torch.compile(...)`
+            return partial(deferred, **options)
+        if not inspect.isfunction(model):
+            return real(model, **options)
+        compiled: list[Callable[..., Any]] = []
+
+        @functools.wraps(model)
+        def first_call_compiles(*args: Any, **kwargs: Any) -> Any:
+            if not compiled:
+                compiled.append(real(model, **options))
+            return compiled[0](*args, **kwargs)
+
+        return first_call_compiles
+
+    torch.compile = deferred  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.compile = real
+
+
+def import_titan_models() -> None:
+    """TorchTitan's model modules imported, their import-time `torch.compile` calls deferred
+    (`_compile_on_first_call`); every rlexp import of them goes through here first."""
+    if "torchtitan.models.common" in sys.modules:
+        return
+    with _compile_on_first_call():
+        import torchtitan.models.common
+        import torchtitan.models.qwen3.model  # noqa: F401
+
+
 def titan_config(arch: ArchConfig) -> Any:
     """A TorchTitan `Qwen3Model.Config` with SDPA attention for the given architecture numbers."""
+    import_titan_models()
     from torchtitan.models.common import CosSinRoPE, Embedding, Linear
     from torchtitan.models.common.attention import ScaledDotProductAttention
     from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config

@@ -64,6 +64,7 @@ class Graph:
         self.hosts = hosts
         self.meshes: dict[str, tuple[Any, Host]] = {}  # name -> (proc mesh, host)
         self.where: dict[str, list[dict[str, Any]]] = {}  # name -> per process: pid, hostname, host label
+        self.starting: dict[str, Any] = {}  # name -> its `where` probe's answer, not yet read
         self.placement: list[str] = []
         self.services: Services | None = None
         self.add_generator: Callable[[], None] | None = None  # set by build_graph
@@ -89,16 +90,28 @@ class Graph:
             mesh = self.procs(role.name, role.procs, host or self.hosts.host(role.hosts, role.index))
         return mesh.spawn(role.name, role.actor, role.settings, **given)
 
-    def procs(self, name: str, procs: int = 1, host: Host | None = None) -> Any:
+    def procs(self, name: str, procs: int = 1, host: Host | None = None, *,
+              wait: bool = True) -> Any:
         """A new proc mesh for `name`, `procs` processes per host, and where each of them runs. Each
         process starts with rlexp's bootstrap (`spawn_masks`): on CUDA its GPUs masked before
-        anything in it imports torch, and on any device a quick exit when the mesh stops."""
+        anything in it imports torch, and on any device a quick exit when the mesh stops.
+        `wait=False`: `where` is filled by the next `started()`, so meshes asked for one after the
+        other start their processes at the same time."""
         host = host or self.hosts.host(role_of(name))
         mesh = host.mesh.spawn_procs(per_host={"procs": procs},
                                      bootstrap_command=spawn_masks(self.gpus.get(name) or []))
         self.meshes[name] = (mesh, host)
-        self.where[name] = list(mesh.spawn("probe", Probe).where.call().get().values())
+        self.starting[name] = mesh.spawn("probe", Probe).where.call()
+        if wait:
+            self.started()
         return mesh
+
+    def started(self) -> None:
+        """Waits for the meshes asked for with `procs` to answer; records where they run."""
+        while self.starting:
+            name, answer = next(iter(self.starting.items()))
+            self.where[name] = list(answer.get().values())
+            del self.starting[name]
 
     def mesh(self, name: str) -> Any:
         return self.meshes[name][0]
@@ -107,6 +120,7 @@ class Graph:
         """Stop `name`'s processes (after one died: Monarch may still report the stop as failed); returns its host."""
         mesh, host = self.meshes.pop(name)
         self.where.pop(name, None)
+        self.starting.pop(name, None)
         with contextlib.suppress(Exception):
             mesh.stop().get(timeout=10)
         return host
@@ -239,10 +253,14 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     # The trainer's processes first: the machine they run on decides each generator's weight transport. The trainer
     # is one proc, or one per (FSDP x TP) rank (one GPU each on CUDA), `world / hosts` ranks on each host when it
     # spans hosts. See rlexp/actors/trainer.py.
-    trainer_mesh = g.procs("trainer", w.trainer.procs // len(g.hosts.roles["trainer"]), g.hosts.whole("trainer"))
-    pairs.trainer_machine = g.where["trainer"][0]["hostname"]
+    # All of them start at once (each pays an interpreter's and Monarch's start);
+    # then their machines are known.
+    per_host = w.trainer.procs // len(g.hosts.roles["trainer"])
+    trainer_mesh = g.procs("trainer", per_host, g.hosts.whole("trainer"), wait=False)
     for role in w.generators:
-        g.procs(role.name, 1, g.hosts.host(role.hosts, role.index))
+        g.procs(role.name, 1, g.hosts.host(role.hosts, role.index), wait=False)
+    g.started()
+    pairs.trainer_machine = g.where["trainer"][0]["hostname"]
     g.transports = [pairs.transport_for(role.name) for role in w.generators]
     gens = [pairs.spawn_generator(role) for role in w.generators]
     port = rendezvous_port(g, cfg, trainer_mesh, w.trainer.procs)
