@@ -292,13 +292,13 @@ def pytest_collection_modifyitems(config, items):
         item.user_properties.append(("tier", name))
 
 
-# ------------------------------------------------- one two-process mesh for the sharded trainers (issue 44 item 6)
+# --------------------------------------------- one two-process mesh for sharded trainers (issue 44)
 @pytest.fixture(scope="session")
 def two_procs() -> Any:
-    """Two Monarch processes on this host, spawned once for tests/test_trainer_parallel.py (FSDP) and
-    tests/test_trainer_tp.py (TP): a world-2 trainer joins the processes' one gloo group whichever
-    layout it builds (`rlexp.models.parallel.init_parallel` reuses it), so the second module pays no
-    start of its own. Each module shuts down the actors it spawned."""
+    """Two Monarch processes on this host, spawned once for tests/test_trainer_parallel.py
+    (FSDP) and tests/test_trainer_tp.py (TP): a world-2 trainer joins the processes' one gloo
+    group whichever layout it builds (`rlexp.models.parallel.init_parallel` reuses it), so the
+    second module pays no start of its own. Each module shuts down the actors it spawned."""
     from monarch.actor import this_host
 
     two = this_host().spawn_procs(per_host={"procs": 2})

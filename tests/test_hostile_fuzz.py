@@ -14,7 +14,8 @@ Every case must complete (exit 0) or be refused (exit 2, a message, no traceback
 A `rlexp reproduce` that passes the gate is followed, in the same audited process, by what the re-run would do
 before it spawns anything (`rlexp.run.prepare.prepare` of the printed command's config), so a value that slips
 through the gate and names code is caught importing it, not just printed. The four findings of issue 41 are fixed
-cases. Bounded: one real 2-step training run per session (shared); each case one short child (about a second).
+cases. Bounded: one real 2-step training run per session (shared); each case one short child
+(about a second).
 """
 from __future__ import annotations
 

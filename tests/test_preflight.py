@@ -249,7 +249,7 @@ def test_inputs_gpus_and_sweep_jobs_are_refused_before_torch_loads(
         "# @package _global_\nhydra:\n  sweeper:\n    params:\n      environment.max_turns: 3,1\n")
     took = []
     for args, says in INPUT_MISTAKES:
-        # One process per mistake, timed with -X importtime on (as in the test above): a stricter bound
+        # One process per mistake, timed with -X importtime on (as in the test above): stricter
         p, plain, cpu = _timed(project, *args)
         took.append((" ".join(args), plain, cpu))
         msg = "\n".join(x for x in p.stderr.splitlines() if not x.startswith("import time:"))

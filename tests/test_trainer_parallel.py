@@ -224,10 +224,10 @@ def test_rlexp_train_with_fsdp2_trainer_end_to_end(tmp_path: Path, tag: str) -> 
 def test_the_weight_average_on_two_ranks_is_the_single_ranks(tmp_path: Path, tag: str) -> None:
     """`trainer.ema_decay` on a sharded trainer: each rank averages its shards, the export gathers them, and a
     resume on two ranks reloads them; the result is the single-rank average up to summation order."""
-    # A step before the resumed checkpoint and one after it; an evaluation (of the average) at each step, of
-    # 8 problems: it pushes the average to the generators and the live weights back before the next step.
-    common = ["steps=2", "eval.every_n_steps=1", "eval.max_samples=8", "algorithm.prompts_per_step=8",
-              "trainer.ema_decay=0.5", "checkpoint.every_n_steps=1"]
+    # A step before the resumed checkpoint and one after it; an evaluation (of the average) at
+    # each step, of 8 problems: it pushes the average to the generators and the live weights back.
+    common = ["steps=2", "eval.every_n_steps=1", "eval.max_samples=8",
+              "algorithm.prompts_per_step=8", "trainer.ema_decay=0.5", "checkpoint.every_n_steps=1"]
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
     rlexp("train", *common, f"hydra.run.dir={one}", tag=tag)
     rlexp("train", *common, "model.parallelism.trainer_fsdp=2", f"hydra.run.dir={two}", tag=tag)

@@ -54,8 +54,8 @@ def env(tmp_path_factory, two_procs):
     d = str(ensure_tiny_checkpoint(CFG))
     batches = [grpo_batch(CFG, d, 0, 3), grpo_batch(CFG, d, 1, 2), grpo_batch(CFG, d, 2, 3)]
     # A process belongs to one process group, so TP-2 and FSDP-2 x TP-2 get their own meshes; the
-    # single-rank trainers (no process group) share the first proc of the TP mesh. The TP mesh is the
-    # session's two processes (tests/test_trainer_parallel.py's FSDP trainers use them too).
+    # single-rank trainers (no process group) share the first proc of the TP mesh. The TP mesh
+    # is the session's two processes (tests/test_trainer_parallel.py's FSDP trainers use them).
     two = two_procs
     four = this_host().spawn_procs(per_host={"procs": 4})
     one = two.slice(procs=0)

@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.paths import CHECKPOINTS, checkpoint_root
-from rlexp.core.weight_files import CheckpointError  # torch-free: resume=auto's first checks need no torch
+from rlexp.core.weight_files import CheckpointError  # torch-free: no torch before the run lock
 from rlexp.errors import disk_full
 from rlexp.tracking.base import METRICS_FILE, TABLES_DIR
 from rlexp.tracking.files import atomic_write_text, sha256_file
