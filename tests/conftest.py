@@ -317,3 +317,16 @@ def pytest_runtest_makereport(item, call):
 
 
 _CPU_START = pytest.StashKey[float]()
+
+# --------------------------------------------- one two-process mesh for sharded trainers (issue 44)
+@pytest.fixture(scope="session")
+def two_procs() -> Any:
+    """Two Monarch processes on this host, spawned once for tests/test_trainer_parallel.py
+    (FSDP) and tests/test_trainer_tp.py (TP): a world-2 trainer joins the processes' one gloo
+    group whichever layout it builds (`rlexp.models.parallel.init_parallel` reuses it), so the
+    second module pays no start of its own. Each module shuts down the actors it spawned."""
+    from monarch.actor import this_host
+
+    two = this_host().spawn_procs(per_host={"procs": 2})
+    yield two
+    two.stop().get()

@@ -14,7 +14,8 @@ Every case must complete (exit 0) or be refused (exit 2, a message, no traceback
 A `rlexp reproduce` that passes the gate is followed, in the same audited process, by what the re-run would do
 before it spawns anything (`rlexp.run.prepare.prepare` of the printed command's config), so a value that slips
 through the gate and names code is caught importing it, not just printed. The four findings of issue 41 are fixed
-cases. Bounded: one real 2-step training run per module; each case one short child (about a second).
+cases. Bounded: one real 2-step training run per session (shared); each case one short child
+(about a second).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, NetListener, rlexp
+from tests.conftest import REPO, CheckpointedRun, NetListener
 
 pytestmark = pytest.mark.slow  # one real `rlexp train` (Monarch actors) builds the folder every case mutates
 
@@ -135,12 +136,12 @@ class Case:
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real finished run (2 steps, tiny model, checkpoints/final for `eval run=`)."""
-    base = tmp_path_factory.mktemp("hostile")
-    run = base / "run"
-    rlexp("train", "steps=2", "eval.every_n_steps=2", "algorithm.prompts_per_step=4", "algorithm.group_size=2",
-          "environment.eval_size=4", f"hydra.run.dir={run}", timeout=600)
+def finished_run(checkpointed_run: CheckpointedRun) -> Path:
+    """One real finished run (2 steps, tiny model, checkpoints/final for `eval run=`): the session's
+    `checkpointed_run` (conftest.py; tests/test_run_folder_links.py and tests/test_run_integrity.py
+    read it too), never written: every case mutates its own copy."""
+    run = checkpointed_run.run
+    assert checkpointed_run.returncode == 0, checkpointed_run.stderr[-3000:]
     assert (run / "checkpoints" / "final" / "config.json").is_file()
     return run
 

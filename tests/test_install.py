@@ -1,7 +1,7 @@
 """A non-editable `pip install .` into a new venv finds its configs (the top-level conf/, shipped inside the
 package as rlexp/conf, sweep and launcher presets included) and `rlexp train` runs from another directory;
-examples/my_task, copied out of the repository, runs its README route against that wheel (train, sweep, compare,
-reproduce), with the start-up phase lines of a real run.
+examples/my_task, copied out of the repository, runs its README route against that wheel (a
+two-seed sweep, compare, reproduce of one of its runs), with the start-up phase lines of a real run.
 
 The new venv sees the test venv's dependencies through a .pth line (no network here, and torch/vLLM
 wheels are large); rlexp itself is built and installed from a copy of the tracked files, not linked.
@@ -47,11 +47,12 @@ def test_wheel_install_trains_from_another_directory(tmp_path: Path) -> None:
     where = subprocess.run([str(py), "-c", "import rlexp; print(rlexp.__file__)"], cwd=elsewhere, env=env,
                            capture_output=True, text=True, check=True).stdout.strip()
     assert where.startswith(str(site)), where
-    out = subprocess.run([str(venv / "bin" / "rlexp"), "train", "steps=5", "algorithm.prompts_per_step=8",
-                          "eval.max_samples=16", "checkpoint.save_final=false", f"hydra.run.dir={tmp_path / 'run'}"],
+    out = subprocess.run([str(venv / "bin" / "rlexp"), "train", "steps=2",
+                          "algorithm.prompts_per_step=8", "eval.max_samples=8",
+                          "checkpoint.save_final=false", f"hydra.run.dir={tmp_path / 'run'}"],
                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "[rlexp] done: 5 steps" in out.stdout
+    assert "[rlexp] done: 2 steps" in out.stdout
     assert (tmp_path / "run" / "metrics.jsonl").exists()
     # The sweep and launcher presets ship in the wheel's one config home (conf/ -> rlexp/conf): composed from
     # outside any checkout with no --config-dir.
@@ -62,9 +63,11 @@ def test_wheel_install_trains_from_another_directory(tmp_path: Path) -> None:
     assert hydra_cfg["sweeper"]["params"]["reward"] == "rule,single_rm,weaver,annotated", out.stdout[-3000:]
     assert hydra_cfg["launcher"]["_target_"].endswith("LocalLauncher"), out.stdout[-3000:]
 
-    # A user's project outside the package (examples/my_task) against the installed wheel, as its README runs it
-    # from its own folder: train, a two-seed sweep from its own preset, compare, and a reproduce from elsewhere
-    # that finds the project's code again through the manifest alone (hash-checked), bit for bit.
+    # A user's project outside the package (examples/my_task) against the installed wheel, as
+    # its README runs it from its own folder: a two-seed sweep from its own preset (its first run
+    # is the project's `rlexp train`: the same process start, the same phase lines), compare, and
+    # a reproduce of that run from elsewhere that finds the project's code again through the
+    # manifest alone (hash-checked), bit for bit.
     project = elsewhere / "my_task"
     shutil.copytree(REPO / "examples" / "my_task", project, ignore=shutil.ignore_patterns("__pycache__"))
     small = ["environment=count_a", "reward=near_miss", "steps=2", "algorithm.prompts_per_step=8",
@@ -76,19 +79,21 @@ def test_wheel_install_trains_from_another_directory(tmp_path: Path) -> None:
         assert p.returncode == 0, f"rlexp {' '.join(args)}\n" + p.stdout[-3000:] + p.stderr[-3000:]
         return p
 
-    run = tmp_path / "my_run"
-    p = rlexp("train", "config_path=conf", *small, f"hydra.run.dir={run}")
+    sweep = tmp_path / "my_sweep"
+    p = rlexp("train", "-m", "config_path=conf", "+sweeps=two_seeds", *small,
+              f"hydra.sweep.dir={sweep}")
+    assert sorted(d.name for d in sweep.iterdir() if (d / "metrics.jsonl").is_file()) == ["0", "1"]
+    run = sweep / "0"
     rows = [line for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     assert len(rows) >= 2 and '"reward/mean"' in rows[-1]
     phases = [line.split(" (")[0][len("[rlexp] "):] for line in p.stderr.splitlines()
               if line.startswith("[rlexp] ") and line.endswith(" s)")]  # one line each, with its time
-    assert phases == ["started, config composed", "torch and Monarch loaded", "checks done", "hosts up",
-                      "processes spawned", "generator0 ready", "trainer ready", "weights loaded, engines ready",
-                      "first step done"], \
+    first_run = ["started, config composed", "torch and Monarch loaded", "checks done", "hosts up",
+                 "processes spawned", "generator0 ready", "trainer ready",
+                 "weights loaded, engines ready", "first step done"]
+    n = len(first_run)
+    assert phases[:n] == first_run and phases[n] == "job 1 started, config composed", \
         p.stderr[-3000:]
-    sweep = tmp_path / "my_sweep"
-    rlexp("train", "-m", "config_path=conf", "+sweeps=two_seeds", *small, f"hydra.sweep.dir={sweep}")
-    assert sorted(d.name for d in sweep.iterdir() if (d / "metrics.jsonl").is_file()) == ["0", "1"]
     p = rlexp("compare", str(sweep), "--out", str(tmp_path / "my_compare"))
     assert "seed" in p.stdout and (tmp_path / "my_compare" / "compare.md").is_file()
     p = rlexp("reproduce", str(run), "--trust-plugins", cwd=tmp_path)

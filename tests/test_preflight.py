@@ -249,13 +249,14 @@ def test_inputs_gpus_and_sweep_jobs_are_refused_before_torch_loads(
         "# @package _global_\nhydra:\n  sweeper:\n    params:\n      environment.max_turns: 3,1\n")
     took = []
     for args, says in INPUT_MISTAKES:
-        p, _ = _train(project, *args)
-        q, plain, cpu = _timed(project, *args, importtime=False)
+        # One process per mistake, timed with -X importtime on (as in the test above): stricter
+        p, plain, cpu = _timed(project, *args)
         took.append((" ".join(args), plain, cpu))
-        assert q.returncode == 2 and p.returncode == 2, (args, q.stdout + q.stderr)
+        msg = "\n".join(x for x in p.stderr.splitlines() if not x.startswith("import time:"))
+        assert p.returncode == 2, (args, p.stdout + msg)
         for s in says:
-            assert s in q.stderr, (args, q.stderr)
-        assert "Traceback" not in q.stderr and "searchpath" not in q.stderr, q.stderr
+            assert s in msg, (args, msg)
+        assert "Traceback" not in msg and "searchpath" not in msg, msg
         assert not _imported(p.stderr, "torch"), f"{args}: torch was imported before the refusal"
         assert not (project / "runs").exists() and not (project / "outputs").exists(), args
         assert plain < _limit() and cpu < LIMIT_S, (args, plain, cpu)
@@ -296,15 +297,12 @@ def test_a_typo_in_a_backends_options_is_named_with_its_fix_before_torch_loads(
                         "cluster.job=local: none)"),
                        (["cluster=slurm", "cluster.job_options.port=80"],
                         "cluster.job_options.port=80: give a port from 1024 to 65000")):
-        p, _ = _train(project, *args)
+        p, plain, cpu = _timed(project, *args)  # timed with -X importtime on: a stricter bound
         assert p.returncode == 2 and says in p.stderr, (args, p.stderr)
         assert "not in struct" not in p.stderr and "HYDRA_FULL_ERROR" not in p.stderr, p.stderr
         assert not _imported(p.stderr, "torch"), f"{args}: torch was imported before the refusal"
         assert not (project / "runs").exists() and not (project / "outputs").exists(), args
-    q, plain, cpu = _timed(project, "cluster=slurm", "cluster.job_options.partiton=gpu",
-                           importtime=False)
-    assert q.returncode == 2 and fix in q.stderr, q.stderr
-    assert plain < _limit() and cpu < LIMIT_S, (plain, cpu)
+        assert plain < _limit() and cpu < LIMIT_S, (args, plain, cpu)
 
 
 def test_a_verifier_set_that_does_not_fit_a_plugin_names_the_options_a_user_types(

@@ -98,8 +98,10 @@ def test_planted_secrets_reach_no_output_of_a_real_run(tmp_path: Path) -> None:
     run, store, work, home = tmp_path / "run", tmp_path / "store", tmp_path / "work", tmp_path / "wandb_home"
     work.mkdir()
     needles: dict[str, str] = {}
-    args = ["train", "logger=all", "steps=2", "eval.every_n_steps=2", "algorithm.prompts_per_step=4",
-            f"hydra.run.dir={run}", "logger.mlflow.experiment=secrets"]
+    # 4 eval problems: the eval outputs are still written (the secrets are in the config)
+    args = ["train", "logger=all", "steps=2", "eval.every_n_steps=2", "eval.max_samples=4",
+            "algorithm.prompts_per_step=4", f"hydra.run.dir={run}",
+            "logger.mlflow.experiment=secrets"]
     for i, name in enumerate(SECRET_NAMES):
         needles[f"name {name}"] = _n(i)
         args.append(f"+extra.{name}={_n(i)}")

@@ -43,13 +43,11 @@ FSDP_VS_SINGLE_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    from monarch.actor import this_host
-
+def env(tmp_path_factory, two_procs):
     d = str(ensure_tiny_checkpoint(CFG))
     # 12 rows, then 7 (odd: rank 0 gets 3, rank 1 gets 4 -> rank 0 runs a zero-weight micro-batch), then 12
     batches = [grpo_batch(CFG, d, 0, 3), _trim(grpo_batch(CFG, d, 1, 2), 7), grpo_batch(CFG, d, 2, 3)]
-    two = this_host().spawn_procs(per_host={"procs": 2})
+    two = two_procs  # the session's (tests/test_trainer_tp.py's too)
     one = two.slice(procs=0)  # single-rank trainers share rank 0's process (no process group use), saving a start
     port, shm = free_port(), tmp_path_factory.mktemp("shm")
     made: list = []
@@ -75,7 +73,6 @@ def env(tmp_path_factory):
            "first": {k: t for k, (t, _) in first.items()}}
     for t in made:
         t.shutdown.call().get()
-    two.stop().get()
 
 
 def _trim(b: TrainBatch, n: int) -> TrainBatch:
@@ -227,8 +224,10 @@ def test_rlexp_train_with_fsdp2_trainer_end_to_end(tmp_path: Path, tag: str) -> 
 def test_the_weight_average_on_two_ranks_is_the_single_ranks(tmp_path: Path, tag: str) -> None:
     """`trainer.ema_decay` on a sharded trainer: each rank averages its shards, the export gathers them, and a
     resume on two ranks reloads them; the result is the single-rank average up to summation order."""
-    common = ["steps=2", "eval.every_n_steps=1", "algorithm.prompts_per_step=8", "trainer.ema_decay=0.5",
-              "checkpoint.every_n_steps=1"]  # a step before the resumed checkpoint and one after it
+    # A step before the resumed checkpoint and one after it; an evaluation (of the average) at
+    # each step, of 8 problems: it pushes the average to the generators and the live weights back.
+    common = ["steps=2", "eval.every_n_steps=1", "eval.max_samples=8",
+              "algorithm.prompts_per_step=8", "trainer.ema_decay=0.5", "checkpoint.every_n_steps=1"]
     one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
     rlexp("train", *common, f"hydra.run.dir={one}", tag=tag)
     rlexp("train", *common, "model.parallelism.trainer_fsdp=2", f"hydra.run.dir={two}", tag=tag)

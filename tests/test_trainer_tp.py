@@ -48,14 +48,15 @@ TP_OVERRIDES = ("model.arch.n_heads=4", "model.arch.n_kv_heads=2", "model.arch.h
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, two_procs):
     from monarch.actor import this_host
 
     d = str(ensure_tiny_checkpoint(CFG))
     batches = [grpo_batch(CFG, d, 0, 3), grpo_batch(CFG, d, 1, 2), grpo_batch(CFG, d, 2, 3)]
     # A process belongs to one process group, so TP-2 and FSDP-2 x TP-2 get their own meshes; the
-    # single-rank trainers (no process group) share the first proc of the TP mesh.
-    two = this_host().spawn_procs(per_host={"procs": 2})
+    # single-rank trainers (no process group) share the first proc of the TP mesh. The TP mesh
+    # is the session's two processes (tests/test_trainer_parallel.py's FSDP trainers use them).
+    two = two_procs
     four = this_host().spawn_procs(per_host={"procs": 4})
     one = two.slice(procs=0)
     shm = tmp_path_factory.mktemp("shm")
@@ -78,7 +79,6 @@ def env(tmp_path_factory):
            **{k: t for k, (t, _) in started.items()}}
     for t in made:
         t.shutdown.call().get()
-    two.stop().get()
     four.stop().get()
 
 

@@ -95,7 +95,8 @@ def meshes(tmp_path_factory):
     from monarch.actor import this_host
 
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    procs = [this_host().spawn_procs(per_host={"procs": 1}) for _ in range(3)]
+    # the publisher's process, and the receivers'
+    procs = [this_host().spawn_procs(per_host={"procs": 1}) for _ in range(2)]
     yield procs
     for m in procs:
         m.stop().get(timeout=30)
@@ -153,8 +154,9 @@ def test_generator_fed_by_monarch_samples_exactly_as_one_fed_by_shm(meshes, tiny
     specs = {"shm": TransportSpec("shm", "rlexp.transport.shm", "gen", {"root": str(tmp_path)}),
              "monarch": TransportSpec("monarch", "rlexp.transport.monarch", "gen", {"chunk_bytes": 256 * 1024})}
     settings = GeneratorSettings(cfg, str(model_dir), "titan", 11, 1, {"device": "cpu"})
-    gens = {t: meshes[i + 1].spawn(f"gen_{t}", Generator, settings, weights=specs[t])
-            for i, t in enumerate(("shm", "monarch"))}
+    # Both in one process (actors keep their own state), not the publisher's: one start fewer
+    gens = {t: meshes[1].spawn(f"gen_{t}", Generator, settings, weights=specs[t])
+            for t in ("shm", "monarch")}
     gens["monarch"].connect_weights.call_one(server).get()
     for g in gens.values():
         g.setup.call_one().get()

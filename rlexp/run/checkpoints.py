@@ -23,12 +23,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlexp.config.paths import CHECKPOINTS, checkpoint_root
-from rlexp.core import weights
-from rlexp.core.weights import CheckpointError
+from rlexp.core.weight_files import CheckpointError  # torch-free: no torch before the run lock
 from rlexp.errors import disk_full
 from rlexp.tracking.base import METRICS_FILE, TABLES_DIR
 from rlexp.tracking.files import atomic_write_text, sha256_file
@@ -49,6 +47,8 @@ class ResumeError(ValueError):
 
 def check_safe(path: Path) -> None:
     """`rlexp.core.weights.check_safe`, refused as a `ResumeError` (resume's own error, with what to do instead)."""
+    from rlexp.core import weights
+
     try:
         weights.check_safe(path)
     except CheckpointError as e:
@@ -56,6 +56,8 @@ def check_safe(path: Path) -> None:
 
 
 def safe_load(path: Path) -> Any:
+    from rlexp.core import weights
+
     try:
         return weights.safe_load(path)
     except CheckpointError as e:
@@ -294,6 +296,8 @@ def save(run_dir: Path, step: int, version: int, cfg_hash: str, keep: int,
     """Write checkpoint `step` atomically and keep the newest `keep`. `write_trainer(path)` writes the
     trainer's file (it lives in another process); `controller_state` must hold plain values only. A failed
     write (a full disk) removes the temporary folder before the error goes on."""
+    import torch
+
     root = checkpoint_root(run_dir)
     out, tmp = root / f"step_{step:06d}", root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
