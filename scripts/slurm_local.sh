@@ -84,6 +84,9 @@ MpiDefault=none
 ReturnToService=2
 # A cancelled job's processes get SIGTERM, then SIGKILL KillWait seconds later.
 KillWait=5
+# A job submitted within batch_sched_delay (default 3 s) of the scheduler's last pass waits for the
+# next one: every test run that follows another's end would sit out up to 3 s before it starts.
+SchedulerParameters=batch_sched_delay=0
 MinJobAge=120
 SlurmdTimeout=60
 InactiveLimit=0
@@ -99,10 +102,10 @@ EOF
 
 wait_idle() { # $1: nodes
   local n=$1 idle
-  for _ in $(seq 1 120); do
+  for _ in $(seq 1 300); do
     idle=$(sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l || true)
     [ "$idle" -ge "$n" ] && return 0
-    sleep 0.5
+    sleep 0.2
   done
   sinfo -N 2>&1 >&2 || true
   tail -n 20 "$DIR"/log/*.log >&2 || true
@@ -119,8 +122,11 @@ up() {
     esac
   done
   [[ $n =~ ^[1-9][0-9]?$ ]] || die "--nodes must be a number from 1 to 99, got '$n'"
-  local up
-  up=$(sinfo -h -N -t idle,alloc,mix -o %N 2>/dev/null | sort -u | wc -l || true)
+  local up=0
+  # sinfo only where our slurmctld runs: without one it retries for ~10 s (MessageTimeout) first.
+  if [ "$(running_nodes)" = "$n" ]; then
+    up=$(sinfo -h -N -t idle,alloc,mix -o %N 2>/dev/null | sort -u | wc -l || true)
+  fi
   if [ "$(running_nodes)" = "$n" ] && [ "$up" -ge "$n" ]; then
     status
     return
@@ -138,31 +144,33 @@ up() {
   status
 }
 
-stop_pidfile() { # $1: pid file; SIGTERM, then SIGKILL after 10 s
-  local f=$1 pid
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$f"
+stop_pidfiles() { # $@: pid files; SIGTERM to all at once (each takes 1-2 s to exit), then
+  # SIGKILL to any still alive after 10 s
+  local f pids=() pid
+  for f in "$@"; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    kill -0 "$pid" 2>/dev/null && kill "$pid" 2>/dev/null && pids+=("$pid")
+  done
+  for _ in $(seq 1 100); do any_alive "${pids[@]}" || break; sleep 0.1; done
+  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
+  rm -f "$@"
 }
+
+any_alive() { local pid; for pid; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
 
 down() {
   [ -d "$DIR/run" ] || { echo "slurm_local: not running ($DIR)"; return; }
   # Jobs first, so their processes end with SIGTERM as on a real cluster, then the daemons.
   if pid_alive "$DIR/run/slurmctld.pid"; then
     scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
-    for _ in $(seq 1 30); do
+    for _ in $(seq 1 75); do
       [ -z "$(squeue -h -t R,CG,PD -o %i 2>/dev/null)" ] && break
-      sleep 0.5
+      sleep 0.2
     done
   fi
-  for f in "$DIR"/run/slurmd.*.pid; do [ -e "$f" ] && stop_pidfile "$f"; done
-  stop_pidfile "$DIR/run/slurmctld.pid"
-  stop_pidfile "$DIR/run/munged.pid"
+  # All together: the jobs are gone, so no daemon has a message left to authenticate with munged.
+  stop_pidfiles "$DIR"/run/slurmd.*.pid "$DIR/run/slurmctld.pid" "$DIR/run/munged.pid"
   rm -f "$DIR/nodes"
   echo "slurm_local: stopped (config and logs kept in $DIR)"
 }

@@ -40,6 +40,7 @@ def wait_clean(tag: str, tmp: Path, since: float) -> tuple[list[int], list[str],
 
 
 # --- the reaper on plain processes (seconds, no Monarch) --------------------------------------------------
+LATE_ENV = "RLEXP_TEST_LATE_PROC"  # the late proc's only variable: its test's tag
 FAKE_CONTROLLER = textwrap.dedent("""
     import os, subprocess, sys, time
     from rlexp.cluster import reaper
@@ -47,12 +48,25 @@ FAKE_CONTROLLER = textwrap.dedent("""
     owner = reaper.owner_id()
     reaper.start(owner)
     env = {**os.environ, reaper.OWNER_ENV: owner, reaper.ADDR_ENV: "x@ipc://" + folder + "/generator_0"}
-    # a host (own session, like Monarch's) that starts a proc in a process group of its own, 2 s later:
-    # by then the controller is dead, so the proc appears after the reaper started sweeping
-    host = ("import subprocess, time; time.sleep(2); "
-            "subprocess.Popen(['sleep', '300'], process_group=0, env={}); time.sleep(300)")
-    subprocess.Popen([sys.executable, "-c", host], env=env, start_new_session=True)
+    host = subprocess.Popen([sys.executable, "-c", sys.argv[2], str(os.getpid()), *sys.argv[3:]],
+                            env=env, start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert host.stdout.readline().strip() == "ready"
     print("spawned", flush=True)
+    time.sleep(300)
+""")
+# A host (own session, like Monarch's) that starts a proc in a process group of its own the moment
+# its controller is dead, so before the reaper can have seen it. The proc carries neither the owner
+# mark nor the test's tag, only LATE_ENV (which the reaper never reads): the test finds it by that,
+# and no other `sleep 300` on the machine. Its pid goes to a file: the proof that it was started.
+FAKE_HOST = textwrap.dedent("""
+    import os, subprocess, sys, time
+    controller, late_env, tag, pid_file = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+    print("ready", flush=True)
+    while os.getppid() == controller:
+        time.sleep(0.005)
+    late = subprocess.Popen(["sleep", "300"], process_group=0, env={late_env: tag})
+    with open(pid_file, "w") as f:
+        f.write(str(late.pid))
     time.sleep(300)
 """)
 
@@ -62,27 +76,44 @@ def test_kill_9_of_a_controller_ends_its_hosts_and_procs_spawned_after_it_died(t
     folder.mkdir()
     (folder / "generator_0").write_text("")
     env = {**tagged_env(tag), "PYTHONPATH": str(REPO)}
-    ctl = subprocess.Popen([sys.executable, "-c", FAKE_CONTROLLER, str(folder)], env=env, stdout=subprocess.PIPE,
-                           text=True)
+    late_pid = tmp_path / "late.pid"
+    ctl = subprocess.Popen([sys.executable, "-c", FAKE_CONTROLLER, str(folder), FAKE_HOST, LATE_ENV,
+                            tag, str(late_pid)], env=env, stdout=subprocess.PIPE, text=True)
     assert ctl.stdout.readline().strip() == "spawned"
     ctl.kill()
     ctl.wait()
     t0 = time.time()
-    assert wait_no_orphans(tag, timeout=CLEAN_S) == []  # host, its late proc (no tag: env={}), the reaper
+    assert wait_no_orphans(tag, timeout=CLEAN_S) == []  # the host, the reaper (late proc: no tag)
     assert time.time() - t0 < 10
     assert not folder.exists()
-    assert not [p for p in _pids_running("sleep 300")]
+    assert late_pid.exists()  # the late proc was started, after the controller died
+    assert _late_procs(tag) == []  # this test's only: another `sleep 300` on the machine is not
 
 
-def _pids_running(cmdline: str) -> list[int]:
+def _late_procs(tag: str) -> list[int]:
+    """Live processes whose environment is exactly FAKE_CONTROLLER's late proc's, for this `tag`."""
+    want = [f"{LATE_ENV}={tag}".encode()]
     out = []
     for p in Path("/proc").iterdir():
         try:
-            if p.name.isdigit() and (p / "cmdline").read_bytes().replace(b"\0", b" ").strip() == cmdline.encode():
+            if (p.name.isdigit() and (p / "environ").read_bytes().split(b"\0")[:-1] == want
+                    and (p / "stat").read_text().split(") ")[-1].split()[0] != "Z"):  # not a zombie
                 out.append(int(p.name))
         except OSError:
             continue
     return out
+
+
+def wait_handled(pid: int, sig: int, timeout: float = 15) -> None:
+    """Until process `pid` has a handler for `sig` and no longer blocks it (/proc/<pid>/status)."""
+    bit, deadline = 1 << (sig - 1), time.time() + timeout
+    while time.time() < deadline:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        masks = dict(x.split(":\t", 1) for x in status if x.startswith(("SigCgt", "SigBlk")))
+        if int(masks["SigCgt"], 16) & bit and not int(masks["SigBlk"], 16) & bit:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"process {pid} did not handle signal {sig} within {timeout} s")
 
 
 def test_the_reaper_exits_with_its_controller_and_leaves_other_jobs_alone(tmp_path: Path, tag: str) -> None:
@@ -95,7 +126,7 @@ def test_the_reaper_exits_with_its_controller_and_leaves_other_jobs_alone(tmp_pa
     orphan = subprocess.Popen(["sleep", "300"], env={**env, reaper.OWNER_ENV: f"{live.pid}:not-its-start-time"},
                               start_new_session=True)
     r = reaper.start(reaper.owner_id())
-    time.sleep(1)
+    wait_handled(r.pid, signal.SIGUSR1)  # a controller ends long after its reaper is ready
     r.send_signal(signal.SIGUSR1)
     assert r.wait(timeout=15) == 0
     reaper.clean_stale(tmp_path)

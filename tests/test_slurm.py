@@ -393,7 +393,7 @@ def test_a_job_that_cannot_start_times_out_saying_why_and_is_cancelled(
         "cluster.hosts=2",
         "cluster.hosts_per_role.trainer=1",
         "steps=2",
-        "cluster.job_options.start_timeout_s=5",
+        "cluster.job_options.start_timeout_s=3",
         *QUICK,
         f"hydra.run.dir={tmp_path / 'run'}",
         tag=tag,
@@ -401,7 +401,7 @@ def test_a_job_that_cannot_start_times_out_saying_why_and_is_cancelled(
     )
     assert p.returncode == 3, p.stderr[-3000:]
     line = next(x for x in p.stderr.splitlines() if x.startswith("rlexp: stopped:"))
-    assert "did not start within 5 s: pending (PartitionNodeLimit): 2 node(s) asked" in line
+    assert "did not start within 3 s: pending (PartitionNodeLimit): 2 node(s) asked" in line
     assert "partition debug: 1 node (1 idle)" in line and "It is cancelled" in line
     assert "Traceback" not in p.stderr
     assert queue() == [] and wait_no_orphans(tag) == []
@@ -437,7 +437,7 @@ def test_a_job_whose_controller_vanished_cancels_itself_when_the_heartbeat_goes_
     beat.touch()
     worker = (
         f"{sys.executable} -m rlexp.cluster.jobs.slurm_worker --port 23456 "
-        f"--heartbeat {beat} --stale-s 4"
+        f"--heartbeat {beat} --stale-s 2"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     job = subprocess.run(
@@ -450,10 +450,10 @@ def test_a_job_whose_controller_vanished_cancels_itself_when_the_heartbeat_goes_
     left, took = wait_queue_empty(60)
     assert left == [], f"job {job} still there {took:.0f} s after its heartbeat went stale"
     text = (tmp_path / f"{job}.out").read_text()
-    assert "has not changed for 4 s: the controller is gone; cancelling Slurm job" in text, text[
+    assert "has not changed for 2 s: the controller is gone; cancelling Slurm job" in text, text[
         -2000:
     ]
-    print(f"job gone {took:.1f} s after submission (stale after 4 s)")
+    print(f"job gone {took:.1f} s after submission (stale after 2 s)")
 
 
 def strip_timing(rows: list[dict]) -> list[dict]:

@@ -241,8 +241,8 @@ def reap(owner: str, poll_s: float = 0.5, slurm: bool = False) -> None:
     while not stop[0] and owner_alive(owner):
         job.learn()
         time.sleep(poll_s)
-    if slurm:
-        cancel_slurm({slurm_mark(owner)})
+    if slurm:  # after SIGUSR1 the controller's sbatch has returned: no job can land later
+        cancel_slurm({slurm_mark(owner)}, quiet_sweeps=1 if stop[0] else QUIET_SWEEPS)
     job.kill()
     clean_stale()
 

@@ -43,6 +43,10 @@ from rlexp.errors import RunStopped
 HEARTBEAT_S = 5.0  # how often the controller touches its heartbeat file
 WATCH_S = 10.0  # how often it asks squeue whether the job still runs
 PENDING_SAY_S = 30.0  # how often a pending job's reason is repeated
+# squeue is asked whether the job started every START_POLL_S for its first START_FAST_S (an idle
+# partition starts it within about a second, and the run waits out each poll), then every second.
+START_POLL_S = 0.25
+START_FAST_S = 5.0
 
 
 def tail(path: Path, lines: int = 15) -> list[str]:
@@ -208,7 +212,7 @@ class RlexpSlurmJob(SlurmJob):
                         flush=True,
                     )
                     said, last = waited, now
-                time.sleep(1.0)
+                time.sleep(START_POLL_S if waited < START_FAST_S else 1.0)
         except BaseException:
             self._kill()
             raise
