@@ -72,8 +72,10 @@ def test_the_average_is_evaluated_exported_kept_in_fp32_and_training_is_untouche
     assert _evals(resumed, "eval/accuracy")[6] == _evals(avg, "eval/accuracy")[6]
     again = read_hf_state_dict(final_dir(resumed))
     assert all(torch.equal(again[k], final_avg[k]) for k in final_avg)
-    # A checkpoint without an average (forced past the config check) cannot silently start one from the live weights.
+    # A checkpoint without an average (forced past the config check) cannot silently start one
+    # from the live weights: refused before anything spawns (its controller.pt says it has none).
     plain3 = next(p for p in checkpoint_root(plain).iterdir() if p.name != "final")
     p = rlexp(*RUN, "trainer.ema_decay=0.99", f"resume={plain3}", "force_resume=true",
               f"hydra.run.dir={tmp_path / 'mixed'}", tag=tag, check=False)
-    assert p.returncode != 0 and "trainer.ema_decay" in p.stderr, p.stderr[-2000:]
+    assert p.returncode == 2 and "holds no weight average" in p.stderr, p.stderr[-2000:]
+    assert "trainer.ema_decay=0.99" in p.stderr and "actor graph" not in p.stdout

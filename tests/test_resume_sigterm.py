@@ -102,6 +102,24 @@ def test_a_finished_run_checkpointed_with_derived_values_in_its_hash_is_recognis
         checkpoints.check_finished_config(tmp_path, other)
 
 
+def test_a_checkpoint_without_an_average_is_refused_when_the_run_keeps_one(tmp_path: Path) -> None:
+    """trainer.ema_decay > 0 resumed from a checkpoint whose trainer saved no average (forced past
+    the config check): refused before anything spawns, naming the fix; nothing is truncated."""
+    _rows(tmp_path / "metrics.jsonl", [{"step": s} for s in range(4)])
+    ckpt = checkpoints.save(tmp_path, 2, 2, "h", keep=2,
+                            controller_state={"controller": {"ema": False}},
+                            write_trainer=lambda path: torch.save({}, path))
+    with pytest.raises(ResumeError, match=r"holds no weight average, but trainer.ema_decay=0.9: .*"
+                                          r"\(trainer.ema_decay=0\)"):
+        checkpoints.resume_point(tmp_path, "auto", 5, True, "other", "other", say=print,
+                                 ema_decay=0.9)
+    assert [r["step"] for r in metrics(tmp_path)] == [0, 1, 2, 3]
+    # no average asked for: resumed
+    assert checkpoints.resume_point(tmp_path, "auto", 5, True, "h", "h", say=print) == ckpt
+    older = _save(tmp_path / "older", 2)  # older: no record, so the trainer's own check stays
+    checkpoints.check_average(older, 0.9)
+
+
 # --------------------------------------------------------------------------------------------- truncation
 def test_resume_truncates_metrics_and_tables_to_the_checkpoint(tmp_path: Path) -> None:
     _rows(tmp_path / "metrics.jsonl", [{"step": s, "loss": s} for s in range(9)])

@@ -205,6 +205,16 @@ def check_resume_config(ckpt: Path, cfg_hash: str, force: bool, legacy_hash: str
                           f"or add force_resume=true to continue under the new config")
 
 
+def check_average(ckpt: Path, ema_decay: float) -> None:
+    """A run with `trainer.ema_decay` > 0 resumed from a checkpoint that holds no weight average
+    (forced past the config check) is refused before anything spawns: the average must not
+    silently start again from the live weights. A checkpoint from before the controller recorded
+    it is left to the trainer's own check when it loads."""
+    if ema_decay > 0 and load_controller_state(ckpt).get("controller", {}).get("ema") is False:
+        raise ResumeError(f"{ckpt} holds no weight average, but trainer.ema_decay={ema_decay}: "
+                          f"resume with the setting the run was started with (trainer.ema_decay=0)")
+
+
 def _earlier_rows(run_dir: Path) -> list[int]:
     """The steps `metrics.jsonl` already holds (a crash-cut last line is skipped, silently)."""
     try:
@@ -239,10 +249,11 @@ def check_start(run_dir: Path, resume: str, resume_from: Path | None, steps: int
 
 
 def resume_point(run_dir: Path, resume: str, steps: int, force: bool, cfg_hash: str, legacy_hash: str,
-                 say: Callable[[str], None]) -> Path | None:
+                 say: Callable[[str], None], ema_decay: float = 0.0) -> Path | None:
     """Where the run starts, every check done and the folder made ready, before anything is spawned: the
     checkpoint to continue from (None: step 0), refused when it would log a step twice (`check_start`) or
-    was written under another config; the folder's rows after it dropped (`truncate_metrics`); with
+    was written under another config or holds no weight average that `ema_decay` needs
+    (`check_average`); the folder's rows after it dropped (`truncate_metrics`); with
     `resume=restart`, its old history removed first (`restart`)."""
     if resume == "restart":
         if removed := restart(run_dir):
@@ -251,6 +262,7 @@ def resume_point(run_dir: Path, resume: str, steps: int, force: bool, cfg_hash: 
     ckpt = find_resume(resume, run_dir, say=say)  # checked, intact
     if ckpt is not None:
         check_resume_config(ckpt, cfg_hash, force, legacy_hash)
+        check_average(ckpt, ema_decay)
         evaluated = load_controller_state(ckpt).get("controller", {}).get("evaluated_at")
         check_start(run_dir, resume, ckpt, steps, evaluated == read_meta(ckpt)["step"])
         truncate_metrics(run_dir, read_meta(ckpt)["step"])

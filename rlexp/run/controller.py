@@ -179,6 +179,9 @@ class Controller:
             "controller": {"first_eval": self.first_eval, "best_eval": self.best_eval,
                            "last_eval": list(self.last_eval) if self.last_eval else None,
                            "evaluated_at": self.evaluated_at,
+                           # trainer.pt holds a weight average: checked before a
+                           # resume spawns anything (checkpoints.check_average)
+                           "ema": self.c.trainer.ema_decay > 0,
                            "last": {k: f for k, v in self.last.items() if (f := to_float(v)) is not None}},
         }
         self.saved_at = checkpoints.save(self.run_dir, step, st.version, self.resume_hash,

@@ -440,7 +440,8 @@ def run(cfg: DictConfig, phases: Phases | None = None) -> dict[str, float]:
     record = recorded(cfg, p.cfg)  # what the manifest and the trackers record, derived values too
     phases.done("model.warmup done" if p.cfg.model.warmup.steps else CHECKS_DONE)
     resume_from = checkpoints.resume_point(run_dir, p.cfg.resume, p.cfg.steps, p.cfg.force_resume, cfg_hash,
-                                           checkpoints.resume_hash(record), say=runlog.announce)
+                                           checkpoints.resume_hash(record), say=runlog.announce,
+                                           ema_decay=p.cfg.trainer.ema_decay)
     resumed = {"resumed_from": str(resume_from) if resume_from else None}
     manifest = write_start_manifest(run_dir, record, sys.argv, p.seeds, {**p.extra, **resumed})
     run_name = f"{run_dir.name}-{os.getpid()}"
