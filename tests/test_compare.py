@@ -268,7 +268,7 @@ def test_same_verdict_from_folder_mlflow_and_wandb(tmp_path: Path, offline_track
     from rlexp.tracking.registry import build_trackers
     from tests.mlflow_store import fresh_store
 
-    fresh_store(tmp_path / "runs" / "mlruns" / "mlflow.db")  # an empty store, without the migrations
+    fresh_store(tmp_path / "runs" / "mlruns" / "mlflow.db")  # empty, without the migrations
 
     def logged(run: Path, reward: str, seed: int, accs: list[float]) -> None:
         cfg = OmegaConf.create({

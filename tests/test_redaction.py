@@ -498,7 +498,7 @@ def test_trackers_redact_a_raw_manifest_and_argv(tmp_path: Path, monkeypatch, of
 
     monkeypatch.setattr(sys, "argv", ["rlexp", "train", f"+reward.api_keys=[{MARK}argv]"])
     run = tmp_path / "runs" / "raw"
-    uri = f"sqlite:///{fresh_store(tmp_path / 'mlflow.db').as_posix()}"  # empty, without the migrations
+    uri = f"sqlite:///{fresh_store(tmp_path / 'mlflow.db').as_posix()}"  # empty, no migrations
     cfg = OmegaConf.create({
         "seed": 1, "reward": {"hf_tokens": [f"{MARK}a"], "url": f"https://u:{MARK}b@h/x"},
         "logger": {"wandb": {"enabled": True, "mode": "auto", "project": "raw", "entity": None},
