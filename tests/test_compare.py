@@ -266,6 +266,9 @@ def test_same_verdict_from_folder_mlflow_and_wandb(tmp_path: Path, offline_track
     from rlexp.tracking.compare import compare
     from rlexp.tracking.mlflow_tracker import local_store_uri
     from rlexp.tracking.registry import build_trackers
+    from tests.mlflow_store import fresh_store
+
+    fresh_store(tmp_path / "runs" / "mlruns" / "mlflow.db")  # empty, without the migrations
 
     def logged(run: Path, reward: str, seed: int, accs: list[float]) -> None:
         cfg = OmegaConf.create({

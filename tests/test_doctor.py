@@ -5,9 +5,6 @@ the driver would report on a GPU node (the facts are plain values; the refusal l
 queries run too, and must say "CPU run" here."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from omegaconf import OmegaConf
 
@@ -94,18 +91,16 @@ def test_the_real_queries_on_this_machine_say_cpu() -> None:
     assert f.gpus == () and "no CUDA device visible" in "\n".join(describe(f))
 
 
-def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rlexp", "doctor", *args], capture_output=True, text=True,
-                          timeout=300)
-
-
 def test_rlexp_doctor_on_a_cpu_machine() -> None:
+    from tests.cli_batch import rlexp_each
+
     if query_cuda().available:
         pytest.skip("a GPU is visible")
-    p = _doctor()
+    # both in one child (tests/cli_batch.py): one interpreter start and torch import, not two
+    p, q = rlexp_each([["doctor"], ["doctor", "cluster=gpu_node", "model=qwen3_0_6b"]], timeout=300)
     assert p.returncode == 0, p.stderr
     assert "no CUDA; CPU run" in p.stdout and "torch " in p.stdout
-    p = _doctor("cluster=gpu_node", "model=qwen3_0_6b")  # a CUDA run on a machine without one: refused, roles shown
+    p = q  # a CUDA run on a machine without one: refused, roles shown
     assert p.returncode == 1, p.stdout + p.stderr
     assert "trainer: rank 0 -> GPU 0" in p.stdout and "refused: cluster.device=cuda" in p.stderr
     assert "Traceback" not in p.stderr

@@ -494,10 +494,11 @@ def test_trackers_redact_a_raw_manifest_and_argv(tmp_path: Path, monkeypatch, of
     from mlflow.tracking import MlflowClient
 
     from rlexp.tracking.registry import build_trackers
+    from tests.mlflow_store import fresh_store
 
     monkeypatch.setattr(sys, "argv", ["rlexp", "train", f"+reward.api_keys=[{MARK}argv]"])
     run = tmp_path / "runs" / "raw"
-    uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    uri = f"sqlite:///{fresh_store(tmp_path / 'mlflow.db').as_posix()}"  # empty, no migrations
     cfg = OmegaConf.create({
         "seed": 1, "reward": {"hf_tokens": [f"{MARK}a"], "url": f"https://u:{MARK}b@h/x"},
         "logger": {"wandb": {"enabled": True, "mode": "auto", "project": "raw", "entity": None},

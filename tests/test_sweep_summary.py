@@ -65,7 +65,9 @@ def test_mlflow_sweep_reads_as_an_answer(tmp_path: Path, offline_trackers: None,
     from rlexp.tracking.manifest import Identity, write_start_manifest
     from rlexp.tracking.mlflow_tracker import local_store_uri
     from rlexp.tracking.registry import build_trackers
+    from tests.mlflow_store import fresh_store
 
+    fresh_store(tmp_path / "runs" / "mlruns" / "mlflow.db")  # empty, without the migrations
     sweep = tmp_path / "runs" / "multirun"
     for job, (reward, seed, acc) in enumerate([("rule", 0, 0.3), ("weaver", 0, 0.6), ("rule", 1, 0.35),
                                                ("weaver", 1, 0.62)]):

@@ -70,8 +70,13 @@ def test_composite_status_on_errors(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def mlflow_root(tmp_path_factory) -> Path:
-    """One local store for the MLflow tests: creating the SQLite schema costs seconds."""
-    return tmp_path_factory.mktemp("mlflow")
+    """One local store for the MLflow tests: creating the SQLite schema costs seconds (copied from
+    tests/mlflow_store.py's empty store, made once per process)."""
+    from tests.mlflow_store import fresh_store
+
+    root = tmp_path_factory.mktemp("mlflow")
+    fresh_store(root / "runs" / "mlruns" / "mlflow.db")
+    return root
 
 
 def test_mlflow_run_queried_back(tmp_path: Path, mlflow_root: Path) -> None:

@@ -3,6 +3,8 @@ model verifier; `rlexp plan` counts the verifiers' GPUs; `rlexp train` stops bef
 checkpoint is missing or a verifier cannot score the environment."""
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import subprocess
 import sys
@@ -30,9 +32,16 @@ HEX40 = re.compile(r"[0-9a-f]{40}")
 register_configs()
 
 
-def composed(*overrides: str):
+@functools.cache
+def _composed(overrides: tuple[str, ...]):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("train", overrides=list(overrides))
+
+
+def composed(*overrides: str):
+    """`train` composed with `overrides`, once per distinct list in this file (a composition costs
+    ~0.1 s and several tests read the same set); each call gets its own copy to change."""
+    return copy.deepcopy(_composed(overrides))
 
 
 def typed(*overrides: str) -> TrainConfig:
