@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import select
 import shutil
 import signal
 import socket
@@ -235,12 +236,18 @@ def reap(owner: str, poll_s: float = 0.5, slurm: bool = False) -> None:
     of its job is left and remove its socket folders."""
     stop = [False]
     signal.signal(signal.SIGUSR1, lambda *_: stop.__setitem__(0, True))
+    # SIGUSR1 also writes to this pipe, which ends the wait between polls at once: the controller
+    # waits on this process's exit, which would otherwise come up to `poll_s` later.
+    wake, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     job = Job({owner})
     while not stop[0] and owner_alive(owner):
         job.learn()
-        time.sleep(poll_s)
+        if select.select([wake], [], [], poll_s)[0]:
+            os.read(wake, 512)
     if slurm:  # after SIGUSR1 the controller's sbatch has returned: no job can land later
         cancel_slurm({slurm_mark(owner)}, quiet_sweeps=1 if stop[0] else QUIET_SWEEPS)
     job.kill()
