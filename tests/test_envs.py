@@ -185,8 +185,8 @@ def test_env_config_rejects_unknown_keys():
 
 
 def test_arithmetic_held_out_min_drops_thin_classes_and_moves_no_other_prompt():
-    """issue 46 item 3: sums 1 and 8 hold out 2 prompts each; held_out_min=8 evaluates sums 2-7 only,
-    and (with train_sums=held_out) trains on them only, while the verifier split stays the same."""
+    """issue 46 item 3: sums 1 and 8 hold out 2 prompts each; held_out_min=8 evaluates sums 2-7
+    only, and (with train_sums=held_out) trains on them only; the verifier split stays the same."""
     base = {"verifier_frac": 0.25, "train_sums": "held_out"}
     old = build_env(EnvConfig(name="arithmetic", options=base))
     new = build_env(EnvConfig(name="arithmetic", options={**base, "held_out_min": 8}))
