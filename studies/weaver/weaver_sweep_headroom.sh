@@ -46,11 +46,12 @@ run() {  # arm-seed
 running=0
 for name in "${queue[@]}"; do
   done_already "$name" && continue
+  # wait for a free worker first, then check the pause file and the deadline: a run never starts after DEADLINE
+  if [ "$running" -ge "$WORKERS" ]; then wait -n; running=$((running - 1)); fi
   while [ -e "$SWEEP/PAUSE" ]; do sleep 10; done
   if [ "$DEADLINE" -gt 0 ] && [ "$(date +%s)" -ge "$DEADLINE" ]; then
     echo "$(date -u +%T) DEADLINE: not started: $name and the rest of the queue"; break
   fi
-  if [ "$running" -ge "$WORKERS" ]; then wait -n; running=$((running - 1)); fi
   echo "$(date -u +%T) start $name"
   run "$name" & running=$((running + 1))
 done
