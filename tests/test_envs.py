@@ -182,3 +182,22 @@ def test_env_config_rejects_unknown_keys():
     with pytest.raises(ConfigKeyError, match="datset"):
         env_config({"name": "math", "datset": "typo"})
     assert isinstance(env_config({"name": "math"}), EnvConfig)
+
+
+def test_arithmetic_held_out_min_drops_thin_classes_and_moves_no_other_prompt():
+    """issue 46 item 3: sums 1 and 8 hold out 2 prompts each; held_out_min=8 evaluates sums 2-7
+    only, and (with train_sums=held_out) trains on them only; the verifier split stays the same."""
+    base = {"verifier_frac": 0.25, "train_sums": "held_out"}
+    old = build_env(EnvConfig(name="arithmetic", options=base))
+    new = build_env(EnvConfig(name="arithmetic", options={**base, "held_out_min": 8}))
+    (old_train, old_held), (new_train, new_held) = old._split(), new._split()
+    assert Counter(sum(t) for t in old_held)[1] == 2
+    assert Counter(sum(t) for t in new_held) == {2: 9, 3: 21, 4: 31, 5: 31, 6: 21, 7: 9}
+    assert set(new_held) == {t for t in old_held if 2 <= sum(t) <= 7}
+    assert new_train == {s: v for s, v in old_train.items() if 2 <= s <= 7}
+    assert new.verifier_sequences(0.25) == old.verifier_sequences(0.25)
+    assert {s.answer for s in new.eval_samples()} == set("234567")
+    with pytest.raises(ValueError, match="held_out_min=32: no answer class"):
+        build_env(EnvConfig(name="arithmetic", options={"held_out_min": 32}))._split()
+    with pytest.raises(ValueError, match="held_out_min must be >= 0"):
+        build_env(EnvConfig(name="arithmetic", options={"held_out_min": -1}))._split()

@@ -13,6 +13,7 @@ best constant answer scores 0.1.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import random
 from dataclasses import dataclass
@@ -35,6 +36,11 @@ class ArithmeticOptions:
     # is two problems no weak verifier has seen (measured: their AUC there is 0.05-0.56, mostly below chance,
     # studies/weaver/results/weaver_panels_all_sums.md) and the balanced held-out metric does not count them.
     train_sums: str = "all"
+    # Evaluate only the answer classes with at least this many held-out prompts (issue 46 item 3):
+    # with 9 terms, sums 1 and 8 hold out 2 prompts each, so 4 prompts carry a quarter of the
+    # balanced metric. A dropped class's held-out prompts are set aside, not moved, so the training
+    # and verifier splits do not change (with train_sums=held_out the class leaves training too).
+    held_out_min: int = 0
 
 
 @register_env("arithmetic")
@@ -53,8 +59,19 @@ class Arithmetic(Environment):
     def _split(self) -> tuple[dict[int, list[tuple[int, ...]]], list[tuple[int, ...]]]:
         """(training sequences by sum, held-out sequences); with `options.verifier_frac` the verifier split
         (`verifier_sequences`) is taken out of training, so the policy never trains on a problem its weak
-        verifiers learned from; `options.train_sums` may keep training to the held-out set's sums."""
+        verifiers learned from; `options.train_sums` may keep training to the held-out set's sums,
+        and `options.held_out_min` evaluates only the classes with that many held-out prompts."""
         train, held = self._base_split()
+        if self.opts.held_out_min < 0:
+            raise ValueError("environment.options.held_out_min must be >= 0, got "
+                             f"{self.opts.held_out_min}")
+        if self.opts.held_out_min:
+            count = collections.Counter(sum(t) for t in held)
+            held = [t for t in held if count[sum(t)] >= self.opts.held_out_min]
+            if not held:
+                raise ValueError(f"environment.options.held_out_min={self.opts.held_out_min}: no "
+                                 "answer class has that many held-out prompts (the most is "
+                                 f"{max(count.values())}); lower it")
         if self.opts.train_sums not in ("all", "held_out"):
             raise ValueError(f"environment.options.train_sums must be all|held_out, got {self.opts.train_sums!r}")
         if self.opts.train_sums == "held_out":

@@ -4,8 +4,10 @@
     python studies/weaver/standin_hashes.py --cache DIR --names start,rm_large --print
     python studies/weaver/standin_hashes.py --cache DIR --write   # record this machine kind's draw
 
-The stand-ins: `start`, the warm start every arm of `experiment=weaver_cpu` begins from, and every
-tiny verifier of panels A-E and W (rlexp/rewards/verifiers/tiny_panels.py). The hash of each is
+The stand-ins: `start`, the warm start every arm of `experiment=weaver_cpu` begins from,
+`start_headroom`, that of the task with headroom (addendum v18:
+`+environment.options.held_out_min=8`), and every tiny verifier of panels A-E and W
+(rlexp/rewards/verifiers/tiny_panels.py). The hash of each is
 `hash_files` of its folder, what a run's manifest records and `studies/weaver/weaver_analysis.py`
 prints.
 
@@ -26,6 +28,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 EXPECTED = Path(__file__).resolve().parent / "standin_sha256.json"
+# the warm starts, by name: the overrides of the experiment whose runs begin from it
+STARTS = {"start": ["experiment=weaver_cpu"],
+          "start_headroom": ["experiment=weaver_cpu", "+environment.options.held_out_min=8"]}
 
 
 def build(names: list[str] | None) -> dict[str, str]:
@@ -41,17 +46,17 @@ def build(names: list[str] | None) -> dict[str, str]:
     from rlexp.run.warmup import ensure_warm_checkpoint
     from rlexp.tracking.files import hash_files
 
-    wanted = ["start", *TINY_VERIFIERS] if names is None else names
-    unknown = [n for n in wanted if n != "start" and n not in TINY_VERIFIERS]
+    wanted = [*STARTS, *TINY_VERIFIERS] if names is None else names
+    unknown = [n for n in wanted if n not in STARTS and n not in TINY_VERIFIERS]
     if unknown:
-        raise SystemExit(f"--names: {unknown} are no stand-ins; choose among start, "
-                         f"{', '.join(TINY_VERIFIERS)}")
+        raise SystemExit(f"--names: {unknown} are no stand-ins; choose among "
+                         f"{', '.join([*STARTS, *TINY_VERIFIERS])}")
     out: dict[str, str] = {}
     for name in wanted:
-        if name == "start":
+        if name in STARTS:
             register_configs()
             with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-                cfg = compose("train", overrides=["experiment=weaver_cpu", "reward=annotated"])
+                cfg = compose("train", overrides=[*STARTS[name], "reward=annotated"])
             t = check_config(cfg)
             path, _ = ensure_warm_checkpoint(resolve_model(t.model), t, build_env(t.environment))
         else:

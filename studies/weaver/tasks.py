@@ -29,10 +29,16 @@ class Task:
     balanced: bool  # balanced accuracy over gold answer classes (else plain accuracy)
     static_selection: bool  # the digits-0-9 best-of-10 baseline applies
     label: str
+    # environment.options of the arithmetic task beyond verifier_frac: the held-out set the static
+    # baseline answers must be the one the runs evaluated
+    env_options: tuple[tuple[str, Any], ...] = ()
 
 
 TASKS = {
     "arithmetic": Task("train", True, True, "the arithmetic held-out set (balanced accuracy)"),
+    # addendum v18 (issue 46 item 3): environment.options.held_out_min=8, sums 2-7, >= 9 each
+    "arithmetic_h": Task("train", True, True, "the arithmetic held-out set of sums 2-7 "
+                         "(held_out_min=8; balanced accuracy)", (("held_out_min", 8),)),
     # The GPU table's registered statistic (addenda v13, v16): the run's own held-out set of
     # environment=math.
     "math": Task(
@@ -102,7 +108,7 @@ def fallback_lines(counts: dict[str, list[int]]) -> list[str]:
 # --- the static best-of-K baseline: what each reward could reach if the policy found its best
 # answer ------------
 def static_selection(
-    best: str | None, verifier_set: str, balanced: Any
+    best: str | None, verifier_set: str, balanced: Any, env_options: tuple = ()
 ) -> dict[str, dict[str, float]]:
     """Every held-out prompt answered with each digit 0-9 (K=10); each reward scores the 10
     candidates as one group and its top-scored one is the answer. Weaver the paper's way gets its
@@ -117,7 +123,9 @@ def static_selection(
     from rlexp.rewards.registry import build_reward
     from rlexp.rewards.verifiers.registry import verifier_checkpoint
 
-    env = build_env(EnvConfig(name="arithmetic", options={"verifier_frac": 0.25}))
+    env = build_env(
+        EnvConfig(name="arithmetic", options={"verifier_frac": 0.25, **dict(env_options)})
+    )
     held = env.eval_samples()
     listed = OmegaConf.to_container(
         OmegaConf.load(CONF_DIR / "verifier_set" / f"{verifier_set}.yaml")

@@ -612,7 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_csv:
         return from_csv(args.from_csv, args.out, command)
     selection = (
-        None if args.no_selection else static_selection(args.best, args.verifier_set, balanced)
+        None if args.no_selection
+        else static_selection(args.best, args.verifier_set, balanced, t.env_options)
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if args.selection_only:

@@ -111,3 +111,18 @@ def test_no_fallback_is_said_and_an_unknown_task_is_refused(tmp_path: Path):
         wa.main([str(sweep), "--task", "aime", "--out", str(out)])
     # no metrics.jsonl: not a Weaver reward's run
     assert tasks.fell_back(sweep / "annotated-0") is None
+
+
+def test_the_headroom_task_answers_the_held_out_set_its_runs_evaluate():
+    """addendum v18: `--task arithmetic_h`'s static baseline must answer the 122 prompts of sums 2-7
+    that `+environment.options.held_out_min=8` runs evaluate, not the 126 of sums 1-8."""
+    from rlexp.config.environment import EnvConfig
+    from rlexp.envs.registry import build_env
+
+    t = tasks.TASKS["arithmetic_h"]
+    assert t.balanced and t.static_selection and t.samples == "train"
+    env = build_env(EnvConfig(name="arithmetic",
+                              options={"verifier_frac": 0.25, **dict(t.env_options)}))
+    held = env.eval_samples()
+    assert len(held) == 122 and {s.answer for s in held} == set("234567")
+    assert tasks.TASKS["arithmetic"].env_options == ()
