@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from rlexp.bench.rows import Row, median_time
@@ -60,15 +61,26 @@ def bench_backend(name: str, model_cfg, model_dir: Path, prompts: list[list[int]
     try:
         run()  # warm-up (compilation, cache allocation)
         ntok: list[int] = []
-        t = median_time(lambda: ntok.append(run()), reps)
+        calls: list[float] = []
+        forwards: list[float] = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            ntok.append(run())
+            calls.append(time.perf_counter() - t0)
+            if name == "titan":
+                # Part of the call is not sampling: the trainer's logprobs of the sampled tokens
+                # are recomputed in one batched forward (so the two agree bit for bit), a cost
+                # neither transformers nor vLLM pays here. Timed right after its own call, so a
+                # busy machine slows the pair alike and their ratio holds.
+                responses = [c.token_ids for c in last]
+                t0 = time.perf_counter()
+                backend.score(prompts, responses, 1.0)
+                forwards.append(time.perf_counter() - t0)
+        t = statistics.median(calls)
         notes = []
-        if name == "titan":
-            # Part of the call is not sampling: the trainer's logprobs of the sampled tokens are
-            # recomputed in one batched forward (so the two agree bit for bit), a cost neither
-            # transformers nor vLLM pays here.
-            responses = [c.token_ids for c in last]
-            rescore = median_time(lambda: backend.score(prompts, responses, 1.0), reps)
-            notes.append(f"of {t * 1e3:.0f} ms per call, {rescore * 1e3:.0f} ms is the "
+        if forwards:
+            share = statistics.median(f / c for f, c in zip(forwards, calls, strict=True))
+            notes.append(f"of {t * 1e3:.0f} ms per call, {share * t * 1e3:.0f} ms is the "
                          "trainer-logprob forward")
         reload_s = _reload_latency(backend, model_dir, reps)
         if reload_s is not None:
