@@ -1,6 +1,6 @@
 """Which GPUs every process of a run gets, checked on CPU: the 8B, 14B and 32B presets and
 docs/gpu_checks.md's rows, walked role by role through the launcher's per-rank spawn command
-(`rlexp.run.launcher.spawn_masks`) and the process bootstrap that applies it
+(`rlexp.core.gpu_mask.spawn_masks`) and the process bootstrap that applies it
 (`rlexp.core.gpu_mask`), under a scheduler's mask; `check_devices` for every CUDA run.
 `tests/fake_cuda.py` is a FAKE of `torch.cuda`'s queries (no GPU here); everything else is real:
 Hydra composition, the layout, Monarch's bootstrap command objects and, in the slow test, real
@@ -17,7 +17,7 @@ from rlexp.cluster.layout import controller_gpus, gpu_placement
 from rlexp.cluster.plan_cli import compose_run_config
 from rlexp.cluster.planner import PlanError
 from rlexp.core import gpu_mask
-from rlexp.run.launcher import spawn_masks
+from rlexp.core.gpu_mask import spawn_masks
 from rlexp.run.prepare import check_config
 from tests.fake_cuda import fake_cuda
 

@@ -13,12 +13,13 @@ it did in `RLEXP_GPUS_APPLIED`, and then runs Monarch's own bootstrap. The actor
 no `RLEXP_GPUS` (no mask), for its end: `main` leaves the process through `rlexp.core.fast_exit`.
 
 Imports nothing of rlexp but `rlexp.core.fast_exit`, and not torch: it runs before them.
+`spawn_masks`, the launcher's half (the command), imports Monarch when it is called.
 """
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 # rlexp's GPU indices on the host for this process ("0" or "2,3"), set at spawn
@@ -26,6 +27,26 @@ GPUS_ENV = "RLEXP_GPUS"
 APPLIED_ENV = "RLEXP_GPUS_APPLIED"  # what `apply` mapped: "<indices>-><CUDA_VISIBLE_DEVICES>"
 MONARCH_BOOTSTRAP = "monarch._src.actor.bootstrap_main"
 MODULE = "rlexp.core.gpu_mask"
+
+
+def spawn_masks(gpus: list[str]) -> Callable[[Any], Any]:
+    """Monarch's per-rank bootstrap command for a mesh whose rank r gets GPU(s) `gpus[r]` (rlexp's
+    indices on its host; none on CPU): `python -m rlexp.core.gpu_mask` with `RLEXP_GPUS`, which sets
+    `CUDA_VISIBLE_DEVICES` through the scheduler's mask before Monarch's bootstrap, and before
+    torch, runs, and ends the process without the interpreter's teardown. A mesh across hosts
+    numbers its ranks host-major, as `gpus` does (`rlexp.cluster.layout.gpu_layout`)."""
+    # Imported here: the bootstrap itself (`main`) must not load Monarch before its mask.
+    import monarch.actor
+
+    base = monarch.actor.default_bootstrap_cmd()
+
+    def command(point: Any) -> Any:
+        mask = gpus[point.rank] if gpus else None
+        cmd = base.with_env({GPUS_ENV: mask, APPLIED_ENV: None})
+        cmd.args = ["-m", MODULE]
+        return cmd
+
+    return command
 
 
 class MaskError(RuntimeError):

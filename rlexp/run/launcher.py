@@ -92,14 +92,14 @@ class Graph:
 
     def procs(self, name: str, procs: int = 1, host: Host | None = None, *,
               wait: bool = True) -> Any:
-        """A new proc mesh for `name`, `procs` processes per host, and where each of them runs. Each
-        process starts with rlexp's bootstrap (`spawn_masks`): on CUDA its GPUs masked before
-        anything in it imports torch, and on any device a quick exit when the mesh stops.
+        """A new proc mesh for `name`, `procs` processes per host, and where each of them runs.
+        Each process starts with rlexp's bootstrap (`gpu_mask.spawn_masks`): on CUDA its GPUs
+        masked before anything in it imports torch, on any device a quick exit when it stops.
         `wait=False`: `where` is filled by the next `started()`, so meshes asked for one after the
         other start their processes at the same time."""
         host = host or self.hosts.host(role_of(name))
-        mesh = host.mesh.spawn_procs(per_host={"procs": procs},
-                                     bootstrap_command=spawn_masks(self.gpus.get(name) or []))
+        bootstrap = gpu_mask.spawn_masks(self.gpus.get(name) or [])
+        mesh = host.mesh.spawn_procs(per_host={"procs": procs}, bootstrap_command=bootstrap)
         self.meshes[name] = (mesh, host)
         self.starting[name] = mesh.spawn("probe", Probe).where.call()
         if wait:
@@ -342,23 +342,6 @@ def set_up(wired: Wiring, gens: list[Any], trainer: Any, verifiers: dict[str, An
     if reference is not None:  # after the trainer: it joins the trainer's process group
         reference.setup.call().get()
     return n_params, times[:-1], verifier_s
-
-
-def spawn_masks(gpus: list[str]) -> Callable[[Any], Any]:
-    """Monarch's per-rank bootstrap command for a mesh whose rank r gets GPU(s) `gpus[r]` (rlexp's
-    indices on its host; none on CPU): `python -m rlexp.core.gpu_mask` with `RLEXP_GPUS`, which sets
-    `CUDA_VISIBLE_DEVICES` through the scheduler's mask before Monarch's bootstrap, and before
-    torch, runs, and ends the process without the interpreter's teardown. A mesh across hosts
-    numbers its ranks host-major, as `gpus` does (`rlexp.cluster.layout.gpu_layout`)."""
-    base = monarch.actor.default_bootstrap_cmd()
-
-    def command(point: Any) -> Any:
-        mask = gpus[point.rank] if gpus else None
-        cmd = base.with_env({gpu_mask.GPUS_ENV: mask, gpu_mask.APPLIED_ENV: None})
-        cmd.args = ["-m", gpu_mask.MODULE]
-        return cmd
-
-    return command
 
 
 def first_proc(mesh: Any) -> Any:
