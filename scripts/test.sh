@@ -1,38 +1,52 @@
 #!/usr/bin/env bash
 # The test suite as CI runs it: every tier but `soak`, the same tests and assertions as
-# `.venv/bin/python -m pytest -q -m "not soak"`, in two pytest runs side by side. The `slurm` tier drives
-# a real local Slurm and spends most of its wall time waiting on the scheduler and on jobs that run
-# outside this process tree; the other tiers compute. Beside them, its waits cost no wall time.
+# `.venv/bin/python -m pytest -q -m "not soak"`, in three pytest runs side by side, one per tier:
+# `e2e` in the foreground, `unit` and `slurm` beside it. Alone, the e2e tier keeps about one of the
+# two cores busy (its runs wait on actors, on process start-up and on each other) and the unit tier
+# the other; the `slurm` tier drives a real local Slurm and spends most of its wall time waiting on the
+# scheduler and on jobs that run outside this process tree. Side by side, the waits cost no wall time.
+# The tiers share no fixture (a finished run is made once per tier that reads it) and nothing on disk.
 #
-#   bash scripts/test.sh [pytest args]   # e.g. -x, --lf, -k resume (given to both runs; for -m, run pytest)
+#   bash scripts/test.sh [pytest args]   # e.g. -x, --lf, -k resume (given to every run; for -m, run pytest)
 #
-# Each run writes a junit XML into .ci/ (or $RLEXP_TEST_JUNIT_DIR); the end prints the slurm run's output,
-# then what each tier, file and test cost (scripts/ci_durations.py). Exit status: the first failure's.
+# Each run writes a junit XML into .ci/ (or $RLEXP_TEST_JUNIT_DIR): junit_e2e.xml, junit_unit.xml,
+# junit_slurm.xml; the end prints the runs beside's output, then what each tier, file and test cost
+# (scripts/ci_durations.py). Exit status: the first failure's (e2e, then unit, then slurm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 OUT=${RLEXP_TEST_JUNIT_DIR:-.ci}
+BESIDE=(unit slurm)
 mkdir -p "$OUT"
-rm -f "$OUT/junit.xml" "$OUT/junit_slurm.xml"  # a report left by an earlier run is not summed
-SLURM_LOG=$(mktemp)
+rm -f "$OUT"/junit*.xml  # a report left by an earlier run is not summed
+LOGS=$(mktemp -d)
+declare -A PIDS
+for t in "${BESIDE[@]}"; do
+  $PY -m pytest -q -m "$t and not soak" --junitxml="$OUT/junit_$t.xml" "$@" >"$LOGS/$t" 2>&1 &
+  PIDS[$t]=$!
+done
+# Killed or interrupted: the runs beside are not left behind (the local Slurm is .ci/run's trap's to stop).
+trap 'kill "${PIDS[@]}" 2>/dev/null; rm -rf "$LOGS"' EXIT
 
-$PY -m pytest -q -m "slurm and not soak" --junitxml="$OUT/junit_slurm.xml" "$@" >"$SLURM_LOG" 2>&1 &
-SLURM_PID=$!
-# Killed or interrupted: the slurm run is not left behind (its local Slurm is .ci/run's trap's to stop).
-trap 'kill "$SLURM_PID" 2>/dev/null; rm -f "$SLURM_LOG"' EXIT
-
+codes=()
 rc=0
-$PY -m pytest -q -m "not soak and not slurm" --junitxml="$OUT/junit.xml" "$@" || rc=$?
-src=0
-wait "$SLURM_PID" || src=$?
-echo "--- the slurm tier, run beside the tests above:"
-cat "$SLURM_LOG"
+$PY -m pytest -q -m "e2e and not soak" --junitxml="$OUT/junit_e2e.xml" "$@" || rc=$?
+codes+=("$rc")
+for t in "${BESIDE[@]}"; do
+  rc=0
+  wait "${PIDS[$t]}" || rc=$?
+  echo "--- the $t tier, run beside the tests above:"
+  cat "$LOGS/$t"
+  codes+=("$rc")
+done
 
-# pytest's 5 is "no test selected": one run of the two may select none (-k, --lf); both none is a 5.
-if [ "$rc" -eq 5 ] && [ "$src" -ne 5 ]; then rc=0; fi
-if [ "$src" -eq 5 ] && [ "$rc" -ne 5 ]; then src=0; fi
 reports=()
-for x in "$OUT/junit.xml" "$OUT/junit_slurm.xml"; do [ -s "$x" ] && reports+=("$x"); done
+for x in "$OUT"/junit_{e2e,unit,slurm}.xml; do [ -s "$x" ] && reports+=("$x"); done
 [ "${#reports[@]}" -gt 0 ] && $PY scripts/ci_durations.py "${reports[@]}" --top 10
-[ "$rc" -ne 0 ] && exit "$rc"
-exit "$src"
+# pytest's 5 is "no test selected": some runs may select none (-k, --lf, a file of one tier); all none is a 5.
+status=5
+for c in "${codes[@]}"; do
+  if [ "$c" -ne 0 ] && [ "$c" -ne 5 ]; then exit "$c"; fi
+  [ "$c" -eq 0 ] && status=0
+done
+exit "$status"

@@ -70,28 +70,38 @@ def test_two_reports_are_summed_as_one_run(tmp_path: Path, capsys) -> None:
 
 
 
-def test_the_test_script_runs_the_slurm_tier_beside_the_rest_and_fails_if_it_fails(
+def test_the_test_script_runs_each_tier_beside_the_others_and_fails_if_one_fails(
         tmp_path: Path) -> None:
-    """scripts/test.sh (README's test command): the run in the background keeps its tests, output
-    and its failure; the other run's pass does not hide it."""
+    """scripts/test.sh (README's test command): each tier in its own pytest run, side by side; a run
+    in the background keeps its tests, output and failure, and the others' passes do not hide it."""
     import os
     import subprocess
 
     from tests.conftest import REPO
 
-    suite = tmp_path / "test_two_tiers.py"
+    suite = tmp_path / "test_three_tiers.py"  # outside tests/: its tier marks are its own
     suite.write_text("import pytest\n\n"
-                     "def test_computes():\n    assert True\n\n"
+                     "@pytest.mark.unit\ndef test_computes():\n    assert True\n\n"
+                     "@pytest.mark.e2e\ndef test_runs():\n    assert True\n\n"
                      "@pytest.mark.slurm\ndef test_waits():\n"
                      "    assert 1 == 2, 'slurm side failed'\n")
     env = {**os.environ, "RLEXP_TEST_JUNIT_DIR": str(tmp_path / "junit")}
     cmd = ["bash", str(REPO / "scripts/test.sh"), str(suite), "-p", "no:cacheprovider"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    one = ci_durations.read(tmp_path / "junit/junit.xml")
-    beside = ci_durations.read(tmp_path / "junit/junit_slurm.xml")
-    assert [c.name for c in one] == ["test_computes"] and [c.name for c in beside] == ["test_waits"]
+    ran = {t: [c.name for c in ci_durations.read(tmp_path / f"junit/junit_{t}.xml")]
+           for t in ("e2e", "unit", "slurm")}
+    assert ran == {"e2e": ["test_runs"], "unit": ["test_computes"], "slurm": ["test_waits"]}
     out = proc.stdout
-    beside_at = out.index("--- the slurm tier, run beside the tests above:")
-    assert out.index("1 passed") < beside_at < out.index("slurm side failed")
-    assert "CI durations: 2 tests" in out
+    unit_at = out.index("--- the unit tier, run beside the tests above:")
+    slurm_at = out.index("--- the slurm tier, run beside the tests above:")
+    assert out.index("1 passed") < unit_at < slurm_at < out.index("slurm side failed")
+    assert "CI durations: 3 tests" in out
+
+    # One tier's tests only (a file, -k): the other runs select none, and that is no failure.
+    proc = subprocess.run([*cmd, "-k", "computes"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.run([*cmd, "-k", "nothing_has_this_name"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
