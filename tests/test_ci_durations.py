@@ -81,11 +81,13 @@ def test_the_test_script_runs_each_tier_beside_the_others_and_fails_if_one_fails
 
     suite = tmp_path / "test_three_tiers.py"  # outside tests/: its tier marks are its own
     suite.write_text("import pytest\n\n"
-                     "@pytest.mark.unit\ndef test_computes():\n    assert True\n\n"
+                     "@pytest.mark.unit\ndef test_computes():\n"
+                     "    import os\n    assert os.environ['OMP_WAIT_POLICY'] == 'PASSIVE'\n\n"
                      "@pytest.mark.e2e\ndef test_runs():\n    assert True\n\n"
                      "@pytest.mark.slurm\ndef test_waits():\n"
                      "    assert 1 == 2, 'slurm side failed'\n")
     env = {**os.environ, "RLEXP_TEST_JUNIT_DIR": str(tmp_path / "junit")}
+    env.pop("OMP_WAIT_POLICY", None)  # the script's own: OpenMP threads sleep while they wait
     cmd = ["bash", str(REPO / "scripts/test.sh"), str(suite), "-p", "no:cacheprovider"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
