@@ -26,8 +26,10 @@ sys.modules["chaos"] = chaos  # dataclasses look their module up there
 _spec.loader.exec_module(chaos)
 
 STEPS = 10
+# The reward is the policy itself as a judge: its replica asks the generators, so a generator's
+# death reaches the reward replica too (it passes over the dead one, then is given the replacement).
 COMMON = [*chaos.LAYOUT, f"steps={STEPS}", "eval.every_n_steps=5", "checkpoint.every_n_steps=4",
-          "algorithm.prompts_per_step=16"]
+          "algorithm.prompts_per_step=16", "reward=single_judge"]
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +65,11 @@ def test_one_host_elastic_run_gives_the_process_cluster_result(fault_free: Path,
 
 
 def test_replicas_killed_mid_run_change_nothing(fault_free: Path, tmp_path: Path, tag: str) -> None:
-    """A generator replica killed at step 3, the reward replica at step 6, in one run."""
+    """A generator replica killed at step 3, the reward replica at step 6, in one run. Generator 0:
+    the one whose handle the reward replica was first given, so its replacement must be attached to
+    the reward replica's judges, and to the reward replica's own replacement."""
     run = tmp_path / "faults"
-    o = chaos.inject(COMMON, run, tagged_env(tag), "generator1", at_step=3, more=[("reward0", 6)])
+    o = chaos.inject(COMMON, run, tagged_env(tag), "generator0", at_step=3, more=[("reward0", 6)])
     assert o.returncode == 0, o.stderr[-3000:]
     assert o.steps_done == STEPS
     a = o.accounting
@@ -73,14 +77,15 @@ def test_replicas_killed_mid_run_change_nothing(fault_free: Path, tmp_path: Path
         assert a[f"service/{service}/failures"] == 1 and a[f"service/{service}/respawned"] == 1
         assert a[f"service/{service}/issued"] == a[f"service/{service}/completed"]  # nothing lost or doubled
         assert a[f"service/{service}/replicas"] == alive
-        assert f"{service}: {'generator1' if service == 'generators' else 'reward0'}@" in o.stdout
+        assert f"{service}: {'generator0' if service == 'generators' else 'reward0'}@" in o.stdout
     # The reward replica is only ever asked to score: its death is seen by a request, which is re-sent. (A
     # generator's may be seen first by a weights update, which its replacement receives when it starts.)
     assert a["service/rewards/retried"] >= 1
     assert "respawned in" in o.stdout
     assert chaos.same_metrics(fault_free, run) is None
     placement = json.loads((run / "placement.json").read_text())
-    assert str(placement["generator1"][0]["pid"]) not in o.killed  # placement.json names the replacement
+    # placement.json names the replacement
+    assert str(placement["generator0"][0]["pid"]) not in o.killed
     assert wait_no_orphans(tag) == []
 
 

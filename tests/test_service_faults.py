@@ -91,3 +91,25 @@ def test_replica_without_respawn_is_retired_and_the_rest_carry_its_shard(spawned
     kill(svc.replicas[1])
     with pytest.raises(ServiceDown, match="every replica has failed"):
         svc.who.route().get()
+
+
+def test_whoever_holds_replicas_handles_is_told_of_each_change(spawned) -> None:
+    """`changed` runs after a replacement, a retirement and an addition (the launcher then gives
+    each reward replica's policy judges the live generators), and `in_turn(shard)` lists the live
+    replicas' handles, the one serving that slice first: never a dead one."""
+    def live(shard: int) -> list[int]:
+        return [h.who.call_one().get()[0] for h in svc.in_turn(shard)]
+
+    told: list[list[int]] = []
+    svc = Service("versioned", [spawned(0), spawned(1), spawned(2)],
+                  recover=lambda i, e: spawned(10 + i), max_restarts=1,
+                  changed=lambda: told.append(live(1)))
+    assert live(1) == [1, 2, 0] and live(0) == [0, 1, 2] and told == []
+    kill(svc.replicas[1])
+    svc.who.fanout().get()
+    assert told == [[11, 2, 0]]  # told once the replacement serves, which comes first for slice 1
+    kill(svc.replicas[1])
+    svc.who.fanout().get()  # a second death: past max_restarts, retired
+    assert told[1:] == [[2, 0]] and not svc.alive[1]
+    svc.add_replica(spawned(3))
+    assert told[2:] == [[2, 3, 0]] and live(3) == [3, 0, 2]

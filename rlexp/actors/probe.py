@@ -8,6 +8,13 @@ import socket
 from monarch.actor import Actor, endpoint
 
 
+def free_port(host: str = "") -> int:
+    """A TCP port free now on `host`'s address ("": every address of this machine)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 class Probe(Actor):
     @endpoint
     def where(self) -> dict[str, str | int]:
@@ -18,6 +25,4 @@ class Probe(Actor):
     @endpoint
     def free_port(self) -> int:
         """A free TCP port on this process's host (the trainer's rendezvous when rank 0 is elsewhere)."""
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+        return free_port()

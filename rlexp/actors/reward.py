@@ -13,7 +13,7 @@ from monarch.actor import Actor, endpoint
 from rlexp.actors.settings import RewardSettings
 from rlexp.actors.verifier import served_scorer
 from rlexp.core.plugins import activate_from_env
-from rlexp.core.services import Service
+from rlexp.core.services import Service, is_process_failure
 from rlexp.envs.registry import build_env
 from rlexp.errors import UserCodeError
 from rlexp.models.tokenizer import load_tokenizer
@@ -47,15 +47,26 @@ class RewardService(Actor):
         return attached
 
     @endpoint
-    def attach_judges(self, generator: Any, model_dir: str) -> list[str]:
-        """Serve every policy judge with `generator` (a Generator actor handle) and the policy's tokenizer."""
+    def attach_judges(self, generators: list[Any], model_dir: str) -> list[str]:
+        """Serve every policy judge with the policy's tokenizer and its generators (Generator
+        actor handles, the one to ask first at the head). A generator whose process died is
+        passed over for the next: all hold the same weights, so the answer is the same. The
+        launcher attaches live ones again once the generators' service has replaced or retired
+        it (`Recovery.generators_changed`)."""
         judges = [v for v in self.reward.verifiers if isinstance(v, LMJudgeVerifier) and v.opts.policy]
         if not judges:
             return []
         tok = load_tokenizer(model_dir)
+        live = list(generators)
 
         def next_logprobs(prompt_ids: list[list[int]], token_ids: list[int]) -> list[list[float]]:
-            return generator.next_token_logprobs.call_one(prompt_ids, token_ids).get()
+            while True:
+                try:
+                    return live[0].next_token_logprobs.call_one(prompt_ids, token_ids).get()
+                except Exception as e:
+                    if not is_process_failure(e) or len(live) == 1:
+                        raise
+                    live.pop(0)
 
         for v in judges:
             v.attach(next_logprobs, tok)

@@ -164,11 +164,14 @@ class Service:
     `state`: (read, write) endpoints of state each replica builds up by serving (a label model fit on the
     responses it scored, the dev labels it has read). After every routed call a replica completes its state is
     read; its replacement is written that state before the failed call is re-issued to it, so the call returns
-    what the dead replica would have and nothing the dead one had spent (a label budget) is spent again."""
+    what the dead replica would have and nothing the dead one had spent (a label budget) is spent
+    again. `changed`: called once a replica was replaced, retired or added, for whoever holds
+    replicas' handles outside the service (a reward replica's policy judges ask generators)."""
 
     def __init__(self, name: str, replicas: list[Any], *, shards: int | None = None, recover: Recover | None = None,
                  max_restarts: int = 2, sticky: Sequence[str] = (), state: tuple[str, str] | None = None,
-                 labels: Sequence[str] = (), log: Callable[[str], None] | None = None) -> None:
+                 labels: Sequence[str] = (), log: Callable[[str], None] | None = None,
+                 changed: Callable[[], None] | None = None) -> None:
         if not replicas:
             raise ValueError(f"service {name!r} has no replicas")
         self.name, self.replicas = name, list(replicas)
@@ -184,6 +187,7 @@ class Service:
         self.stats = ServiceStats()
         self.events: list[str] = []
         self.log = log or (lambda msg: None)
+        self.changed = changed or (lambda: None)
         self._next = 0
 
     def healthy(self) -> list[int]:
@@ -199,6 +203,12 @@ class Service:
         r = healthy[self._next % len(healthy)]
         self._next += 1
         return r
+
+    def in_turn(self, shard: int) -> list[Any]:
+        """The live replicas' handles, the one that serves slice `shard` now (`pick`) first."""
+        first, healthy = self.pick(shard), self.healthy()
+        at = healthy.index(first)
+        return [self.replicas[i] for i in healthy[at:] + healthy[:at]]
 
     def replica_failed(self, i: int, generation: int, error: BaseException) -> None:
         """Replace or retire replica `i` after its process died (once per death, however many calls saw it)."""
@@ -229,6 +239,7 @@ class Service:
                 getattr(handle, endpoint).call_one(*args).get()
         self.stats.respawned += 1
         self._event(f"{self.labels[i]} died ({first_line}); respawned in {time.perf_counter() - t:.1f}s")
+        self.changed()
 
     def restore(self, endpoint: str, states: Sequence[Any]) -> None:
         """Write replica i `states[i]` through `endpoint` (a resumed checkpoint's state); when that is the
@@ -243,6 +254,8 @@ class Service:
         self.generation[i] += 1
         self.stats.retired += 1
         self._event(f"{self.labels[i]} retired: {reason}")
+        if self.healthy():
+            self.changed()
 
     def add_replica(self, handle: Any, label: str = "") -> int:
         """A new replica (elastic scale-up between steps); it receives the sticky state first."""
@@ -255,6 +268,7 @@ class Service:
         self.failures.append(0)
         self.labels.append(label or f"{self.name}[{len(self.replicas) - 1}]")
         self._event(f"{self.labels[-1]} added")
+        self.changed()
         return len(self.replicas) - 1
 
     def _event(self, msg: str) -> None:

@@ -65,7 +65,7 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
         reference.setup.call().get()
     for i, r in enumerate(rewards):
         r.attach_verifiers.call_one({}).get()
-        r.attach_judges.call_one(gens[i % len(gens)], p.model_dir).get()
+        r.attach_judges.call_one(gens[i % len(gens):] + gens[:i % len(gens)], p.model_dir).get()
     return Services(generators=Service("generators", gens, shards=len(w.generator_seeds), sticky=("update_weights",)),
                     trainer=Collective("trainer", trainer), rewards=Service("rewards", rewards),
                     buffer=Service("buffer", [buffer]),

@@ -9,7 +9,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from monarch._src.actor import config as monarch_config  # the switch has no pub
 from omegaconf import DictConfig
 
 from rlexp.actors.buffer import ReplayBuffer
-from rlexp.actors.probe import Probe
+from rlexp.actors.probe import Probe, free_port
 from rlexp.cluster.hosts import LOCAL, ROLES, Host, Hosts
 from rlexp.cluster.registry import job_backend
 from rlexp.config.schema import ClusterConfig, TrainConfig
@@ -221,6 +220,18 @@ class Recovery:
         role = reward_role(self.p, i)
         return self.respawned(self.attach(i, self.g.spawn_role(role, host=self.g.drop(role.name))))
 
+    def generators_changed(self) -> None:
+        """A generator replica was replaced, retired or added: each live reward replica's policy
+        judges are given the live generators (`attach_judges`; those they held may be dead)."""
+        assert self.g.services is not None
+        rewards, gens = self.g.services.rewards, self.g.services.generators
+        for j in rewards.healthy():
+            try:
+                rewards.replicas[j].attach_judges.call_one(gens.in_turn(j), self.p.model_dir).get()
+            except Exception as e:  # a dead reward replica: its service respawns it, attached anew
+                if not is_process_failure(e):
+                    raise
+
     def add_generator(self) -> None:
         """One more generator replica (elastic), on the role's next host."""
         assert self.g.services is not None
@@ -237,7 +248,7 @@ def rendezvous_port(g: Graph, cfg: TrainConfig, trainer_mesh: Any, world: int) -
     if job_backend(cfg.cluster.job).remote_rendezvous and cfg.cluster.role_hosts.get("trainer"):
         rank0 = first_proc(trainer_mesh).spawn("port_probe", Probe)
         return f"{g.where['trainer'][0]['hostname']}:{rank0.free_port.call_one().get()}"
-    return free_port()
+    return free_port("127.0.0.1")  # the trainer's process group, all on this machine
 
 
 def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Path | None = None,
@@ -282,7 +293,9 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
 
     def attach(i: int, r: Any) -> Any:
         r.attach_verifiers.call_one(replicas).get()
-        r.attach_judges.call_one(gens[i % len(gens)], p.model_dir).get()  # judges that are the policy itself
+        # judges that are the policy itself ask the live generators, generator i (mod n) first
+        live = g.services.generators.in_turn(i) if g.services else gens[i % len(gens):] + gens[:i % len(gens)]
+        r.attach_judges.call_one(live, p.model_dir).get()
         return r
 
     for i, r in enumerate(rewards):
@@ -301,7 +314,7 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     g.services = Services(
         generators=Service("generators", gens, shards=len(w.generator_seeds), recover=recovery.generator,
                            max_restarts=fault.max_restarts, sticky=("update_weights",), log=log,
-                           labels=labels(w.generators)),
+                           labels=labels(w.generators), changed=recovery.generators_changed),
         trainer=Collective("trainer", trainer),
         rewards=Service("rewards", rewards, log=log, labels=["reward@controller"]) if w.rewards_in_controller else
         Service("rewards", rewards, recover=recovery.reward, max_restarts=fault.max_restarts, log=log,
@@ -347,13 +360,6 @@ def set_up(wired: Wiring, gens: list[Any], trainer: Any, verifiers: dict[str, An
 def first_proc(mesh: Any) -> Any:
     """Rank 0's process of a proc mesh, whatever its dimensions ({procs} here, {hosts, procs} across hosts)."""
     return mesh.slice(**dict.fromkeys(dict(mesh.extent), 0))
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 for the trainer's process group rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def describe_placement(g: Graph, cfg: TrainConfig, n_params: int, gen_setup_s: list[float], p: Prepared,
