@@ -9,8 +9,8 @@ wall time is a test that waits, which is where running tiers side by side pays.
 
     python scripts/ci_durations.py results.xml [more.xml ...] [--top 10] [--all]
 
-Several reports (scripts/test.sh writes one for the `slurm` tier, run beside the others, and one
-for the rest) are summed as one run; each one's own wall time is printed first.
+Several reports (scripts/test.sh writes one per tier, the tiers run side by side) are summed as
+one run; each one's own wall time is printed first.
 """
 from __future__ import annotations
 

@@ -292,6 +292,9 @@ def pytest_collection_modifyitems(config, items):
         item.user_properties.append(("tier", name))
 
 
+_CPU_START = pytest.StashKey[float]()
+
+
 def _cpu_seconds() -> float:
     """User + system CPU of this process and of the children it has reaped (Monarch's meshes
     and every `rlexp` subprocess a test waits for). A Slurm job's processes are slurmd's: not
@@ -315,8 +318,6 @@ def pytest_runtest_makereport(item, call):
         spent = _cpu_seconds() - item.stash[_CPU_START]
         outcome.get_result().user_properties.append(("cpu_s", f"{spent:.2f}"))
 
-
-_CPU_START = pytest.StashKey[float]()
 
 # --------------------------------------------- one two-process mesh for sharded trainers (issue 44)
 @pytest.fixture(scope="session")

@@ -117,7 +117,8 @@ def test_a_checkpoint_without_an_average_is_refused_when_the_run_keeps_one(tmp_p
     # no average asked for: resumed
     assert checkpoints.resume_point(tmp_path, "auto", 5, True, "h", "h", say=print) == ckpt
     older = _save(tmp_path / "older", 2)  # older: no record, so the trainer's own check stays
-    checkpoints.check_average(older, 0.9)
+    record = checkpoints.load_controller_state(older).get("controller", {})
+    checkpoints.check_average(older, record, 0.9)
 
 
 # --------------------------------------------------------------------------------------------- truncation

@@ -205,12 +205,13 @@ def check_resume_config(ckpt: Path, cfg_hash: str, force: bool, legacy_hash: str
                           f"or add force_resume=true to continue under the new config")
 
 
-def check_average(ckpt: Path, ema_decay: float) -> None:
+def check_average(ckpt: Path, controller: Mapping[str, Any], ema_decay: float) -> None:
     """A run with `trainer.ema_decay` > 0 resumed from a checkpoint that holds no weight average
     (forced past the config check) is refused before anything spawns: the average must not
-    silently start again from the live weights. A checkpoint from before the controller recorded
-    it is left to the trainer's own check when it loads."""
-    if ema_decay > 0 and load_controller_state(ckpt).get("controller", {}).get("ema") is False:
+    silently start again from the live weights. `controller`: the checkpoint's controller record
+    (`load_controller_state(ckpt)["controller"]`); one from before it recorded the average is
+    left to the trainer's own check when it loads."""
+    if ema_decay > 0 and controller.get("ema") is False:
         raise ResumeError(f"{ckpt} holds no weight average, but trainer.ema_decay={ema_decay}: "
                           f"resume with the setting the run was started with (trainer.ema_decay=0)")
 
@@ -262,9 +263,10 @@ def resume_point(run_dir: Path, resume: str, steps: int, force: bool, cfg_hash: 
     ckpt = find_resume(resume, run_dir, say=say)  # checked, intact
     if ckpt is not None:
         check_resume_config(ckpt, cfg_hash, force, legacy_hash)
-        check_average(ckpt, ema_decay)
-        evaluated = load_controller_state(ckpt).get("controller", {}).get("evaluated_at")
-        check_start(run_dir, resume, ckpt, steps, evaluated == read_meta(ckpt)["step"])
+        controller = load_controller_state(ckpt).get("controller", {})
+        check_average(ckpt, controller, ema_decay)
+        evaluated = controller.get("evaluated_at") == read_meta(ckpt)["step"]
+        check_start(run_dir, resume, ckpt, steps, evaluated)
         truncate_metrics(run_dir, read_meta(ckpt)["step"])
     else:
         check_start(run_dir, resume, None, steps, False)

@@ -63,10 +63,11 @@ def build_inprocess(p: Prepared, run_name: str) -> Services:
     trainer.setup.call().get()
     if reference is not None:
         reference.setup.call().get()
+    generators = Service("generators", gens, shards=len(w.generator_seeds), sticky=("update_weights",))
     for i, r in enumerate(rewards):
         r.attach_verifiers.call_one({}).get()
-        r.attach_judges.call_one(gens[i % len(gens):] + gens[:i % len(gens)], p.model_dir).get()
-    return Services(generators=Service("generators", gens, shards=len(w.generator_seeds), sticky=("update_weights",)),
+        r.attach_judges.call_one(generators.in_turn(i), p.model_dir).get()
+    return Services(generators=generators,
                     trainer=Collective("trainer", trainer), rewards=Service("rewards", rewards),
                     buffer=Service("buffer", [buffer]),
                     reference=Collective("reference", reference) if reference is not None else None,

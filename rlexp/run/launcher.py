@@ -294,12 +294,9 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     def attach(i: int, r: Any) -> Any:
         r.attach_verifiers.call_one(replicas).get()
         # judges that are the policy itself ask the live generators, generator i (mod n) first
-        live = g.services.generators.in_turn(i) if g.services else gens[i % len(gens):] + gens[:i % len(gens)]
-        r.attach_judges.call_one(live, p.model_dir).get()
+        r.attach_judges.call_one(generators.in_turn(i), p.model_dir).get()
         return r
 
-    for i, r in enumerate(rewards):
-        attach(i, r)
     placement = (run_dir / "placement.json") if run_dir is not None else None
     recovery = Recovery(g, p, pairs, attach, placement)
     g.add_generator = recovery.add_generator
@@ -311,10 +308,13 @@ def build_graph(p: Prepared, run_name: str, g: Graph | None = None, run_dir: Pat
     def labels(roles: list[Role]) -> list[str]:
         return [f"{r.name}@{g.meshes[r.name][1].label}" for r in roles]
 
+    generators = Service("generators", gens, shards=len(w.generator_seeds), recover=recovery.generator,
+                         max_restarts=fault.max_restarts, sticky=("update_weights",), log=log,
+                         labels=labels(w.generators), changed=recovery.generators_changed)
+    for i, r in enumerate(rewards):
+        attach(i, r)
     g.services = Services(
-        generators=Service("generators", gens, shards=len(w.generator_seeds), recover=recovery.generator,
-                           max_restarts=fault.max_restarts, sticky=("update_weights",), log=log,
-                           labels=labels(w.generators), changed=recovery.generators_changed),
+        generators=generators,
         trainer=Collective("trainer", trainer),
         rewards=Service("rewards", rewards, log=log, labels=["reward@controller"]) if w.rewards_in_controller else
         Service("rewards", rewards, recover=recovery.reward, max_restarts=fault.max_restarts, log=log,
