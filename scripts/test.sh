@@ -10,7 +10,7 @@
 #   bash scripts/test.sh [pytest args]   # e.g. -x, --lf, -k resume (given to every run; for -m, run pytest)
 #
 # Each run writes a junit XML into .ci/ (or $RLEXP_TEST_JUNIT_DIR): junit_e2e.xml, junit_unit.xml,
-# junit_slurm.xml; the end prints the runs beside's output, then what each tier, file and test cost
+# junit_slurm.xml; the end prints the output of the runs beside, then what each tier, file and test cost
 # (scripts/ci_durations.py). Exit status: the first failure's (e2e, then unit, then slurm).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,22 +26,38 @@ mkdir -p "$OUT"
 rm -f "$OUT"/junit*.xml  # a report left by an earlier run is not summed
 LOGS=$(mktemp -d)
 declare -A PIDS
-for t in "${BESIDE[@]}"; do
-  $PY -m pytest -q -m "$t and not soak" --junitxml="$OUT/junit_$t.xml" "$@" >"$LOGS/$t" 2>&1 &
+tier() { # $1: tier, then pytest's args. Its own SIGINT handling back (bash ignores SIGINT in a
+  # background job), so an interrupt ends each run as Ctrl-C ends pytest: fixtures torn down.
+  local t=$1
+  shift
+  (trap - INT; exec $PY -m pytest -q -m "$t and not soak" --junitxml="$OUT/junit_$t.xml" "$@") &
   PIDS[$t]=$!
-done
-# Killed or interrupted: the runs beside are not left behind (the local Slurm is .ci/run's trap's to stop).
-trap 'kill "${PIDS[@]}" 2>/dev/null; rm -rf "$LOGS"' EXIT
+}
+for t in "${BESIDE[@]}"; do tier "$t" "$@" >"$LOGS/$t" 2>&1; done
+tier e2e "$@"
+# Interrupted (Ctrl-C, or SIGTERM from a CI timeout): every run is given SIGINT and waited for, and
+# one still running 20 s later (started where SIGINT was ignored) SIGTERM, so none is left behind
+# (the local Slurm is .ci/run's trap's to stop).
+stop() {
+  kill -INT "${PIDS[@]}" 2>/dev/null
+  for _ in $(seq 1 200); do kill -0 "${PIDS[@]}" 2>/dev/null || break; sleep 0.1; done
+  kill -TERM "${PIDS[@]}" 2>/dev/null
+  wait
+  for t in "${BESIDE[@]}"; do echo "--- the $t tier, interrupted:"; cat "$LOGS/$t"; done
+  exit "$1"
+}
+trap 'stop 130' INT
+trap 'stop 143' TERM
+trap 'rm -rf "$LOGS"' EXIT
 
 codes=()
-rc=0
-$PY -m pytest -q -m "e2e and not soak" --junitxml="$OUT/junit_e2e.xml" "$@" || rc=$?
-codes+=("$rc")
-for t in "${BESIDE[@]}"; do
+for t in e2e "${BESIDE[@]}"; do
   rc=0
   wait "${PIDS[$t]}" || rc=$?
-  echo "--- the $t tier, run beside the tests above:"
-  cat "$LOGS/$t"
+  if [ "$t" != e2e ]; then
+    echo "--- the $t tier, run beside the tests above:"
+    cat "$LOGS/$t"
+  fi
   codes+=("$rc")
 done
 

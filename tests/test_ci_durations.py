@@ -1,7 +1,10 @@
 """scripts/ci_durations.py: the junit XML pytest writes in `.ci/run`, summed per file and tier."""
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import load_script
 
@@ -107,3 +110,40 @@ def test_the_test_script_runs_each_tier_beside_the_others_and_fails_if_one_fails
     proc = subprocess.run([*cmd, "-k", "nothing_has_this_name"], env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 5, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_test_script_interrupts_every_run_and_leaves_none(tmp_path: Path,
+                                                                         sig: int) -> None:
+    """Ctrl-C, or a CI timeout's SIGTERM, to scripts/test.sh: each of the three runs gets SIGINT
+    (pytest's own interrupt: fixtures torn down) although two run in the background, where bash
+    ignores SIGINT; the script exits 130 / 143 at once, and no pytest is left running."""
+    import os
+    import subprocess
+    import time
+
+    from tests.conftest import REPO
+
+    started = tmp_path / "started"
+    started.mkdir()
+    suite = tmp_path / "test_three_waits.py"
+    suite.write_text("import os, time, pytest\n\n" + "".join(
+        f"@pytest.mark.{t}\ndef test_{t}():\n"
+        f"    open(os.path.join({str(started)!r}, {t!r}), 'w').close()\n    time.sleep(120)\n\n"
+        for t in ("unit", "e2e", "slurm")))
+    env = {**os.environ, "RLEXP_TEST_JUNIT_DIR": str(tmp_path / "junit")}
+    cmd = ["bash", str(REPO / "scripts/test.sh"), str(suite), "-p", "no:cacheprovider"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline = time.time() + 120
+    while len(list(started.iterdir())) < 3:
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+        time.sleep(0.1)
+    t = time.time()
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig and time.time() - t < 15, (proc.returncode, out)
+    assert out.count("KeyboardInterrupt") >= 3, out  # each run's own report, the logs printed
+    left = subprocess.run(["pgrep", "-f", suite.name], capture_output=True,
+                          text=True).stdout.split()
+    assert left == [], left
