@@ -133,8 +133,11 @@ def test_an_interrupted_test_script_interrupts_every_run_and_leaves_none(tmp_pat
         for t in ("unit", "e2e", "slurm")))
     env = {**os.environ, "RLEXP_TEST_JUNIT_DIR": str(tmp_path / "junit")}
     cmd = ["bash", str(REPO / "scripts/test.sh"), str(suite), "-p", "no:cacheprovider"]
+    # As from a terminal: SIGINT not ignored, whatever this pytest was started under (a shell's
+    # background job ignores it, and an ignored signal stays ignored across exec)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     while len(list(started.iterdir())) < 3:
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
